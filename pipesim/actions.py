@@ -1,0 +1,139 @@
+"""Actions: the unit of work one rank runs, spelled like torch.distributed.pipelining.
+
+An action is ``{stage}{op}{microbatch}``: ``0F3`` is the forward of stage 0 on
+micro-batch 3. The ops follow torch's ``_ComputationType`` letters:
+
+- ``F`` forward;
+- ``B`` full backward (input gradient and weight gradient together);
+- ``I`` input-gradient backward, ``W`` weight-gradient backward: zero-bubble
+  schedules split ``B`` into these two (Qi et al., "Zero Bubble Pipeline
+  Parallelism", ICLR 2024) so that ``W`` can fill the bubble.
+
+A compound :class:`Overlap` runs several actions as one unit of work on a rank
+(DualPipe's overlapped forward + backward pair); torch spells it
+``(0F3;3B1)OVERLAP_F_B``.
+
+Parsing is a full match: ``"0F3x"`` or ``" 0F3"`` is refused, never read as
+``0F3``.
+
+>>> parse_action("2I1")
+Action(stage=2, op=<Op.I: 'I'>, microbatch=1)
+>>> str(parse_action("(0F3;3B1)OVERLAP_F_B"))
+'(0F3;3B1)OVERLAP_F_B'
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Union
+
+from pipesim.errors import ParseError
+
+__all__ = ["Action", "Op", "Overlap", "Work", "parse_action"]
+
+
+class Op(enum.Enum):
+    """The kind of an action. Values are torch's one-letter spellings."""
+
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741 - torch's letter for BACKWARD_INPUT
+    W = "W"
+
+    @property
+    def is_backward(self) -> bool:
+        """True for B, I and W."""
+        return self is not Op.F
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class Action:
+    """One unit of work: ``op`` of ``stage`` on ``microbatch``.
+
+    >>> Action(stage=0, op=Op.F, microbatch=3)
+    Action(stage=0, op=<Op.F: 'F'>, microbatch=3)
+    >>> str(Action(stage=0, op=Op.F, microbatch=3))
+    '0F3'
+    """
+
+    stage: int
+    op: Op
+    microbatch: int
+
+    def __post_init__(self) -> None:
+        for name in ("stage", "microbatch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ParseError(f"action {name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.op, Op):
+            raise ParseError(f"action op must be one of F, B, I, W, got {self.op!r}")
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.op.value}{self.microbatch}"
+
+    @property
+    def parts(self) -> tuple[Action, ...]:
+        """The simple actions this unit of work is made of: itself."""
+        return (self,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """Several actions run as one unit of work on one rank (DualPipe's F&B pair).
+
+    Its duration is its own cost parameter (``StageCost.overlap``), defaulting
+    to the sum of its parts.
+
+    >>> str(Overlap(parts=(parse_action("0F3"), parse_action("3B1"))))
+    '(0F3;3B1)OVERLAP_F_B'
+    """
+
+    parts: tuple[Action, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parts) < 2 or not all(isinstance(p, Action) for p in self.parts):
+            raise ParseError(
+                f"an overlapped action needs two or more simple actions, got {self.parts!r}"
+            )
+
+    def __str__(self) -> str:
+        return "(" + ";".join(str(p) for p in self.parts) + ")OVERLAP_F_B"
+
+    def __iter__(self) -> Iterator[Action]:
+        return iter(self.parts)
+
+
+#: One entry of a rank's order: a simple action or an overlapped group.
+Work = Union[Action, Overlap]
+
+_ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
+_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
+
+
+def parse_action(text: str) -> Work:
+    """Parse ``"0F3"`` or ``"(0F3;3B1)OVERLAP_F_B"``; anything else is a ParseError.
+
+    >>> parse_action("12W7")
+    Action(stage=12, op=<Op.W: 'W'>, microbatch=7)
+    """
+    if not isinstance(text, str):
+        raise ParseError(f"an action must be a string like '0F3', got {text!r}")
+    match = _ACTION.fullmatch(text)
+    if match is not None:
+        return Action(stage=int(match[1]), op=Op(match[2]), microbatch=int(match[3]))
+    match = _OVERLAP.fullmatch(text)
+    if match is not None:
+        parts = []
+        for piece in match[1].split(";"):
+            part = _ACTION.fullmatch(piece)
+            if part is None:
+                raise ParseError(f"bad part {piece!r} in overlapped action {text!r}")
+            parts.append(Action(stage=int(part[1]), op=Op(part[2]), microbatch=int(part[3])))
+        return Overlap(parts=tuple(parts))
+    raise ParseError(
+        f"cannot parse action {text!r}: write {{stage}}{{op}}{{microbatch}} with op one of "
+        "F, B, I, W (e.g. '0F3', '2I1'), or '(0F3;3B1)OVERLAP_F_B' for an overlapped pair"
+    )

@@ -1,0 +1,283 @@
+"""The cost model: how long each action takes, what it holds in memory, what links cost.
+
+Costs are per stage (a stage of an interleaved rank is one chunk) and per
+micro-batch. :meth:`CostModel.uniform` is the shorthand for identical stages;
+``stages`` with one entry per stage describes uneven ones. A single entry is
+broadcast to every stage by :meth:`CostModel.for_stages`.
+
+Memory model (per rank, activations only): a forward allocates the stage's
+``activation_bytes`` when it starts; a full backward ``B`` frees all of it when
+it ends; a split backward frees ``activation_bytes - weight_grad_bytes`` when
+``I`` ends and the rest (``weight_grad_bytes``, the layer inputs W still needs)
+when ``W`` ends, as in Qi et al. 2024, section 2.
+
+Link model: a message of ``n`` bytes holds its link (one per ordered pair of
+ranks; ``max_concurrent`` messages at once) for ``n / bandwidth`` and arrives
+``latency`` after it leaves the link. With ``overlap_comm`` false the sending
+rank waits for its send to arrive before it runs its next action.
+
+>>> costs = CostModel.uniform(forward=1, backward=2, activation_bytes=100)
+>>> costs.for_stages(4).stage(3).backward
+2
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from pipesim.actions import Action, Op, Overlap, Work
+from pipesim.errors import CostError, ParseError
+from pipesim.exact import Time, to_count, to_time
+
+__all__ = ["CostModel", "Link", "StageCost", "costs_from_dict", "costs_to_dict", "load_costs"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCost:
+    """What one stage costs per micro-batch."""
+
+    forward: Time = 1
+    """Duration of F."""
+    backward: Time = 2
+    """Duration of a full backward B."""
+    input_grad: Time = 1
+    """Duration of I (input-gradient half of a split backward)."""
+    weight_grad: Time = 1
+    """Duration of W (weight-gradient half of a split backward)."""
+    overlap: Time | None = None
+    """Duration of an overlapped F&B pair on this stage's rank; None: sum of the parts."""
+    activation_bytes: int = 0
+    """Activation bytes one micro-batch holds on this stage from F until freed."""
+    weight_grad_bytes: int = 0
+    """The part of ``activation_bytes`` still held after I, freed by W."""
+    output_bytes: int = 0
+    """Bytes of the activation sent to the next stage (the gradient sent back is as big)."""
+    param_bytes: int = 0
+    """Parameter bytes of this stage (reported, not simulated)."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "input_grad", "weight_grad"):
+            object.__setattr__(self, name, to_time(getattr(self, name), name=name))
+        if self.overlap is not None:
+            object.__setattr__(self, "overlap", to_time(self.overlap, name="overlap"))
+        for name in ("activation_bytes", "weight_grad_bytes", "output_bytes", "param_bytes"):
+            object.__setattr__(self, name, to_count(getattr(self, name), name=name))
+        if self.weight_grad_bytes > self.activation_bytes:
+            raise CostError(
+                f"weight_grad_bytes ({self.weight_grad_bytes}) cannot exceed activation_bytes "
+                f"({self.activation_bytes}): W frees part of what F allocated"
+            )
+
+    def duration(self, op: Op) -> Time:
+        """The duration of ``op`` on this stage."""
+        if op is Op.F:
+            return self.forward
+        if op is Op.B:
+            return self.backward
+        if op is Op.I:
+            return self.input_grad
+        return self.weight_grad
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """The path between two ranks: latency + bytes / bandwidth."""
+
+    latency: Time = 0
+    """Seconds (or whatever time unit the durations use) from leaving the link to arrival."""
+    bandwidth_bytes_per_s: Time | None = None
+    """Bytes per time unit; None means messages take no transfer time."""
+    max_concurrent: int = 1
+    """Messages one direction of a link carries at once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "latency", to_time(self.latency, name="link latency"))
+        if self.bandwidth_bytes_per_s is not None:
+            object.__setattr__(
+                self,
+                "bandwidth_bytes_per_s",
+                to_time(self.bandwidth_bytes_per_s, name="link bandwidth", allow_zero=False),
+            )
+        object.__setattr__(
+            self, "max_concurrent", to_count(self.max_concurrent, name="max_concurrent", minimum=1)
+        )
+
+    def occupancy(self, n_bytes: int) -> Time:
+        """How long a message of ``n_bytes`` holds the link."""
+        if self.bandwidth_bytes_per_s is None or n_bytes == 0:
+            return 0
+        time = Fraction(n_bytes) / self.bandwidth_bytes_per_s
+        return time.numerator if time.denominator == 1 else time
+
+    def transfer_time(self, n_bytes: int) -> Time:
+        """Latency plus occupancy: the uncontended time from send to arrival."""
+        return self.latency + self.occupancy(n_bytes)
+
+    @property
+    def is_free(self) -> bool:
+        """True when messages cost nothing at all (no latency, no bandwidth limit)."""
+        return self.latency == 0 and self.bandwidth_bytes_per_s is None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel:
+    """Per-stage costs, the link between ranks, and the device memory capacity."""
+
+    stages: tuple[StageCost, ...] = (StageCost(),)
+    """One entry per stage, or one entry for every stage."""
+    link: Link = field(default_factory=Link)
+    """The link between any two ranks."""
+    memory_capacity_bytes: int | None = None
+    """Device memory for activations; reported against the peak, None if unknown."""
+    overlap_comm: bool = True
+    """Whether sends overlap compute (False: the sender waits for its message to arrive)."""
+
+    def __post_init__(self) -> None:
+        stages = tuple(self.stages)
+        if not stages or not all(isinstance(s, StageCost) for s in stages):
+            raise CostError(f"stages must be a non-empty list of StageCost, got {self.stages!r}")
+        object.__setattr__(self, "stages", stages)
+        if self.memory_capacity_bytes is not None:
+            object.__setattr__(
+                self,
+                "memory_capacity_bytes",
+                to_count(self.memory_capacity_bytes, name="memory_capacity_bytes", minimum=1),
+            )
+
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        link: Link | None = None,
+        memory_capacity_bytes: int | None = None,
+        overlap_comm: bool = True,
+        **stage_fields: Any,
+    ) -> CostModel:
+        """Identical stages; ``stage_fields`` are :class:`StageCost` fields."""
+        return cls(
+            stages=(StageCost(**stage_fields),),
+            link=link or Link(),
+            memory_capacity_bytes=memory_capacity_bytes,
+            overlap_comm=overlap_comm,
+        )
+
+    def for_stages(self, n_stages: int) -> CostModel:
+        """This model with exactly ``n_stages`` entries (one entry is broadcast)."""
+        if len(self.stages) == n_stages:
+            return self
+        if len(self.stages) == 1:
+            return replace(self, stages=self.stages * n_stages)
+        raise CostError(
+            f"the cost model describes {len(self.stages)} stages but the schedule has "
+            f"{n_stages}; give one value per stage or a single value for all"
+        )
+
+    def stage(self, stage: int) -> StageCost:
+        """Costs of ``stage`` (the single entry when broadcast)."""
+        return self.stages[0] if len(self.stages) == 1 else self.stages[stage]
+
+    def duration(self, work: Work) -> Time:
+        """How long ``work`` runs on its rank."""
+        if isinstance(work, Action):
+            return self.stage(work.stage).duration(work.op)
+        assert isinstance(work, Overlap)
+        first = self.stage(work.parts[0].stage)
+        if first.overlap is not None:
+            return first.overlap
+        return sum((self.stage(a.stage).duration(a.op) for a in work.parts), start=0)
+
+    def message_bytes(self, producer: Action) -> int:
+        """Bytes ``producer`` sends to the next (F) or previous (B, I) stage."""
+        if producer.op is Op.F:
+            return self.stage(producer.stage).output_bytes
+        # A gradient w.r.t. stage s's input has the shape of stage s-1's output.
+        return self.stage(producer.stage - 1).output_bytes if producer.stage > 0 else 0
+
+
+# -- files ----------------------------------------------------------------------------
+_STAGE_FIELDS = {f.name for f in fields(StageCost)}
+_LINK_FIELDS = {f.name for f in fields(Link)}
+
+
+def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
+    """Build a CostModel from ``{"stage": {...}}`` or ``{"stages": [{...}, ...]}`` plus
+    optional ``link``, ``memory_capacity_bytes`` and ``overlap_comm``."""
+    if not isinstance(data, dict):
+        raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    known = {"stage", "stages", "link", "memory_capacity_bytes", "overlap_comm", "format", "meta"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ParseError(f"{source}: unknown keys {unknown}; valid keys are {sorted(known)}")
+    if ("stage" in data) == ("stages" in data):
+        raise ParseError(f"{source}: give exactly one of 'stage' (uniform) or 'stages' (a list)")
+    raw_stages = [data["stage"]] if "stage" in data else data["stages"]
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise ParseError(f"{source}: 'stages' must be a non-empty list of objects")
+    stages = []
+    for index, raw in enumerate(raw_stages):
+        where = f"{source}: stage {index}" if "stages" in data else f"{source}: stage"
+        stages.append(_build(StageCost, raw, _STAGE_FIELDS, where))
+    link = _build(Link, data.get("link", {}), _LINK_FIELDS, f"{source}: link")
+    overlap_comm = data.get("overlap_comm", True)
+    if not isinstance(overlap_comm, bool):
+        raise ParseError(f"{source}: overlap_comm must be true or false, got {overlap_comm!r}")
+    try:
+        return CostModel(
+            stages=tuple(stages),
+            link=link,
+            memory_capacity_bytes=data.get("memory_capacity_bytes"),
+            overlap_comm=overlap_comm,
+        )
+    except CostError as exc:
+        raise CostError(f"{source}: {exc}") from None
+
+
+def _build(cls: Any, raw: object, allowed: set[str], where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ParseError(f"{where}: expected an object, got {raw!r:.60}")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ParseError(f"{where}: unknown fields {unknown}; valid fields are {sorted(allowed)}")
+    try:
+        return cls(**raw)
+    except CostError as exc:
+        raise CostError(f"{where}: {exc}") from None
+
+
+def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
+    """The JSON-ready form of ``costs`` (times as numbers or "p/q" strings when inexact)."""
+
+    def value(v: object) -> object:
+        if isinstance(v, Fraction):
+            return v.numerator if v.denominator == 1 else str(v)
+        return v
+
+    def as_dict(obj: Any, names: set[str]) -> dict[str, object]:
+        return {n: value(getattr(obj, n)) for n in sorted(names) if getattr(obj, n) is not None}
+
+    data: dict[str, Any] = {"stages": [as_dict(s, _STAGE_FIELDS) for s in costs.stages]}
+    data["link"] = as_dict(costs.link, _LINK_FIELDS)
+    if costs.memory_capacity_bytes is not None:
+        data["memory_capacity_bytes"] = costs.memory_capacity_bytes
+    data["overlap_comm"] = costs.overlap_comm
+    return data
+
+
+def load_costs(path: str | Path, /) -> CostModel:
+    """Read a cost model from a JSON file (see :func:`costs_from_dict` for the shape)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ParseError(f"cannot read cost file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(
+            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    return costs_from_dict(data, source=str(path))

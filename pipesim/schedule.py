@@ -1,0 +1,172 @@
+"""The Schedule: what every rank runs, in which order, and where each stage lives.
+
+A :class:`Schedule` is the intermediate representation every part of pipesim
+shares: generators emit one, files load into one, the engine simulates one,
+``verify`` replays exactly one. It holds
+
+- ``orders``: for each rank, the ordered actions it runs;
+- ``placement``: for each stage, the rank that holds it (``placement[stage]``);
+- ``n_microbatches``;
+- ``happens_before``: optional extra cross-rank ordering constraints
+  ``(a, b)`` meaning *b starts only after a ends*. Per-rank orders cannot say
+  "rank 0 waits until micro-batch 0 has left the last stage"; a single
+  controller driving plain model parallelism (the ``sequential`` schedule) does
+  exactly that. Torch's CSV cannot carry them.
+
+The constructor only checks the shape of the value; whether the schedule is
+complete, consistent and deadlock-free is :func:`pipesim.graph.validate`'s job.
+
+>>> s = Schedule.from_orders([["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]])
+>>> s.n_ranks, s.n_stages, s.n_microbatches
+(2, 2, 2)
+>>> [str(a) for a in s.orders[1]]
+['1F0', '1B0', '1F1', '1B1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from pipesim.actions import Action, Op, Overlap, Work, parse_action
+from pipesim.errors import ScheduleError
+
+__all__ = ["Schedule"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """Per-rank action orders plus the stage -> rank placement."""
+
+    orders: tuple[tuple[Work, ...], ...]
+    """For each rank, the units of work it runs, in order."""
+    placement: tuple[int, ...]
+    """``placement[stage]`` is the rank that holds ``stage``."""
+    n_microbatches: int
+    """How many micro-batches one step processes."""
+    name: str = "custom"
+    """The generator that made it, or ``custom``."""
+    happens_before: tuple[tuple[Action, Action], ...] = ()
+    """Extra ``(a, b)`` constraints: ``b`` starts only after ``a`` ends."""
+
+    def __post_init__(self) -> None:
+        if not self.orders:
+            raise ScheduleError("a schedule needs at least one rank, got an empty order list")
+        if not self.placement:
+            raise ScheduleError("a schedule needs at least one stage, got an empty placement")
+        _check_count("n_microbatches", self.n_microbatches)
+        for stage, rank in enumerate(self.placement):
+            if isinstance(rank, bool) or not isinstance(rank, int):
+                raise ScheduleError(f"placement of stage {stage} must be a rank index, got {rank!r}")
+            if not 0 <= rank < len(self.orders):
+                raise ScheduleError(
+                    f"stage {stage} is placed on rank {rank}, but the schedule has "
+                    f"{len(self.orders)} ranks (0..{len(self.orders) - 1}); fix the placement"
+                )
+        for rank, order in enumerate(self.orders):
+            for work in order:
+                if not isinstance(work, Action | Overlap):
+                    raise ScheduleError(f"rank {rank} order holds {work!r}, not an action")
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def from_orders(
+        cls,
+        orders: Sequence[Sequence[Work | str]],
+        *,
+        placement: Sequence[int] | None = None,
+        n_microbatches: int | None = None,
+        name: str = "custom",
+        happens_before: Sequence[tuple[Action, Action]] = (),
+    ) -> Schedule:
+        """Build a schedule from per-rank lists of actions or action strings.
+
+        Without ``placement`` each stage goes to the rank whose order mentions
+        it (a stage found on two ranks is refused); without ``n_microbatches``
+        it is one more than the largest micro-batch index used.
+        """
+        parsed = tuple(
+            tuple(w if isinstance(w, Action | Overlap) else parse_action(w) for w in order)
+            for order in orders
+        )
+        if placement is None:
+            placement = infer_placement(parsed)
+        if n_microbatches is None:
+            used = [a.microbatch for order in parsed for w in order for a in w.parts]
+            n_microbatches = max(used) + 1 if used else 0
+        return cls(
+            orders=parsed,
+            placement=tuple(placement),
+            n_microbatches=n_microbatches,
+            name=name,
+            happens_before=tuple(happens_before),
+        )
+
+    # -- derived facts ----------------------------------------------------------------
+    @property
+    def n_ranks(self) -> int:
+        """Number of ranks (devices)."""
+        return len(self.orders)
+
+    @property
+    def n_stages(self) -> int:
+        """Number of stages (model slices); ``n_ranks * virtual`` when interleaved."""
+        return len(self.placement)
+
+    @property
+    def forward_only(self) -> bool:
+        """True when no rank runs any backward action (inference)."""
+        return not any(a.op.is_backward for a in self.actions())
+
+    @property
+    def split_backward(self) -> bool:
+        """True when backward is split into I and W actions (zero-bubble style)."""
+        return any(a.op in (Op.I, Op.W) for a in self.actions())
+
+    def actions(self) -> Iterator[Action]:
+        """Every simple action of every rank, rank by rank, in order."""
+        for order in self.orders:
+            for work in order:
+                yield from work.parts
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages held by ``rank``, ascending."""
+        return tuple(s for s, r in enumerate(self.placement) if r == rank)
+
+    def rank_of(self, stage: int) -> int:
+        """The rank that holds ``stage``."""
+        return self.placement[stage]
+
+
+def infer_placement(orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
+    """Stage -> rank from which rank's order mentions each stage.
+
+    >>> infer_placement([[parse_action("0F0")], [parse_action("1F0")]])
+    (0, 1)
+    """
+    owner: dict[int, int] = {}
+    for rank, order in enumerate(orders):
+        for work in order:
+            for action in work.parts:
+                previous = owner.setdefault(action.stage, rank)
+                if previous != rank:
+                    raise ScheduleError(
+                        f"stage {action.stage} is placed on two ranks ({previous} and {rank}): "
+                        f"action {action} appears on rank {rank}; each stage must live on "
+                        "exactly one rank"
+                    )
+    if not owner:
+        raise ScheduleError("cannot infer a placement: no rank runs any action")
+    n_stages = max(owner) + 1
+    missing = [s for s in range(n_stages) if s not in owner]
+    if missing:
+        raise ScheduleError(
+            f"stages {missing} appear in no rank's order, so their rank is unknown; "
+            "give the placement explicitly or add their actions"
+        )
+    return tuple(owner[s] for s in range(n_stages))
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScheduleError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,196 @@
+"""Load and save schedules: pipesim JSON and torch.distributed.pipelining CSV.
+
+JSON (``.json``) carries everything a :class:`~pipesim.schedule.Schedule` holds::
+
+    {"format": "pipesim-schedule", "version": 1, "name": "1f1b",
+     "n_microbatches": 4, "placement": [0, 1],
+     "ranks": [["0F0", "0F1", "0B0", ...], ["1F0", "1B0", ...]],
+     "happens_before": [["1F0", "0F1"]]}
+
+CSV (``.csv``) is the "compute_only" format torch's
+``PipelineScheduleMulti._load_csv`` reads: one row per rank, one action per
+cell, empty cells for idle steps (skipped). The placement is inferred from
+which rank runs each stage, as torch does. CSV cannot carry
+``happens_before`` constraints, so saving such a schedule to CSV is refused.
+
+>>> from pipesim.schedules import generate
+>>> s = generate("1f1b", n_ranks=2, n_microbatches=3)
+>>> schedule_from_csv(schedule_to_csv(s), name="1f1b") == s
+True
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from pipesim.actions import Action, parse_action
+from pipesim.errors import ParseError, PipesimError
+from pipesim.schedule import Schedule
+
+__all__ = [
+    "load_schedule",
+    "save_schedule",
+    "schedule_from_csv",
+    "schedule_from_dict",
+    "schedule_from_json",
+    "schedule_to_csv",
+    "schedule_to_dict",
+    "schedule_to_json",
+]
+
+_FORMAT = "pipesim-schedule"
+
+
+def schedule_to_dict(schedule: Schedule, /) -> dict[str, Any]:
+    """The JSON-ready dictionary of ``schedule``."""
+    data: dict[str, Any] = {
+        "format": _FORMAT,
+        "version": 1,
+        "name": schedule.name,
+        "n_ranks": schedule.n_ranks,
+        "n_stages": schedule.n_stages,
+        "n_microbatches": schedule.n_microbatches,
+        "placement": list(schedule.placement),
+        "ranks": [[str(w) for w in order] for order in schedule.orders],
+    }
+    if schedule.happens_before:
+        data["happens_before"] = [[str(a), str(b)] for a, b in schedule.happens_before]
+    return data
+
+
+def schedule_to_json(schedule: Schedule, /) -> str:
+    """``schedule`` as pipesim JSON text (one rank's order per line)."""
+    return json.dumps(schedule_to_dict(schedule), indent=1) + "\n"
+
+
+def schedule_from_dict(data: object, /, *, source: str = "schedule") -> Schedule:
+    """Build a schedule from the dictionary form; ParseError names what is wrong."""
+    if not isinstance(data, dict):
+        raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format", _FORMAT) != _FORMAT:
+        raise ParseError(f"{source}: 'format' is {data['format']!r}, expected {_FORMAT!r}")
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(r, list) for r in ranks):
+        raise ParseError(
+            f"{source}: 'ranks' must be a list with one list of action strings per rank, "
+            f"got {ranks!r:.80}"
+        )
+    orders = []
+    for rank, row in enumerate(ranks):
+        order = []
+        for position, text in enumerate(row):
+            try:
+                order.append(parse_action(text))
+            except ParseError as exc:
+                raise ParseError(f"{source}: rank {rank}, position {position}: {exc}") from None
+        orders.append(order)
+    happens_before: list[tuple[Action, Action]] = []
+    for pair in data.get("happens_before", []):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ParseError(f"{source}: each happens_before entry is [before, after], got {pair!r}")
+        a, b = (parse_action(x) for x in pair)
+        if not (isinstance(a, Action) and isinstance(b, Action)):
+            raise ParseError(f"{source}: happens_before takes simple actions, got {pair!r}")
+        happens_before.append((a, b))
+    try:
+        return Schedule.from_orders(
+            orders,
+            placement=data.get("placement"),
+            n_microbatches=data.get("n_microbatches"),
+            name=str(data.get("name", "custom")),
+            happens_before=happens_before,
+        )
+    except PipesimError as exc:
+        raise type(exc)(f"{source}: {exc}") from None
+
+
+def schedule_from_json(text: str, /, *, source: str = "schedule") -> Schedule:
+    """Parse pipesim JSON text; a syntax error names the line and column."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(
+            f"{source}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    return schedule_from_dict(data, source=source)
+
+
+def schedule_to_csv(schedule: Schedule, /) -> str:
+    """``schedule`` in torch's compute-only CSV: one row per rank."""
+    if schedule.happens_before:
+        raise PipesimError(
+            f"schedule {schedule.name!r} has {len(schedule.happens_before)} cross-rank "
+            "happens_before constraints that torch's CSV cannot carry; save it as .json"
+        )
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    for order in schedule.orders:
+        writer.writerow([str(w) for w in order])
+    return buffer.getvalue()
+
+
+def schedule_from_csv(
+    text: str,
+    /,
+    *,
+    name: str = "custom",
+    n_microbatches: int | None = None,
+    source: str = "schedule",
+) -> Schedule:
+    """Parse torch's compute-only CSV; errors name the line (= rank + 1) and column."""
+    orders = []
+    for line_number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        order = []
+        for column, cell in enumerate(row, start=1):
+            cell = cell.strip()
+            if not cell:  # torch writes None (an idle step) as an empty cell
+                continue
+            try:
+                order.append(parse_action(cell))
+            except ParseError as exc:
+                raise ParseError(f"{source}: line {line_number}, column {column}: {exc}") from None
+        orders.append(order)
+    if not orders:
+        raise ParseError(f"{source}: the CSV is empty; write one row of actions per rank")
+    try:
+        return Schedule.from_orders(orders, n_microbatches=n_microbatches, name=name)
+    except PipesimError as exc:
+        raise type(exc)(f"{source}: {exc}") from None
+
+
+def load_schedule(path: str | Path, /) -> Schedule:
+    """Read a schedule from a ``.json`` or ``.csv`` file (chosen by suffix)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ParseError(f"cannot read schedule file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ParseError(f"schedule file {str(path)!r} is not UTF-8 text") from None
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return schedule_from_json(text, source=str(path))
+    if suffix == ".csv":
+        return schedule_from_csv(text, name=path.stem, source=str(path))
+    raise ParseError(f"schedule file {str(path)!r}: unknown suffix {suffix!r}; use .json or .csv")
+
+
+def save_schedule(schedule: Schedule, path: str | Path, /) -> Path:
+    """Write ``schedule`` as ``.json`` or ``.csv`` (chosen by suffix); returns the path."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        text = schedule_to_json(schedule)
+    elif suffix == ".csv":
+        text = schedule_to_csv(schedule)
+    else:
+        raise ParseError(f"cannot save to {str(path)!r}: use a .json or .csv suffix")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PipesimError(f"cannot write {str(path)!r}: {exc.strerror}") from None
+    return path

@@ -1,0 +1,106 @@
+"""The schedule registry: name -> generator, with each schedule's rules and source.
+
+A generator is a function ``(*, n_ranks, n_microbatches, virtual, forward_only,
+**options) -> Schedule``. Register a new family by adding a :class:`ScheduleSpec`
+to ``_SPECS`` in :mod:`pipesim.schedules` (one module per family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipesim.errors import ScheduleError, UnknownNameError
+from pipesim.schedule import Schedule
+
+__all__ = ["ScheduleSpec", "generate", "get_spec", "register", "schedule_names"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleSpec:
+    """A registered schedule family."""
+
+    name: str
+    """The registry key, as typed on the command line."""
+    generator: Callable[..., Schedule]
+    """Builds the schedule; keyword-only arguments."""
+    summary: str
+    """One line: what the schedule does."""
+    rules: str
+    """The parameter rules the generator enforces."""
+    source: str
+    """Where the schedule comes from (paper, code)."""
+    default_virtual: int = 1
+    """Stages per rank when ``virtual`` is not given."""
+    forward_only: bool = False
+    """Whether a forward-only (inference) variant exists."""
+    options: tuple[str, ...] = ()
+    """Extra keyword options the generator takes (e.g. ``group_size``)."""
+
+
+_REGISTRY: dict[str, ScheduleSpec] = {}
+
+
+def register(spec: ScheduleSpec, /) -> ScheduleSpec:
+    """Add ``spec`` to the registry; a name can be registered once."""
+    if spec.name in _REGISTRY:
+        raise ValueError(f"schedule {spec.name!r} is registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def schedule_names() -> tuple[str, ...]:
+    """Registered names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_spec(name: str, /) -> ScheduleSpec:
+    """The spec of ``name``; UnknownNameError listing the valid names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown schedule {name!r}; valid schedules are: {', '.join(_REGISTRY)} "
+            "(or give a .json / .csv schedule file)"
+        ) from None
+
+
+def generate(
+    name: str,
+    /,
+    *,
+    n_ranks: int,
+    n_microbatches: int,
+    virtual: int | None = None,
+    forward_only: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> Schedule:
+    """Build the registered schedule ``name``.
+
+    ``n_ranks`` is the pipeline depth p (one rank per device); ``virtual`` the
+    stages each rank holds (the model is cut into ``n_ranks * virtual``
+    stages); ``options`` the family's extra options.
+
+    >>> generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True).n_stages
+    2
+    """
+    spec = get_spec(name)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        allowed = ", ".join(spec.options) or "none"
+        raise ScheduleError(f"schedule {name!r} takes no option {unknown}; its options: {allowed}")
+    if forward_only and not spec.forward_only:
+        with_variant = [s.name for s in _REGISTRY.values() if s.forward_only]
+        raise ScheduleError(
+            f"schedule {name!r} has no forward-only variant; forward-only schedules are: "
+            f"{', '.join(with_variant)}"
+        )
+    return spec.generator(
+        n_ranks=n_ranks,
+        n_microbatches=n_microbatches,
+        virtual=spec.default_virtual if virtual is None else virtual,
+        forward_only=forward_only,
+        **options,
+    )
