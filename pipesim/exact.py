@@ -24,28 +24,20 @@ from pipesim.errors import CostError
 
 __all__ = ["Time", "as_number", "to_count", "to_time"]
 
+_NON_FINITE = {"nan", "inf", "infinity"}
+
 #: An exact duration or instant: an int when integral, else a Fraction.
 Time = Union[int, Fraction]
 
 
 def to_time(value: object, *, name: str, allow_zero: bool = True) -> Time:
     """Convert ``value`` to an exact, finite, non-negative time; CostError otherwise."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | Fraction | float | str):
         raise CostError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, float | str) and str(value).strip().lower().lstrip("+-") in _NON_FINITE:
+        raise CostError(f"{name} must be finite, got {value!r}; give a number like 1.5")
     try:
-        if isinstance(value, int | Fraction):
-            exact = Fraction(value)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise CostError(f"{name} must be finite, got {value!r}; give a number like 1.5")
-            exact = Fraction(repr(value))
-        elif isinstance(value, str):
-            text = value.strip().lower()
-            if text in {"nan", "inf", "+inf", "-inf", "infinity", "-infinity"}:
-                raise CostError(f"{name} must be finite, got {value!r}; give a number like 1.5")
-            exact = Fraction(text)
-        else:
-            raise CostError(f"{name} must be a number, got {value!r}")
+        exact = Fraction(repr(value) if isinstance(value, float) else value)
     except (ValueError, ZeroDivisionError):
         raise CostError(f"{name} must be a number like 2, 1.5 or 3/2, got {value!r}") from None
     if exact < 0 or (exact == 0 and not allow_zero):

@@ -1,0 +1,227 @@
+"""Arguments shared by the verbs: where a schedule comes from and what it costs.
+
+``add_schedule_arguments`` + ``schedule_from_args`` turn ``NAME | FILE
+--stages P --microbatches M [--virtual V] [--forward-only] [--group-size N]``
+into a :class:`~pipesim.schedule.Schedule`; ``add_cost_arguments`` +
+``costs_from_args`` turn the cost flags (or ``--costs FILE``) into a
+:class:`~pipesim.costs.CostModel`. ``plot``, ``trace``, ``verify`` reuse them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipesim.costs import CostModel, Link, StageCost, load_costs
+from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import load_schedule
+from pipesim.schedules import generate, schedule_names
+
+__all__ = [
+    "add_cost_arguments",
+    "add_schedule_arguments",
+    "costs_from_args",
+    "positive_int",
+    "print_json",
+    "schedule_from_args",
+    "schedule_from_source",
+]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1, with a message naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
+    """``SCHEDULE`` (a registered name or a .json/.csv file) and its size flags."""
+    if source:
+        parser.add_argument(
+            "schedule",
+            metavar="NAME|FILE",
+            help="a built-in schedule (see `pipesim schedules`) or a .json / .csv schedule file",
+        )
+    group = parser.add_argument_group("schedule size")
+    group.add_argument(
+        "--stages", "-p", type=positive_int, metavar="P",
+        help="pipeline depth p: ranks (devices), one per pipeline stage",
+    )
+    group.add_argument(
+        "--microbatches", "-m", type=positive_int, metavar="M", help="micro-batches per step"
+    )
+    group.add_argument(
+        "--virtual", "-v", type=positive_int, metavar="V",
+        help="stages per rank for interleaved / V-shaped schedules (model cut into P*V stages)",
+    )
+    group.add_argument(
+        "--forward-only", action="store_true", help="inference: forwards only (sequential, gpipe)"
+    )
+    group.add_argument(
+        "--group-size", type=positive_int, metavar="N",
+        help="interleaved-1f1b: micro-batches per group (Megatron; default P)",
+    )
+
+
+def schedule_from_source(
+    source: str,
+    *,
+    stages: int | None,
+    microbatches: int | None,
+    virtual: int | None = None,
+    forward_only: bool = False,
+    options: dict[str, Any] | None = None,
+) -> Schedule:
+    """A registered name is generated; anything else is read as a schedule file."""
+    if source in schedule_names():
+        missing = [flag for flag, v in (("--stages", stages), ("--microbatches", microbatches))
+                   if v is None]
+        if missing:
+            raise PipesimError(
+                f"schedule {source!r} needs {' and '.join(missing)}, e.g. "
+                f"`--stages 4 --microbatches 8`"
+            )
+        assert stages is not None and microbatches is not None
+        return generate(
+            source,
+            n_ranks=stages,
+            n_microbatches=microbatches,
+            virtual=virtual,
+            forward_only=forward_only,
+            options=options,
+        )
+    path = Path(source)
+    if path.suffix.lower() not in {".json", ".csv"} and not path.exists():
+        raise UnknownNameError(
+            f"unknown schedule {source!r}; valid schedules are: {', '.join(schedule_names())} "
+            "(or give a .json / .csv schedule file)"
+        )
+    if not path.exists():
+        raise ParseError(f"schedule file {source!r} does not exist")
+    schedule = load_schedule(path)
+    for flag, given, actual in (
+        ("--stages", stages, schedule.n_ranks),
+        ("--microbatches", microbatches, schedule.n_microbatches),
+    ):
+        if given is not None and given != actual:
+            raise PipesimError(
+                f"{flag} {given} disagrees with {source!r}, which has {actual}; drop the flag "
+                "or fix the file"
+            )
+    return schedule
+
+
+def schedule_from_args(args: argparse.Namespace) -> Schedule:
+    """The schedule named by ``args.schedule`` and the size flags."""
+    options = {}
+    if getattr(args, "group_size", None) is not None:
+        options["group_size"] = args.group_size
+    return schedule_from_source(
+        args.schedule,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        virtual=args.virtual,
+        forward_only=args.forward_only,
+        options=options,
+    )
+
+
+# -- costs -----------------------------------------------------------------------------
+# flag -> (StageCost field, help). A comma-separated value gives one entry per stage.
+_STAGE_FLAGS = {
+    "forward_time": ("forward", "duration of F per stage and micro-batch (default 1)"),
+    "backward_time": ("backward", "duration of a full backward B (default 2)"),
+    "input_grad_time": ("input_grad", "duration of I, the input-gradient backward (default 1)"),
+    "weight_grad_time": ("weight_grad", "duration of W, the weight-gradient backward (default 1)"),
+    "overlap_time": ("overlap", "duration of an overlapped F&B pair (default: the sum)"),
+    "activation_bytes": ("activation_bytes", "activation bytes one micro-batch holds per stage"),
+    "weight_grad_bytes": ("weight_grad_bytes", "part of the activation bytes W frees (after I)"),
+    "message_bytes": ("output_bytes", "bytes sent to the next stage per micro-batch"),
+    "param_bytes": ("param_bytes", "parameter bytes per stage (reported, not simulated)"),
+}
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cost flags of DESIGN.md and ``--costs FILE``."""
+    group = parser.add_argument_group(
+        "costs",
+        "per stage and per micro-batch (a stage of an interleaved rank is one chunk); "
+        "a comma-separated list gives one value per stage",
+    )
+    group.add_argument("--costs", metavar="FILE", help="a JSON cost file (instead of the flags)")
+    for flag, (_, text) in _STAGE_FLAGS.items():
+        group.add_argument("--" + flag.replace("_", "-"), metavar="X[,X...]", help=text)
+    group.add_argument("--link-latency", metavar="T", help="link latency (default 0)")
+    group.add_argument(
+        "--link-bandwidth", metavar="BYTES_PER_T", help="link bandwidth (default: unlimited)"
+    )
+    group.add_argument(
+        "--link-concurrency", metavar="K", help="messages one link direction carries at once (1)"
+    )
+    group.add_argument(
+        "--memory-capacity", metavar="BYTES", help="device memory capacity for the peak check"
+    )
+    group.add_argument(
+        "--no-overlap-comm", action="store_true",
+        help="sends do not overlap compute: the sender waits for its message",
+    )
+
+
+def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:
+    """The cost model of the flags (or ``--costs``), sized for ``schedule``."""
+    flag_names = [*_STAGE_FLAGS, "link_latency", "link_bandwidth", "link_concurrency",
+                  "memory_capacity"]
+    given = [n for n in flag_names if getattr(args, n, None) is not None]
+    if args.no_overlap_comm:
+        given.append("no_overlap_comm")
+    if args.costs is not None:
+        if given:
+            flags = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise PipesimError(f"give either --costs or cost flags, not both (got --costs and {flags})")
+        return load_costs(args.costs).for_stages(schedule.n_stages)
+    n_stages = schedule.n_stages
+    per_stage: list[dict[str, str]] = [{} for _ in range(n_stages)]
+    for flag, (field_name, _) in _STAGE_FLAGS.items():
+        raw = getattr(args, flag, None)
+        if raw is None:
+            continue
+        values = [v.strip() for v in raw.split(",")]
+        if len(values) == 1:
+            values = values * n_stages
+        if len(values) != n_stages:
+            raise CostError(
+                f"--{flag.replace('_', '-')} has {len(values)} values but the schedule has "
+                f"{n_stages} stages; give one value, or exactly one per stage"
+            )
+        for stage, value in enumerate(values):
+            per_stage[stage][field_name] = value
+    stages = []
+    for stage, fields in enumerate(per_stage):
+        try:
+            stages.append(StageCost(**fields))
+        except CostError as exc:
+            raise CostError(f"stage {stage}: {exc}") from None
+    link = Link(
+        latency=args.link_latency if args.link_latency is not None else 0,
+        bandwidth_bytes_per_s=args.link_bandwidth,
+        max_concurrent=args.link_concurrency if args.link_concurrency is not None else 1,
+    )
+    return CostModel(
+        stages=tuple(stages),
+        link=link,
+        memory_capacity_bytes=args.memory_capacity,
+        overlap_comm=not args.no_overlap_comm,
+    )
+
+
+def print_json(data: object) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    print(json.dumps(data, indent=2))

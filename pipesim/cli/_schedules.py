@@ -1,0 +1,70 @@
+"""``pipesim schedules``, ``pipesim schedule`` and ``pipesim validate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Any
+
+from pipesim.cli._common import add_schedule_arguments, schedule_from_args, schedule_from_source
+from pipesim.graph import validate
+from pipesim.schedule_io import save_schedule, schedule_to_json
+from pipesim.schedules import get_spec, schedule_names
+
+
+def register(subparsers: Any) -> None:
+    """Add the three verbs."""
+    listing = subparsers.add_parser(
+        "schedules", help="list the built-in schedules and their rules",
+        description="List the built-in schedules, their parameter rules and sources.",
+    )
+    listing.set_defaults(func=run_schedules)
+
+    make = subparsers.add_parser(
+        "schedule", help="write a built-in schedule to a .json or .csv file",
+        description=(
+            "Generate a built-in schedule and write it as pipesim JSON or torch's compute-only "
+            "CSV (chosen by the suffix of -o), or print its JSON."
+        ),
+    )
+    add_schedule_arguments(make)
+    make.add_argument("-o", "--output", metavar="FILE", help=".json or .csv (default: stdout JSON)")
+    make.set_defaults(func=run_schedule)
+
+    check = subparsers.add_parser(
+        "validate", help="check a schedule file: complete, consistent, deadlock-free",
+        description="Validate a .json or .csv schedule; exit 1 naming every problem found.",
+    )
+    check.add_argument("file", metavar="FILE", help="a .json or .csv schedule file")
+    check.set_defaults(func=run_validate)
+
+
+def run_schedules(args: argparse.Namespace) -> int:
+    for name in schedule_names():
+        spec = get_spec(name)
+        print(f"{name}")
+        for label, text in (("what", spec.summary), ("rules", spec.rules), ("source", spec.source)):
+            print(textwrap.fill(text, width=96, initial_indent=f"  {label:<7}",
+                                subsequent_indent=" " * 9))
+    return 0
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    schedule = schedule_from_args(args)
+    if args.output is None:
+        sys.stdout.write(schedule_to_json(schedule))
+    else:
+        path = save_schedule(schedule, args.output)
+        print(f"wrote {path} ({schedule.name}: {schedule.n_ranks} ranks, {schedule.n_stages} "
+              f"stages, {schedule.n_microbatches} micro-batches)")
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    schedule = schedule_from_source(args.file, stages=None, microbatches=None)
+    validate(schedule)
+    print(f"{args.file}: valid ({schedule.n_ranks} ranks, {schedule.n_stages} stages, "
+          f"{schedule.n_microbatches} micro-batches, "
+          f"{sum(len(o) for o in schedule.orders)} actions)")
+    return 0

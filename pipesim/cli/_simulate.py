@@ -1,0 +1,86 @@
+"""``pipesim simulate``: one step of a schedule, as a table, JSON or the cycle grid."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pipesim.cli._common import (
+    add_cost_arguments,
+    add_schedule_arguments,
+    costs_from_args,
+    print_json,
+    schedule_from_args,
+)
+from pipesim.engine import simulate
+from pipesim.exact import as_number
+from pipesim.grid import format_grid
+from pipesim.metrics import Metrics
+
+
+def register(subparsers: Any) -> None:
+    """Add ``simulate``."""
+    parser = subparsers.add_parser(
+        "simulate", help="simulate one step: makespan, idle, bubble, peak memory",
+        description=(
+            "Simulate one step of a built-in schedule or a schedule file and print makespan, "
+            "busy / idle time, bubble and peak activation memory per rank."
+        ),
+    )
+    add_schedule_arguments(parser)
+    add_cost_arguments(parser)
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--grid", action="store_true",
+        help="print the cycle-by-rank table (micro-batch per cycle, '-' when idle)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    schedule = schedule_from_args(args)
+    costs = costs_from_args(args, schedule)
+    simulation = simulate(schedule, costs=costs)
+    if args.json:
+        print_json(simulation.metrics.to_dict())
+    elif args.grid:
+        print(format_grid(simulation))
+        print(_headline(simulation.metrics))
+    else:
+        print(format_summary(simulation.metrics))
+    return 0
+
+
+def _headline(m: Metrics) -> str:
+    return (
+        f"makespan {_fmt(m.makespan)}, efficiency {float(m.efficiency):.2f}, "
+        f"bubble {float(m.bubble_ratio):.1%} = {_fmt(m.idle_slots)} idle slots"
+    )
+
+
+def format_summary(m: Metrics) -> str:
+    """A readable summary table of ``m``."""
+    lines = [
+        f"{m.schedule}: {m.n_ranks} ranks, {m.n_stages} stages, {m.n_microbatches} micro-batches",
+        _headline(m),
+    ]
+    if m.memory_capacity_bytes is not None:
+        verdict = "fits" if m.fits else "DOES NOT FIT"
+        lines.append(f"memory capacity {m.memory_capacity_bytes:,} bytes: {verdict}")
+    headers = ("rank", "busy", "idle", "peak activation bytes", "peak in flight")
+    rows = [
+        (str(r.rank), _fmt(r.busy), _fmt(r.idle), f"{r.peak_activation_bytes:,}",
+         str(r.peak_inflight))
+        for r in m.ranks
+    ]
+    widths = [max(len(x) for x in col) for col in zip(headers, *rows)]
+    lines.append("")
+    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    number = as_number(value)
+    return f"{number:g}" if isinstance(number, float) else str(number)
