@@ -43,6 +43,10 @@ class Op(enum.Enum):
     I = "I"  # noqa: E741 - torch's letter for BACKWARD_INPUT
     W = "W"
 
+    # Members are singletons, so identity hashing agrees with equality; it is a C call,
+    # where Enum's default hashes the member name in Python (hot in graph building).
+    __hash__ = object.__hash__
+
     @property
     def is_backward(self) -> bool:
         """True for B, I and W."""

@@ -18,16 +18,18 @@ SimPy only adds and compares them, so results are exact.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
-from pipesim.actions import Action, Op, Work
+from pipesim.actions import Action, Op
 from pipesim.costs import CostModel
 from pipesim.errors import DeadlockError
 from pipesim.exact import Time
-from pipesim.graph import build_graph, data_dependencies, find_deadlock, validate
+from pipesim.dependencies import DependencyIndex, index_schedule
+from pipesim.graph import build_graph, check_index, find_deadlock
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
@@ -61,9 +63,10 @@ def simulate(
     (33, Fraction(3, 11))
     """
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    index = index_schedule(schedule)
     if check:
-        validate(schedule)
-    trace = run_trace(schedule, costs)
+        check_index(schedule, index)
+    trace = _without_gc(schedule, costs, index)
     return Simulation(
         schedule=schedule,
         costs=costs,
@@ -72,77 +75,123 @@ def simulate(
     )
 
 
+_Effect = tuple[Time, tuple[int, int], tuple[int, int]]
+
+
+def _stage_effects(costs: CostModel, *, forward_only: bool) -> list[dict[Op, _Effect]]:
+    """Per stage and op: (duration, (bytes, count) allocated at start, freed at end).
+
+    F allocates the stage's activations; B frees them all; I frees all but
+    ``weight_grad_bytes`` and W the rest (a micro-batch stays "in flight" until
+    the last byte is freed); in a forward-only step F frees its own activations.
+    """
+    table = []
+    for cost in costs.stages:
+        act, kept = cost.activation_bytes, cost.weight_grad_bytes
+        table.append(
+            {
+                Op.F: (cost.forward, (act, 1), (act, 1) if forward_only else (0, 0)),
+                Op.B: (cost.backward, (0, 0), (act, 1)),
+                Op.I: (cost.input_grad, (0, 0), (act - kept, int(kept == 0))),
+                Op.W: (cost.weight_grad, (0, 0), (kept, int(kept > 0))),
+            }
+        )
+    return table
+
+
 @dataclass(slots=True)
 class _Message:
+    """A cross-rank message; ``waiter`` is created only if its consumer blocks on it."""
+
     producer: Action
     consumer: Action
     src_rank: int
     dst_rank: int
     n_bytes: int
-    arrived: simpy.Event
+    arrived: bool = False
+    waiter: simpy.Event | None = None
 
 
 def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     """Run the SimPy model and return the raw :class:`Trace` (no validation)."""
     costs = costs.for_stages(schedule.n_stages)
-    env = simpy.Environment()
-    owner: dict[Action, tuple[Work, int]] = {}
-    for rank, order in enumerate(schedule.orders):
-        for work in order:
-            for action in work.parts:
-                owner[action] = (work, rank)
+    return _without_gc(schedule, costs, index_schedule(schedule))
 
-    waits: dict[Work, list[simpy.Event]] = {}
-    sends: dict[Work, list[_Message]] = {}
-    for dep in data_dependencies(schedule):
-        p_work, p_rank = owner[dep.producer]
-        c_work, c_rank = owner[dep.consumer]
-        if p_rank == c_rank:
+
+def _without_gc(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
+    # A step allocates several objects per action and no garbage cycles; the cyclic
+    # collector would otherwise rescan the growing trace again and again.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(schedule, costs, index)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
+    env = simpy.Environment()
+    works, ranks = index.works, index.ranks
+    n_nodes = index.n_nodes
+
+    # Per node: messages it must receive before it starts, messages it sends when it ends.
+    inbox: list[list[_Message]] = [[] for _ in range(n_nodes)]
+    outbox: list[list[_Message]] = [[] for _ in range(n_nodes)]
+    for p_node, c_node, producer, consumer in index.data_edges:
+        if ranks[p_node] == ranks[c_node]:
             continue  # program order already covers it in a valid schedule
         message = _Message(
-            producer=dep.producer,
-            consumer=dep.consumer,
-            src_rank=p_rank,
-            dst_rank=c_rank,
-            n_bytes=costs.message_bytes(dep.producer),
-            arrived=env.event(),
+            producer=producer,
+            consumer=consumer,
+            src_rank=ranks[p_node],
+            dst_rank=ranks[c_node],
+            n_bytes=costs.message_bytes(producer),
         )
-        sends.setdefault(p_work, []).append(message)
-        waits.setdefault(c_work, []).append(message.arrived)
-    signals: dict[Work, list[simpy.Event]] = {}
-    for a, b in schedule.happens_before:
-        (a_work, a_rank), (b_work, b_rank) = owner[a], owner[b]
-        if a_rank != b_rank:
-            event = env.event()
-            signals.setdefault(a_work, []).append(event)
-            waits.setdefault(b_work, []).append(event)
+        outbox[p_node].append(message)
+        inbox[c_node].append(message)
+    signals: list[list[_Message]] = [[] for _ in range(n_nodes)]
+    for a_node, b_node in index.extra_edges:
+        if ranks[a_node] != ranks[b_node]:
+            a_action, b_action = works[a_node].parts[0], works[b_node].parts[0]
+            signal = _Message(producer=a_action, consumer=b_action, src_rank=ranks[a_node],
+                              dst_rank=ranks[b_node], n_bytes=0)
+            signals[a_node].append(signal)
+            inbox[b_node].append(signal)
+
+    # Per node: duration and activation memory effect at start (F allocates) and at end
+    # (B frees all, I all but weight_grad_bytes, W the rest; forward-only F frees its own).
+    forward_only = schedule.forward_only
+    effects = _stage_effects(costs, forward_only=forward_only)
+    durations: list[Time] = []
+    alloc: list[tuple[int, int]] = []
+    release: list[tuple[int, int]] = []
+    for work in works:
+        if isinstance(work, Action):
+            duration, a_effect, r_effect = effects[work.stage][work.op]
+            durations.append(duration)
+            alloc.append(a_effect)
+            release.append(r_effect)
+            continue
+        durations.append(costs.duration(work))
+        a_bytes = a_count = r_bytes = r_count = 0
+        for action in work.parts:
+            _, (ab, ac), (rb, rc) = effects[action.stage][action.op]
+            a_bytes, a_count, r_bytes, r_count = a_bytes + ab, a_count + ac, r_bytes + rb, r_count + rc
+        alloc.append((a_bytes, a_count))
+        release.append((r_bytes, r_count))
 
     link = costs.link
     free_links = link.is_free
+    wait_for_sends = not costs.overlap_comm and not free_links
     links: dict[tuple[int, int], simpy.Resource] = {}
-    action_log: list[tuple[Time, int, Work, Time]] = []
+    action_log: list[tuple[Time, int, int, Time]] = []
     transfer_log: list[TransferRecord] = []
-    memory_log: list[MemoryRecord] = []
+    memory_log: list[tuple[Time, int, int, int]] = []
     progress = [0] * schedule.n_ranks
-    forward_only = schedule.forward_only
-    stage_costs = costs.stages
+    timeout = env.timeout
 
-    def send(message: _Message) -> Any:
-        pair = (message.src_rank, message.dst_rank)
-        resource = links.get(pair)
-        if resource is None:
-            resource = links[pair] = simpy.Resource(env, capacity=link.max_concurrent)
-        with resource.request() as request:
-            yield request
-            start = env.now
-            occupancy = link.occupancy(message.n_bytes)
-            if occupancy:
-                yield env.timeout(occupancy)
-        if link.latency:
-            yield env.timeout(link.latency)
-        _deliver(message, start)
-
-    def _deliver(message: _Message, start: Time) -> None:
+    def deliver(message: _Message, start: Time) -> None:
         transfer_log.append(
             TransferRecord(
                 src_rank=message.src_rank,
@@ -154,67 +203,63 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
                 end=env.now,
             )
         )
-        message.arrived.succeed()
+        message.arrived = True
+        if message.waiter is not None:
+            message.waiter.succeed()
 
-    def run_rank(rank: int, order: tuple[Work, ...]) -> Any:
-        held_bytes = 0
-        inflight = 0
-        for work in order:
-            for event in waits.get(work, ()):
-                if not event.processed:
-                    yield event
+    def send(message: _Message) -> Any:
+        pair = (message.src_rank, message.dst_rank)
+        resource = links.get(pair)
+        if resource is None:
+            resource = links[pair] = simpy.Resource(env, capacity=link.max_concurrent)
+        with resource.request() as request:
+            yield request
             start = env.now
-            parts = work.parts
-            changed = False
-            for action in parts:
-                if action.op is Op.F:
-                    held_bytes += stage_costs[action.stage].activation_bytes
-                    inflight += 1
-                    changed = True
-            if changed:
-                memory_log.append(
-                    MemoryRecord(rank=rank, time=start, activation_bytes=held_bytes,
-                                 inflight=inflight)
-                )
-            yield env.timeout(costs.duration(work))
-            changed = False
-            for action in parts:
-                cost = stage_costs[action.stage]
-                op = action.op
-                if op is Op.B or (op is Op.F and forward_only):
-                    held_bytes -= cost.activation_bytes
-                    inflight -= 1
-                elif op is Op.I:
-                    held_bytes -= cost.activation_bytes - cost.weight_grad_bytes
-                    inflight -= cost.weight_grad_bytes == 0
-                elif op is Op.W:
-                    held_bytes -= cost.weight_grad_bytes
-                    inflight -= cost.weight_grad_bytes > 0
-                else:
-                    continue
-                changed = True
-            if changed:
-                memory_log.append(
-                    MemoryRecord(rank=rank, time=env.now, activation_bytes=held_bytes,
-                                 inflight=inflight)
-                )
-            action_log.append((start, rank, work, env.now))
-            pending = []
-            for message in sends.get(work, ()):
-                if free_links:
-                    _deliver(message, env.now)
-                else:
+            occupancy = link.occupancy(message.n_bytes)
+            if occupancy:
+                yield timeout(occupancy)
+        if link.latency:
+            yield timeout(link.latency)
+        deliver(message, start)
+
+    def run_rank(rank: int, order: list[int]) -> Any:
+        held_bytes = inflight = 0
+        for node in order:
+            for message in inbox[node]:
+                if not message.arrived:
+                    message.waiter = env.event()
+                    yield message.waiter
+            start = env.now
+            a_bytes, a_count = alloc[node]
+            if a_count:
+                held_bytes += a_bytes
+                inflight += a_count
+                memory_log.append((start, rank, held_bytes, inflight))
+            yield timeout(durations[node])
+            end = env.now
+            r_bytes, r_count = release[node]
+            if r_bytes or r_count:
+                held_bytes -= r_bytes
+                inflight -= r_count
+                memory_log.append((end, rank, held_bytes, inflight))
+            action_log.append((start, rank, node, end))
+            sent = outbox[node]
+            if free_links:
+                for message in sent:
+                    deliver(message, end)
+            else:
+                for message in sent:
                     env.process(send(message))
-                    if not costs.overlap_comm:
-                        pending.append(message.arrived)
-            for event in signals.get(work, ()):
-                event.succeed()
-            for event in pending:
-                if not event.processed:
-                    yield event
+            for signal in signals[node]:
+                deliver(signal, end)
+            if wait_for_sends:
+                for message in sent:
+                    if not message.arrived:
+                        message.waiter = env.event()
+                        yield message.waiter
             progress[rank] += 1
 
-    for rank, order in enumerate(schedule.orders):
+    for rank, order in enumerate(index.orders):
         env.process(run_rank(rank, order))
     env.run()
 
@@ -231,14 +276,18 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
 
     action_log.sort(key=lambda row: (row[0], row[1]))
     actions = tuple(
-        ActionRecord(rank=rank, work=work, start=start, end=end)
-        for start, rank, work, end in action_log
+        ActionRecord(rank=rank, work=works[node], start=start, end=end)
+        for start, rank, node, end in action_log
     )
     transfer_log.sort(key=lambda t: (t.start, t.src_rank, t.dst_rank))
-    memory_log.sort(key=lambda m: (m.time, m.rank))
+    memory_log.sort(key=lambda row: (row[0], row[1]))
+    memory = tuple(
+        MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=inflight)
+        for time, rank, n_bytes, inflight in memory_log
+    )
     return Trace(
         n_ranks=schedule.n_ranks,
         actions=actions,
         transfers=tuple(transfer_log),
-        memory=tuple(memory_log),
+        memory=memory,
     )

@@ -30,6 +30,7 @@ import networkx as nx
 
 from pipesim.actions import Action, Op, Work
 from pipesim.costs import CostModel
+from pipesim.dependencies import DependencyIndex, index_schedule
 from pipesim.errors import DeadlockError, ScheduleError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
@@ -56,42 +57,10 @@ class DataDependency:
 
 
 def data_dependencies(schedule: Schedule, /) -> Iterator[DataDependency]:
-    """Every data dependency between the actions the schedule actually contains.
-
-    The rules (see the module docstring) follow torch.distributed.pipelining's
-    stage semantics: the last stage's backward starts from its own forward
-    (the loss), and a split backward's W needs its I.
-    """
-    present = {a for a in schedule.actions()}
-    last = schedule.n_stages - 1
-    for action in present:
-        stage, mb = action.stage, action.microbatch
-        preds: list[Action] = []
-        if action.op is Op.F:
-            if stage > 0:
-                preds.append(Action(stage=stage - 1, op=Op.F, microbatch=mb))
-        elif action.op in (Op.B, Op.I):
-            preds.append(Action(stage=stage, op=Op.F, microbatch=mb))
-            if stage < last:
-                for op in (Op.B, Op.I):
-                    grad = Action(stage=stage + 1, op=op, microbatch=mb)
-                    if grad in present:
-                        preds.append(grad)
-        else:  # W
-            preds.append(Action(stage=stage, op=Op.I, microbatch=mb))
-        for pred in preds:
-            if pred in present:
-                yield DataDependency(producer=pred, consumer=action)
-
-
-def _owners(schedule: Schedule) -> dict[Action, tuple[Work, int, int]]:
-    """Simple action -> (unit of work holding it, rank, position in the rank's order)."""
-    owners: dict[Action, tuple[Work, int, int]] = {}
-    for rank, order in enumerate(schedule.orders):
-        for position, work in enumerate(order):
-            for action in work.parts:
-                owners.setdefault(action, (work, rank, position))
-    return owners
+    """Every data dependency between the actions the schedule actually contains
+    (rules in :mod:`pipesim.dependencies`)."""
+    for _, _, producer, consumer in index_schedule(schedule).data_edges:
+        yield DataDependency(producer=producer, consumer=consumer)
 
 
 def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.DiGraph:
@@ -103,37 +72,70 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
     """
     if costs is not None:
         costs = costs.for_stages(schedule.n_stages)
-    owners = _owners(schedule)
+    index = index_schedule(schedule)
+    works, ranks = index.works, index.ranks
     graph = nx.DiGraph(n_ranks=schedule.n_ranks, n_stages=schedule.n_stages)
-    for rank, order in enumerate(schedule.orders):
-        for work in order:
-            attrs: dict[str, object] = {"rank": rank}
-            if costs is not None:
-                attrs["duration"] = costs.duration(work)
-            graph.add_node(work, **attrs)
-        for before, after in zip(order, order[1:]):
-            graph.add_edge(before, after, kind="order", n_bytes=0, transfer_time=0)
-    for dep in data_dependencies(schedule):
-        producer, p_rank, _ = owners[dep.producer]
-        consumer, c_rank, _ = owners[dep.consumer]
+    for node, work in enumerate(works):
+        attrs: dict[str, object] = {"rank": ranks[node]}
+        if costs is not None:
+            attrs["duration"] = costs.duration(work)
+        graph.add_node(work, **attrs)
+    for order in index.orders:
+        for a, b in zip(order, order[1:]):
+            graph.add_edge(works[a], works[b], kind="order", n_bytes=0, transfer_time=0)
+    for p_node, c_node, producer, consumer in index.data_edges:
         n_bytes = 0
         transfer: Time = 0
-        if p_rank != c_rank and costs is not None:
-            n_bytes = costs.message_bytes(dep.producer)
+        if ranks[p_node] != ranks[c_node] and costs is not None:
+            n_bytes = costs.message_bytes(producer)
             transfer = costs.link.transfer_time(n_bytes)
         graph.add_edge(
-            producer,
-            consumer,
+            works[p_node],
+            works[c_node],
             kind="data",
             n_bytes=n_bytes,
             transfer_time=transfer,
-            producer=dep.producer,
-            consumer=dep.consumer,
+            producer=producer,
+            consumer=consumer,
         )
-    for a, b in schedule.happens_before:
-        if a in owners and b in owners:
-            graph.add_edge(owners[a][0], owners[b][0], kind="extra", n_bytes=0, transfer_time=0)
+    for a, b in index.extra_edges:
+        graph.add_edge(works[a], works[b], kind="extra", n_bytes=0, transfer_time=0)
     return graph
+
+
+def _cycle_nodes(index: DependencyIndex) -> list[int]:
+    """Nodes left after Kahn's algorithm: empty iff the graph is acyclic."""
+    succ = index.successors()
+    indegree = [0] * index.n_nodes
+    for targets in succ:
+        for t in targets:
+            indegree[t] += 1
+    ready = [n for n, d in enumerate(indegree) if d == 0]
+    done = 0
+    while ready:
+        node = ready.pop()
+        done += 1
+        for t in succ[node]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                ready.append(t)
+    if done == index.n_nodes:
+        return []
+    return [n for n, d in enumerate(indegree) if d > 0]
+
+
+def _find_cycle(index: DependencyIndex) -> tuple[str, ...]:
+    left = set(_cycle_nodes(index))
+    if not left:
+        return ()
+    # Only the nodes Kahn could not order can be on a cycle; hand that (small) part to
+    # networkx; its find_cycle names one cycle among them.
+    sub = nx.DiGraph()
+    succ = index.successors()
+    for node in left:
+        sub.add_edges_from((node, t) for t in succ[node] if t in left)
+    cycle = nx.find_cycle(sub)
+    return tuple(str(index.works[u]) for u, _ in cycle)
 
 
 def find_deadlock(graph: nx.DiGraph, /) -> tuple[str, ...]:
@@ -164,11 +166,15 @@ def validate(schedule: Schedule, /) -> None:
     pipesim.errors.ScheduleError: invalid schedule: backward before forward on rank 0: 0B0 \
 at position 0 runs before 0F0 at position 1; move the backward after its forward
     """
+    check_index(schedule, index_schedule(schedule))
+
+
+def check_index(schedule: Schedule, index: DependencyIndex, /) -> None:
+    """:func:`validate`, reusing an index the caller already built (the engine does)."""
     problems = _structural_problems(schedule)
     if problems:
         raise ScheduleError(_summarise("invalid schedule", problems))
-    graph = build_graph(schedule)
-    cycle = find_deadlock(graph)
+    cycle = _find_cycle(index)
     if cycle:
         raise DeadlockError(
             "schedule deadlocks: these actions wait on each other in a cycle: "
@@ -178,10 +184,13 @@ at position 0 runs before 0F0 at position 1; move the backward after its forward
         )
 
 
+_Key = tuple[int, Op, int]
+
+
 def _structural_problems(schedule: Schedule) -> list[str]:
     problems: list[str] = []
     n_stages, n_mb = schedule.n_stages, schedule.n_microbatches
-    seen: dict[Action, tuple[int, int]] = {}
+    seen: dict[_Key, tuple[int, int]] = {}
     for rank, order in enumerate(schedule.orders):
         for position, work in enumerate(order):
             for action in work.parts:
@@ -203,38 +212,53 @@ def _structural_problems(schedule: Schedule) -> list[str]:
                         f"rank {home}; a stage lives on one rank: move the action or fix the "
                         "placement"
                     )
-                if action in seen:
+                key = (action.stage, action.op, action.microbatch)
+                if key in seen:
                     problems.append(
-                        f"duplicate action {action} (rank {seen[action][0]} position "
-                        f"{seen[action][1]} and rank {rank} position {position}); keep one"
+                        f"duplicate action {action} (rank {seen[key][0]} position "
+                        f"{seen[key][1]} and rank {rank} position {position}); keep one"
                     )
                 else:
-                    seen[action] = (rank, position)
+                    seen[key] = (rank, position)
     if problems:
         return problems
     problems += _missing(schedule, seen)
     problems += _same_rank_order(seen)
     for a, b in schedule.happens_before:
         for x in (a, b):
-            if x not in seen:
+            if (x.stage, x.op, x.microbatch) not in seen:
                 problems.append(f"happens_before names {x}, which no rank runs")
+    for order in schedule.orders:
+        for work in order:
+            if len(work.parts) > 1:
+                problems += _dependent_parts(work)
     return problems
 
 
-def _missing(schedule: Schedule, seen: dict[Action, tuple[int, int]]) -> list[str]:
+def _dependent_parts(work: Work) -> list[str]:
+    """An overlapped unit cannot contain an action and something it waits for."""
+    inner = Schedule.from_orders([list(work.parts)], placement=(0,) * (1 + max(
+        a.stage for a in work.parts)), n_microbatches=1 + max(a.microbatch for a in work.parts))
+    return [
+        f"overlapped unit {work} holds {producer} and {consumer}, which needs it; "
+        "an overlapped pair must be independent work"
+        for _, _, producer, consumer in index_schedule(inner).data_edges
+    ]
+
+
+def _missing(schedule: Schedule, seen: dict[_Key, tuple[int, int]]) -> list[str]:
     training = not schedule.forward_only
     missing: list[str] = []
     mixed: list[str] = []
+    F, B, I, W = Op.F, Op.B, Op.I, Op.W
     for stage in range(schedule.n_stages):
         for mb in range(schedule.n_microbatches):
-            def has(op: Op, stage: int = stage, mb: int = mb) -> bool:
-                return Action(stage=stage, op=op, microbatch=mb) in seen
-
-            if not has(Op.F):
+            if (stage, F, mb) not in seen:
                 missing.append(f"{stage}F{mb}")
             if not training:
                 continue
-            full, split_i, split_w = has(Op.B), has(Op.I), has(Op.W)
+            full, split_i, split_w = (stage, B, mb) in seen, (stage, I, mb) in seen, (
+                stage, W, mb) in seen
             if full and (split_i or split_w):
                 mixed.append(f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}")
             elif not full and not (split_i and split_w):
@@ -258,20 +282,20 @@ def _missing(schedule: Schedule, seen: dict[Action, tuple[int, int]]) -> list[st
     return problems
 
 
-def _same_rank_order(seen: dict[Action, tuple[int, int]]) -> list[str]:
+def _same_rank_order(seen: dict[_Key, tuple[int, int]]) -> list[str]:
     problems = []
-    for action, (rank, position) in seen.items():
-        if action.op is Op.F:
+    for (stage, op, mb), (rank, position) in seen.items():
+        if op is Op.F:
             continue
-        need_op = Op.I if action.op is Op.W else Op.F
-        need = Action(stage=action.stage, op=need_op, microbatch=action.microbatch)
-        if need in seen and seen[need][0] == rank and seen[need][1] > position:
-            what = "W before I" if action.op is Op.W else "backward before forward"
+        need_op = Op.I if op is Op.W else Op.F
+        need = seen.get((stage, need_op, mb))
+        if need is not None and need[0] == rank and need[1] > position:
+            what = "W before I" if op is Op.W else "backward before forward"
+            later, earlier = ("W", "I") if op is Op.W else ("backward", "forward")
             problems.append(
-                f"{what} on rank {rank}: {action} at position {position} runs before "
-                f"{need} at position {seen[need][1]}; move the "
-                f"{'W' if action.op is Op.W else 'backward'} after its "
-                f"{'I' if action.op is Op.W else 'forward'}"
+                f"{what} on rank {rank}: {stage}{op.value}{mb} at position {position} runs "
+                f"before {stage}{need_op.value}{mb} at position {need[1]}; move the {later} "
+                f"after its {earlier}"
             )
     return problems
 
