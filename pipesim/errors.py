@@ -30,8 +30,9 @@ class ScheduleError(PipesimError, ValueError):
 class DeadlockError(ScheduleError):
     """The per-rank orders wait on each other in a cycle and can never finish.
 
-    ``cycle`` holds the actions of one such cycle, as action strings, in the
-    order each waits on the next.
+    ``cycle`` holds the actions of one such cycle, as action strings, each a
+    prerequisite of the next: the next waits on it, and the first waits on the
+    last.
     """
 
     def __init__(self, message: str, *, cycle: tuple[str, ...] = ()) -> None:

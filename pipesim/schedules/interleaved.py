@@ -96,7 +96,11 @@ def interleaved_1f1b(
             return Action(stage=(v - 1 - chunk) * p + rank, op=Op.B, microbatch=mb)
 
         # Megatron: num_warmup = (p - r - 1) * 2 + (v - 1) * group size, at most m * v.
-        warmup = min((p - rank - 1) * 2 + (v - 1) * n, total)
+        # One chunk per rank is Megatron's non-interleaved 1F1B: p - r - 1 warm-up forwards.
+        if v == 1:
+            warmup = min(p - rank - 1, total)
+        else:
+            warmup = min((p - rank - 1) * 2 + (v - 1) * n, total)
         order = [fwd(k) for k in range(warmup)]
         for k in range(total - warmup):
             order += [fwd(warmup + k), bwd(k)]
