@@ -18,12 +18,12 @@ What is drawn:
 >>> from pipesim.schedules import generate
 >>> sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=3))
 >>> memory_quantity(sim), memory_steps(sim, 0, quantity="inflight")
-('inflight', ([0, 0, 1, 2, 5, 7, 9, 10], [0, 1, 2, 3, 2, 1, 0, 0]))
+('inflight', ([0, 0, 1, 2, 8, 10, 12, 12], [0, 1, 2, 3, 2, 1, 0, 0]))
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
@@ -76,7 +76,9 @@ def memory_steps(
         if record.rank != rank:
             continue
         times.append(record.time)
-        values.append(offset + (record.activation_bytes if quantity == "bytes" else record.inflight))
+        values.append(
+            offset + (record.activation_bytes if quantity == "bytes" else record.inflight)
+        )
     times.append(simulation.trace.makespan)
     values.append(values[-1])
     return times, values
@@ -169,7 +171,3 @@ def memory_figure(simulation: Simulation, /, *, quantity: Quantity | None = None
         height=360,
     )
     return fig
-
-
-def _unused(_: Any) -> None:  # pragma: no cover - keeps Any imported for typing helpers
-    return None
