@@ -28,7 +28,7 @@ import enum
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 from pipesim.errors import ParseError
 
@@ -40,7 +40,7 @@ class Op(enum.Enum):
 
     F = "F"
     B = "B"
-    I = "I"  # noqa: E741 - torch's letter for BACKWARD_INPUT
+    I = "I"
     W = "W"
 
     # Members are singletons, so identity hashing agrees with equality; it is a C call,
@@ -111,7 +111,7 @@ class Overlap:
 
 
 #: One entry of a rank's order: a simple action or an overlapped group.
-Work = Union[Action, Overlap]
+Work: TypeAlias = Action | Overlap
 
 _ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
 _OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")

@@ -15,6 +15,7 @@ Data rules (torch.distributed.pipelining's stage semantics):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from pipesim.actions import Action, Op, Work
@@ -53,7 +54,7 @@ class DependencyIndex:
         """Adjacency lists over order, data and extra edges (may repeat an edge)."""
         succ: list[list[int]] = [[] for _ in self.works]
         for order in self.orders:
-            for a, b in zip(order, order[1:]):
+            for a, b in itertools.pairwise(order):
                 succ[a].append(b)
         for producer, consumer, _, _ in self.data_edges:
             if producer != consumer:

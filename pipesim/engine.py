@@ -26,9 +26,9 @@ import simpy
 
 from pipesim.actions import Action, Op
 from pipesim.costs import CostModel
+from pipesim.dependencies import DependencyIndex, index_schedule
 from pipesim.errors import DeadlockError
 from pipesim.exact import Time
-from pipesim.dependencies import DependencyIndex, index_schedule
 from pipesim.graph import build_graph, check_index, find_deadlock
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.schedule import Schedule
@@ -110,6 +110,10 @@ class _Message:
     n_bytes: int
     arrived: bool = False
     waiter: simpy.Event | None = None
+    start: Time = 0
+    """When the message got its link."""
+    end: Time = 0
+    """When it arrived."""
 
 
 def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
@@ -131,11 +135,12 @@ def _without_gc(schedule: Schedule, costs: CostModel, index: DependencyIndex) ->
 
 
 def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
-    env = simpy.Environment()
+    env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
     works, ranks = index.works, index.ranks
     n_nodes = index.n_nodes
 
     # Per node: messages it must receive before it starts, messages it sends when it ends.
+    messages: list[_Message] = []
     inbox: list[list[_Message]] = [[] for _ in range(n_nodes)]
     outbox: list[list[_Message]] = [[] for _ in range(n_nodes)]
     for p_node, c_node, producer, consumer in index.data_edges:
@@ -150,12 +155,18 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
         )
         outbox[p_node].append(message)
         inbox[c_node].append(message)
+        messages.append(message)
     signals: list[list[_Message]] = [[] for _ in range(n_nodes)]
     for a_node, b_node in index.extra_edges:
         if ranks[a_node] != ranks[b_node]:
             a_action, b_action = works[a_node].parts[0], works[b_node].parts[0]
-            signal = _Message(producer=a_action, consumer=b_action, src_rank=ranks[a_node],
-                              dst_rank=ranks[b_node], n_bytes=0)
+            signal = _Message(
+                producer=a_action,
+                consumer=b_action,
+                src_rank=ranks[a_node],
+                dst_rank=ranks[b_node],
+                n_bytes=0,
+            )
             signals[a_node].append(signal)
             inbox[b_node].append(signal)
 
@@ -177,7 +188,8 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
         a_bytes = a_count = r_bytes = r_count = 0
         for action in work.parts:
             _, (ab, ac), (rb, rc) = effects[action.stage][action.op]
-            a_bytes, a_count, r_bytes, r_count = a_bytes + ab, a_count + ac, r_bytes + rb, r_count + rc
+            a_bytes, a_count = a_bytes + ab, a_count + ac
+            r_bytes, r_count = r_bytes + rb, r_count + rc
         alloc.append((a_bytes, a_count))
         release.append((r_bytes, r_count))
 
@@ -186,23 +198,13 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
     wait_for_sends = not costs.overlap_comm and not free_links
     links: dict[tuple[int, int], simpy.Resource] = {}
     action_log: list[tuple[Time, int, int, Time]] = []
-    transfer_log: list[TransferRecord] = []
     memory_log: list[tuple[Time, int, int, int]] = []
     progress = [0] * schedule.n_ranks
     timeout = env.timeout
 
     def deliver(message: _Message, start: Time) -> None:
-        transfer_log.append(
-            TransferRecord(
-                src_rank=message.src_rank,
-                dst_rank=message.dst_rank,
-                producer=message.producer,
-                consumer=message.consumer,
-                n_bytes=message.n_bytes,
-                start=start,
-                end=env.now,
-            )
-        )
+        message.start = start
+        message.end = env.now
         message.arrived = True
         if message.waiter is not None:
             message.waiter.succeed()
@@ -222,40 +224,50 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
             yield timeout(link.latency)
         deliver(message, start)
 
+    # One tuple per node keeps the hot loop to a single list lookup per action.
+    steps = [
+        (durations[n], *alloc[n], *release[n], inbox[n], outbox[n], signals[n])
+        for n in range(n_nodes)
+    ]
+    log = action_log.append
+    remember = memory_log.append
+    event = env.event
+
     def run_rank(rank: int, order: list[int]) -> Any:
         held_bytes = inflight = 0
         for node in order:
-            for message in inbox[node]:
+            duration, a_bytes, a_count, r_bytes, r_count, needs, sent, signalled = steps[node]
+            for message in needs:
                 if not message.arrived:
-                    message.waiter = env.event()
+                    message.waiter = event()
                     yield message.waiter
             start = env.now
-            a_bytes, a_count = alloc[node]
             if a_count:
                 held_bytes += a_bytes
                 inflight += a_count
-                memory_log.append((start, rank, held_bytes, inflight))
-            yield timeout(durations[node])
+                remember((start, rank, held_bytes, inflight))
+            yield timeout(duration)
             end = env.now
-            r_bytes, r_count = release[node]
             if r_bytes or r_count:
                 held_bytes -= r_bytes
                 inflight -= r_count
-                memory_log.append((end, rank, held_bytes, inflight))
-            action_log.append((start, rank, node, end))
-            sent = outbox[node]
+                remember((end, rank, held_bytes, inflight))
+            log((start, rank, node, end))
             if free_links:
                 for message in sent:
-                    deliver(message, end)
+                    message.start = message.end = end
+                    message.arrived = True
+                    if message.waiter is not None:
+                        message.waiter.succeed()
             else:
                 for message in sent:
                     env.process(send(message))
-            for signal in signals[node]:
+            for signal in signalled:
                 deliver(signal, end)
             if wait_for_sends:
                 for message in sent:
                     if not message.arrived:
-                        message.waiter = env.event()
+                        message.waiter = event()
                         yield message.waiter
             progress[rank] += 1
 
@@ -279,7 +291,19 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
         ActionRecord(rank=rank, work=works[node], start=start, end=end)
         for start, rank, node, end in action_log
     )
-    transfer_log.sort(key=lambda t: (t.start, t.src_rank, t.dst_rank))
+    messages.sort(key=lambda m: (m.start, m.src_rank, m.dst_rank))
+    transfers = tuple(
+        TransferRecord(
+            src_rank=m.src_rank,
+            dst_rank=m.dst_rank,
+            producer=m.producer,
+            consumer=m.consumer,
+            n_bytes=m.n_bytes,
+            start=m.start,
+            end=m.end,
+        )
+        for m in messages
+    )
     memory_log.sort(key=lambda row: (row[0], row[1]))
     memory = tuple(
         MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=inflight)
@@ -288,6 +312,6 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
     return Trace(
         n_ranks=schedule.n_ranks,
         actions=actions,
-        transfers=tuple(transfer_log),
+        transfers=transfers,
         memory=memory,
     )

@@ -16,9 +16,8 @@ True
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
-from typing import Union
+from typing import TypeAlias
 
 from pipesim.errors import CostError
 
@@ -27,7 +26,7 @@ __all__ = ["Time", "as_number", "to_count", "to_time"]
 _NON_FINITE = {"nan", "inf", "infinity"}
 
 #: An exact duration or instant: an int when integral, else a Fraction.
-Time = Union[int, Fraction]
+Time: TypeAlias = int | Fraction
 
 
 def to_time(value: object, *, name: str, allow_zero: bool = True) -> Time:

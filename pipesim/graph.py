@@ -23,6 +23,7 @@ step on uncontended links, the oracle the SimPy engine is tested against.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
             attrs["duration"] = costs.duration(work)
         graph.add_node(work, **attrs)
     for order in index.orders:
-        for a, b in zip(order, order[1:]):
+        for a, b in itertools.pairwise(order):
             graph.add_edge(works[a], works[b], kind="order", n_bytes=0, transfer_time=0)
     for p_node, c_node, producer, consumer in index.data_edges:
         n_bytes = 0
@@ -237,8 +238,11 @@ def _structural_problems(schedule: Schedule) -> list[str]:
 
 def _dependent_parts(work: Work) -> list[str]:
     """An overlapped unit cannot contain an action and something it waits for."""
-    inner = Schedule.from_orders([list(work.parts)], placement=(0,) * (1 + max(
-        a.stage for a in work.parts)), n_microbatches=1 + max(a.microbatch for a in work.parts))
+    inner = Schedule.from_orders(
+        [list(work.parts)],
+        placement=(0,) * (1 + max(a.stage for a in work.parts)),
+        n_microbatches=1 + max(a.microbatch for a in work.parts),
+    )
     return [
         f"overlapped unit {work} holds {producer} and {consumer}, which needs it; "
         "an overlapped pair must be independent work"
@@ -257,8 +261,11 @@ def _missing(schedule: Schedule, seen: dict[_Key, tuple[int, int]]) -> list[str]
                 missing.append(f"{stage}F{mb}")
             if not training:
                 continue
-            full, split_i, split_w = (stage, B, mb) in seen, (stage, I, mb) in seen, (
-                stage, W, mb) in seen
+            full, split_i, split_w = (
+                (stage, B, mb) in seen,
+                (stage, I, mb) in seen,
+                (stage, W, mb) in seen,
+            )
             if full and (split_i or split_w):
                 mixed.append(f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}")
             elif not full and not (split_i and split_w):
@@ -354,4 +361,3 @@ def critical_path(schedule: Schedule, /, *, costs: CostModel | None = None) -> C
     path = nx.dag_longest_path(weighted, weight="weight")
     length = nx.dag_longest_path_length(weighted, weight="weight")
     return CriticalPath(length=length, works=tuple(w for w in path if w != sink))
-

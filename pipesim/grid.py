@@ -24,6 +24,7 @@ from fractions import Fraction
 from pipesim.actions import Action
 from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
+from pipesim.text_table import format_table
 
 __all__ = ["format_grid", "grid_cells"]
 
@@ -69,7 +70,4 @@ def format_grid(simulation: Simulation, /) -> str:
     n_ranks = simulation.trace.n_ranks
     headers = ["cycle"] + [f"rank {r}" for r in range(n_ranks)]
     rows = [[str(c), *row] for c, row in enumerate(cells)]
-    widths = [max(len(x) for x in col) for col in zip(headers, *rows)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    return format_table(headers, rows)

@@ -113,7 +113,7 @@ def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) ->
     """Metrics of ``trace``, a step of ``schedule`` under ``costs``."""
     costs = costs.for_stages(schedule.n_stages)
     makespan = trace.makespan
-    busy = [0] * trace.n_ranks
+    busy: list[Time] = [0] * trace.n_ranks
     for record in trace.actions:
         busy[record.rank] += record.end - record.start
     peak_bytes = [0] * trace.n_ranks
@@ -135,8 +135,9 @@ def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) ->
     total_busy = sum(busy)
     total_idle = trace.n_ranks * makespan - total_busy
     capacity = Fraction(trace.n_ranks * makespan)
-    slot = _exact(Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)),
-                           schedule.n_stages))
+    slot = _exact(
+        Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)), schedule.n_stages)
+    )
     return Metrics(
         schedule=schedule.name,
         n_ranks=schedule.n_ranks,

@@ -57,7 +57,9 @@ class Schedule:
         _check_count("n_microbatches", self.n_microbatches)
         for stage, rank in enumerate(self.placement):
             if isinstance(rank, bool) or not isinstance(rank, int):
-                raise ScheduleError(f"placement of stage {stage} must be a rank index, got {rank!r}")
+                raise ScheduleError(
+                    f"placement of stage {stage} must be a rank index, got {rank!r}"
+                )
             if not 0 <= rank < len(self.orders):
                 raise ScheduleError(
                     f"stage {stage} is placed on rank {rank}, but the schedule has "

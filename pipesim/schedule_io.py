@@ -91,7 +91,9 @@ def schedule_from_dict(data: object, /, *, source: str = "schedule") -> Schedule
     happens_before: list[tuple[Action, Action]] = []
     for pair in data.get("happens_before", []):
         if not (isinstance(pair, list) and len(pair) == 2):
-            raise ParseError(f"{source}: each happens_before entry is [before, after], got {pair!r}")
+            raise ParseError(
+                f"{source}: each happens_before entry is [before, after], got {pair!r}"
+            )
         a, b = (parse_action(x) for x in pair)
         if not (isinstance(a, Action) and isinstance(b, Action)):
             raise ParseError(f"{source}: happens_before takes simple actions, got {pair!r}")

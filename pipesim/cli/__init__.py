@@ -10,10 +10,9 @@ stderr and exit status 1 (argparse's own usage errors exit with 2).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
-
-import importlib
 
 from pipesim.errors import PipesimError
 

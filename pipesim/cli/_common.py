@@ -52,21 +52,29 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
         )
     group = parser.add_argument_group("schedule size")
     group.add_argument(
-        "--stages", "-p", type=positive_int, metavar="P",
+        "--stages",
+        "-p",
+        type=positive_int,
+        metavar="P",
         help="pipeline depth p: ranks (devices), one per pipeline stage",
     )
     group.add_argument(
         "--microbatches", "-m", type=positive_int, metavar="M", help="micro-batches per step"
     )
     group.add_argument(
-        "--virtual", "-v", type=positive_int, metavar="V",
+        "--virtual",
+        "-v",
+        type=positive_int,
+        metavar="V",
         help="stages per rank for interleaved / V-shaped schedules (model cut into P*V stages)",
     )
     group.add_argument(
         "--forward-only", action="store_true", help="inference: forwards only (sequential, gpipe)"
     )
     group.add_argument(
-        "--group-size", type=positive_int, metavar="N",
+        "--group-size",
+        type=positive_int,
+        metavar="N",
         help="interleaved-1f1b: micro-batches per group (Megatron; default P)",
     )
 
@@ -82,8 +90,11 @@ def schedule_from_source(
 ) -> Schedule:
     """A registered name is generated; anything else is read as a schedule file."""
     if source in schedule_names():
-        missing = [flag for flag, v in (("--stages", stages), ("--microbatches", microbatches))
-                   if v is None]
+        missing = [
+            flag
+            for flag, v in (("--stages", stages), ("--microbatches", microbatches))
+            if v is None
+        ]
         if missing:
             raise PipesimError(
                 f"schedule {source!r} needs {' and '.join(missing)}, e.g. "
@@ -170,25 +181,33 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-capacity", metavar="BYTES", help="device memory capacity for the peak check"
     )
     group.add_argument(
-        "--no-overlap-comm", action="store_true",
+        "--no-overlap-comm",
+        action="store_true",
         help="sends do not overlap compute: the sender waits for its message",
     )
 
 
 def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:
     """The cost model of the flags (or ``--costs``), sized for ``schedule``."""
-    flag_names = [*_STAGE_FLAGS, "link_latency", "link_bandwidth", "link_concurrency",
-                  "memory_capacity"]
+    flag_names = [
+        *_STAGE_FLAGS,
+        "link_latency",
+        "link_bandwidth",
+        "link_concurrency",
+        "memory_capacity",
+    ]
     given = [n for n in flag_names if getattr(args, n, None) is not None]
     if args.no_overlap_comm:
         given.append("no_overlap_comm")
     if args.costs is not None:
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in given)
-            raise PipesimError(f"give either --costs or cost flags, not both (got --costs and {flags})")
+            raise PipesimError(
+                f"give either --costs or cost flags, not both (got --costs and {flags})"
+            )
         return load_costs(args.costs).for_stages(schedule.n_stages)
     n_stages = schedule.n_stages
-    per_stage: list[dict[str, str]] = [{} for _ in range(n_stages)]
+    per_stage: list[dict[str, Any]] = [{} for _ in range(n_stages)]
     for flag, (field_name, _) in _STAGE_FLAGS.items():
         raw = getattr(args, flag, None)
         if raw is None:

@@ -16,13 +16,15 @@ from pipesim.schedules import get_spec, schedule_names
 def register(subparsers: Any) -> None:
     """Add the three verbs."""
     listing = subparsers.add_parser(
-        "schedules", help="list the built-in schedules and their rules",
+        "schedules",
+        help="list the built-in schedules and their rules",
         description="List the built-in schedules, their parameter rules and sources.",
     )
     listing.set_defaults(func=run_schedules)
 
     make = subparsers.add_parser(
-        "schedule", help="write a built-in schedule to a .json or .csv file",
+        "schedule",
+        help="write a built-in schedule to a .json or .csv file",
         description=(
             "Generate a built-in schedule and write it as pipesim JSON or torch's compute-only "
             "CSV (chosen by the suffix of -o), or print its JSON."
@@ -33,7 +35,8 @@ def register(subparsers: Any) -> None:
     make.set_defaults(func=run_schedule)
 
     check = subparsers.add_parser(
-        "validate", help="check a schedule file: complete, consistent, deadlock-free",
+        "validate",
+        help="check a schedule file: complete, consistent, deadlock-free",
         description="Validate a .json or .csv schedule; exit 1 naming every problem found.",
     )
     check.add_argument("file", metavar="FILE", help="a .json or .csv schedule file")
@@ -45,8 +48,11 @@ def run_schedules(args: argparse.Namespace) -> int:
         spec = get_spec(name)
         print(f"{name}")
         for label, text in (("what", spec.summary), ("rules", spec.rules), ("source", spec.source)):
-            print(textwrap.fill(text, width=96, initial_indent=f"  {label:<7}",
-                                subsequent_indent=" " * 9))
+            print(
+                textwrap.fill(
+                    text, width=96, initial_indent=f"  {label:<7}", subsequent_indent=" " * 9
+                )
+            )
     return 0
 
 
@@ -56,15 +62,19 @@ def run_schedule(args: argparse.Namespace) -> int:
         sys.stdout.write(schedule_to_json(schedule))
     else:
         path = save_schedule(schedule, args.output)
-        print(f"wrote {path} ({schedule.name}: {schedule.n_ranks} ranks, {schedule.n_stages} "
-              f"stages, {schedule.n_microbatches} micro-batches)")
+        print(
+            f"wrote {path} ({schedule.name}: {schedule.n_ranks} ranks, {schedule.n_stages} "
+            f"stages, {schedule.n_microbatches} micro-batches)"
+        )
     return 0
 
 
 def run_validate(args: argparse.Namespace) -> int:
     schedule = schedule_from_source(args.file, stages=None, microbatches=None)
     validate(schedule)
-    print(f"{args.file}: valid ({schedule.n_ranks} ranks, {schedule.n_stages} stages, "
-          f"{schedule.n_microbatches} micro-batches, "
-          f"{sum(len(o) for o in schedule.orders)} actions)")
+    print(
+        f"{args.file}: valid ({schedule.n_ranks} ranks, {schedule.n_stages} stages, "
+        f"{schedule.n_microbatches} micro-batches, "
+        f"{sum(len(o) for o in schedule.orders)} actions)"
+    )
     return 0

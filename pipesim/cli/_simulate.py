@@ -16,12 +16,14 @@ from pipesim.engine import simulate
 from pipesim.exact import as_number
 from pipesim.grid import format_grid
 from pipesim.metrics import Metrics
+from pipesim.text_table import format_table
 
 
 def register(subparsers: Any) -> None:
     """Add ``simulate``."""
     parser = subparsers.add_parser(
-        "simulate", help="simulate one step: makespan, idle, bubble, peak memory",
+        "simulate",
+        help="simulate one step: makespan, idle, bubble, peak memory",
         description=(
             "Simulate one step of a built-in schedule or a schedule file and print makespan, "
             "busy / idle time, bubble and peak activation memory per rank."
@@ -32,7 +34,8 @@ def register(subparsers: Any) -> None:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument(
-        "--grid", action="store_true",
+        "--grid",
+        action="store_true",
         help="print the cycle-by-rank table (micro-batch per cycle, '-' when idle)",
     )
     parser.set_defaults(func=run)
@@ -70,14 +73,16 @@ def format_summary(m: Metrics) -> str:
         lines.append(f"memory capacity {m.memory_capacity_bytes:,} bytes: {verdict}")
     headers = ("rank", "busy", "idle", "peak activation bytes", "peak in flight")
     rows = [
-        (str(r.rank), _fmt(r.busy), _fmt(r.idle), f"{r.peak_activation_bytes:,}",
-         str(r.peak_inflight))
+        (
+            str(r.rank),
+            _fmt(r.busy),
+            _fmt(r.idle),
+            f"{r.peak_activation_bytes:,}",
+            str(r.peak_inflight),
+        )
         for r in m.ranks
     ]
-    widths = [max(len(x) for x in col) for col in zip(headers, *rows)]
-    lines.append("")
-    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
-    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    lines += ["", format_table(headers, rows)]
     return "\n".join(lines)
 
 

@@ -34,6 +34,4 @@ def gpipe(
         if not forward_only:
             order += [backward(rank, mb) for mb in range(m)]
         orders.append(order)
-    return Schedule.from_orders(
-        orders, placement=tuple(range(p)), n_microbatches=m, name="gpipe"
-    )
+    return Schedule.from_orders(orders, placement=tuple(range(p)), n_microbatches=m, name="gpipe")
