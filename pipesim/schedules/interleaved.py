@@ -74,7 +74,7 @@ def interleaved_1f1b(
     >>> s.n_stages, s.placement
     (4, (0, 1, 0, 1))
     >>> [str(a) for a in s.orders[1]][:4]
-    ['1F0', '1F1', '3F0', '1F2']
+    ['1F0', '1F1', '3F0', '3B0']
     """
     p = check_count("n_ranks", n_ranks)
     m = check_count("n_microbatches", n_microbatches)
