@@ -1,0 +1,298 @@
+"""A simulated step as Chrome trace event JSON, for ui.perfetto.dev and chrome://tracing.
+
+The format is Google's "Trace Event Format" (the JSON object form,
+``{"traceEvents": [...], "displayTimeUnit": ..., "otherData": {...}}``).
+What pipesim writes:
+
+- one *process* per rank (``pid`` = rank, named ``rank r``), sorted by rank;
+- in it, thread ``0`` named ``compute`` holds a complete event (``ph: "X"``)
+  per unit of work, named in torch's spelling (``0F3``), with ``cat`` the op
+  (``F``, ``B``, ``I``, ``W`` or ``overlap``) and stage / micro-batch in
+  ``args``. A rank runs one unit at a time, so these never overlap;
+- transfers that take time get their own threads, ``send to rank d`` (a second
+  lane ``send to rank d (2)`` and so on where messages on one link overlap, as
+  they do with latency or ``max_concurrent > 1``), so every track holds
+  disjoint slices and nothing has to nest across compute and communication;
+- a flow (``ph: "s"`` then ``ph: "f"`` with ``bp: "e"``, same ``id``, ``name``
+  and ``cat``) per message, from the send (the transfer slice, or the
+  producing action when the link is free) to the receiving action. Both ends
+  sit at the middle of their slice, so each binds to exactly one slice;
+- counter events (``ph: "C"``) per rank: ``activation memory`` in bytes and
+  ``activations in flight``, starting from 0 at time 0;
+- metadata events (``ph: "M"``) naming processes and threads.
+
+**Time unit.** Trace event times are microseconds. pipesim times have whatever
+unit the cost model's durations use, so the export takes ``time_unit``: the
+unit one pipesim time unit stands for (``"s"``, ``"ms"``, ``"us"`` or ``"ns"``;
+default ``"s"``, the unit ``Link.bandwidth_bytes_per_s`` names). A time ``t``
+becomes ``t * US_PER_UNIT[time_unit]`` microseconds, exactly when it is a whole
+number of microseconds. The scale is recorded in ``otherData``.
+
+>>> from pipesim.engine import simulate
+>>> from pipesim.schedules import generate
+>>> data = chrome_trace(simulate(generate("gpipe", n_ranks=2, n_microbatches=2)), time_unit="ms")
+>>> first = [e for e in data["traceEvents"] if e["ph"] == "X"][0]
+>>> first["name"], first["ts"], first["dur"], first["pid"], first["tid"]
+('0F0', 0, 1000, 0, 0)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pipesim.actions import Action, Work
+from pipesim.engine import Simulation
+from pipesim.errors import PipesimError, UnknownNameError
+from pipesim.exact import Time, as_number
+from pipesim.trace import ActionRecord, TransferRecord
+
+__all__ = ["US_PER_UNIT", "chrome_trace", "chrome_trace_json", "write_chrome_trace"]
+
+#: Microseconds per pipesim time unit, for each ``time_unit`` name.
+US_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
+    {
+        "s": Fraction(10**6),
+        "ms": Fraction(10**3),
+        "us": Fraction(1),
+        "ns": Fraction(1, 10**3),
+    }
+)
+
+_COMPUTE_TID = 0
+_MEMORY = "activation memory"
+_INFLIGHT = "activations in flight"
+
+
+def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str, Any]:
+    """The trace event JSON object of ``simulation`` (see the module docstring).
+
+    Events come in a fixed order (metadata, then by time), so the same
+    simulation always gives the same object.
+    """
+    scale = _scale(time_unit)
+
+    def us(value: Time) -> int | float:
+        return as_number(Fraction(value) * scale)
+
+    trace = simulation.trace
+    records = {part: record for record in trace.actions for part in record.work.parts}
+    lane_tids, thread_names = _send_lanes(trace.transfers)
+    meta: list[dict[str, Any]] = []
+    events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    for rank in range(trace.n_ranks):
+        meta.append(_meta("process_name", rank, _COMPUTE_TID, name=f"rank {rank}"))
+        meta.append(_meta("process_sort_index", rank, _COMPUTE_TID, sort_index=rank))
+        meta.append(_meta("thread_name", rank, _COMPUTE_TID, name="compute"))
+        meta.append(_meta("thread_sort_index", rank, _COMPUTE_TID, sort_index=0))
+    for (pid, tid), name in sorted(thread_names.items()):
+        meta.append(_meta("thread_name", pid, tid, name=name))
+        meta.append(_meta("thread_sort_index", pid, tid, sort_index=tid))
+
+    for record in trace.actions:
+        event = {
+            "name": str(record.work),
+            "cat": _category(record.work),
+            "ph": "X",
+            "ts": us(record.start),
+            "dur": us(record.duration),
+            "pid": record.rank,
+            "tid": _COMPUTE_TID,
+            "args": _work_args(record),
+        }
+        events.append(((event["ts"], 0, record.rank, _COMPUTE_TID), event))
+
+    for flow_id, transfer in enumerate(trace.transfers):
+        lane_tid = lane_tids.get(flow_id)
+        if lane_tid is not None:
+            event = {
+                "name": f"{transfer.producer}→{transfer.consumer}",
+                "cat": "transfer",
+                "ph": "X",
+                "ts": us(transfer.start),
+                "dur": us(transfer.end - transfer.start),
+                "pid": transfer.src_rank,
+                "tid": lane_tid,
+                "args": _transfer_args(transfer),
+            }
+            events.append(((event["ts"], 0, transfer.src_rank, lane_tid), event))
+            send_pid, from_tid = transfer.src_rank, lane_tid
+            send_ts = us((transfer.start + transfer.end) / Fraction(2))
+        else:  # a free link: the message leaves with the action that produced it
+            producer = records[transfer.producer]
+            send_pid, from_tid = producer.rank, _COMPUTE_TID
+            send_ts = us((producer.start + producer.end) / Fraction(2))
+        consumer = records[transfer.consumer]
+        flow = {"name": "message", "cat": "flow", "id": flow_id}
+        start = {**flow, "ph": "s", "ts": send_ts, "pid": send_pid, "tid": from_tid}
+        finish = {
+            **flow,
+            "ph": "f",
+            "bp": "e",
+            "ts": us((consumer.start + consumer.end) / Fraction(2)),
+            "pid": consumer.rank,
+            "tid": _COMPUTE_TID,
+        }
+        events.append(((start["ts"], 1, send_pid, from_tid, flow_id), start))
+        events.append(((finish["ts"], 1, consumer.rank, _COMPUTE_TID, flow_id), finish))
+
+    for rank in range(trace.n_ranks):
+        events += _counters(rank, 0, 0, 0)
+    for sample in trace.memory:
+        events += _counters(sample.rank, us(sample.time), sample.activation_bytes, sample.inflight)
+
+    events.sort(key=lambda pair: pair[0])
+    return {
+        "traceEvents": meta + [event for _, event in events],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "pipesim",
+            "schedule": simulation.schedule.name,
+            "n_ranks": trace.n_ranks,
+            "n_stages": simulation.schedule.n_stages,
+            "n_microbatches": simulation.schedule.n_microbatches,
+            "time_unit": time_unit,
+            "us_per_time_unit": as_number(scale),
+            "makespan": as_number(trace.makespan),
+            "makespan_us": us(trace.makespan),
+        },
+    }
+
+
+def chrome_trace_json(simulation: Simulation, /, *, time_unit: str = "s") -> str:
+    """:func:`chrome_trace` as text: compact, one event per line, deterministic.
+
+    >>> from pipesim.engine import simulate
+    >>> from pipesim.schedules import generate
+    >>> text = chrome_trace_json(simulate(generate("1f1b", n_ranks=2, n_microbatches=2)))
+    >>> text.splitlines()[1]
+    '{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0"}},'
+    """
+    data = chrome_trace(simulation, time_unit=time_unit)
+    lines = [_dumps(event) for event in data["traceEvents"]]
+    return (
+        '{"traceEvents":[\n'
+        + ",\n".join(lines)
+        + "\n],\n"
+        + f'"displayTimeUnit":{_dumps(data["displayTimeUnit"])},\n'
+        + f'"otherData":{_dumps(data["otherData"])}\n'
+        + "}\n"
+    )
+
+
+def write_chrome_trace(
+    simulation: Simulation, path: str | Path, /, *, time_unit: str = "s"
+) -> Path:
+    """Write :func:`chrome_trace_json` to ``path``; return the path.
+
+    An unwritable path is a PipesimError naming the path and the reason.
+    """
+    path = Path(path)
+    text = chrome_trace_json(simulation, time_unit=time_unit)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PipesimError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; give an -o path in an "
+            "existing, writable directory"
+        ) from None
+    return path
+
+
+# -- helpers ---------------------------------------------------------------------------
+def _scale(time_unit: str) -> Fraction:
+    try:
+        return US_PER_UNIT[time_unit]
+    except (KeyError, TypeError):
+        raise UnknownNameError(
+            f"unknown time unit {time_unit!r}; give one of {', '.join(US_PER_UNIT)} "
+            "(what one pipesim time unit stands for)"
+        ) from None
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _category(work: Work) -> str:
+    return work.op.value if isinstance(work, Action) else "overlap"
+
+
+def _work_args(record: ActionRecord) -> dict[str, Any]:
+    parts = record.work.parts
+    args: dict[str, Any] = {
+        "start": as_number(record.start),
+        "end": as_number(record.end),
+    }
+    if len(parts) == 1:
+        args.update(stage=parts[0].stage, op=parts[0].op.value, microbatch=parts[0].microbatch)
+    else:
+        args["parts"] = [str(a) for a in parts]
+    return args
+
+
+def _transfer_args(transfer: TransferRecord) -> dict[str, Any]:
+    return {
+        "src_rank": transfer.src_rank,
+        "dst_rank": transfer.dst_rank,
+        "producer": str(transfer.producer),
+        "consumer": str(transfer.consumer),
+        "bytes": transfer.n_bytes,
+        "start": as_number(transfer.start),
+        "end": as_number(transfer.end),
+    }
+
+
+def _counters(
+    rank: int, ts: int | float, activation_bytes: int, inflight: int
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    memory = {
+        "name": _MEMORY,
+        "ph": "C",
+        "ts": ts,
+        "pid": rank,
+        "args": {"bytes": activation_bytes},
+    }
+    held = {"name": _INFLIGHT, "ph": "C", "ts": ts, "pid": rank, "args": {"activations": inflight}}
+    return [((ts, 2, rank, 0), memory), ((ts, 2, rank, 1), held)]
+
+
+def _send_lanes(
+    transfers: tuple[TransferRecord, ...],
+) -> tuple[dict[int, int], dict[tuple[int, int], str]]:
+    """Send threads for the transfers that take time: lanes per link packed greedily
+    so that the slices on each thread are disjoint. Returns the thread of each such
+    transfer (by index) and the name of each ``(pid, tid)``."""
+    lane_of: dict[int, tuple[int, int, int]] = {}
+    ends: dict[tuple[int, int], list[Time]] = {}  # per link, the end of each lane's last slice
+    timed = sorted(
+        (i for i, t in enumerate(transfers) if t.end > t.start),
+        key=lambda i: (transfers[i].start, transfers[i].end, i),
+    )
+    for index in timed:
+        transfer = transfers[index]
+        link = (transfer.src_rank, transfer.dst_rank)
+        lane_ends = ends.setdefault(link, [])
+        lane = next((n for n, end in enumerate(lane_ends) if end <= transfer.start), None)
+        if lane is None:
+            lane = len(lane_ends)
+            lane_ends.append(transfer.end)
+        else:
+            lane_ends[lane] = transfer.end
+        lane_of[index] = (*link, lane)
+    tids: dict[tuple[int, int, int], int] = {}
+    names: dict[tuple[int, int], str] = {}
+    for src, dst, lane in sorted(set(lane_of.values())):
+        tid = 1 + sum(1 for key in tids if key[0] == src)
+        tids[(src, dst, lane)] = tid
+        names[(src, tid)] = f"send to rank {dst}" + (f" ({lane + 1})" if lane else "")
+    return {index: tids[key] for index, key in lane_of.items()}, names
