@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pipesim.errors import PipesimError
 
@@ -23,11 +24,18 @@ __all__ = ["build_parser", "main"]
 _VERB_MODULES = ("_schedules", "_simulate")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors spelled like every other error: ``pipesim: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"pipesim: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (used by ``main`` and by the docs)."""
     from pipesim import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipesim",
         description=(
             "Simulate pipeline-parallel schedules: makespan, idle time, bubble and peak "
