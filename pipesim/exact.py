@@ -49,8 +49,13 @@ def to_count(value: object, *, name: str, minimum: int = 0) -> int:
     """An integer count (bytes, micro-batches) of at least ``minimum``; CostError otherwise."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        value = int(value)
+    if isinstance(value, str):  # "80000000000", "80e9", "8_000"
+        try:
+            exact = Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            raise CostError(f"{name} must be a whole number, got {value!r}") from None
+        if exact.denominator == 1:
+            value = exact.numerator
     if isinstance(value, bool) or not isinstance(value, int):
         raise CostError(f"{name} must be a whole number, got {value!r}")
     if value < minimum:
