@@ -1,4 +1,64 @@
 """verify: replay a pipesim Schedule on real torch devices and prove it bit-identical.
 
 This package imports torch; install it with ``pip install 'pipesim[verify]'``.
+
+- :mod:`verify.models`: the chapter's MLP, a small GPT, ``package.module:factory`` models;
+- :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules;
+- :mod:`verify.local`: run a Schedule in one process on a list of devices;
+- :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
+- :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
+- :mod:`verify.exactness`: the settings exactness needs, set or refused.
+
+>>> from pipesim.schedules import generate
+>>> verify(generate("gpipe", n_ranks=2, n_microbatches=4), model="mlp").bit_identical
+True
 """
+
+from __future__ import annotations
+
+from verify.calibrate import as_run_schedule, calibrate, measured_trace, save_costs
+from verify.compare import (
+    Reference,
+    reference_run,
+    schedule_accumulation_orders,
+    split_microbatches,
+    verify,
+)
+from verify.errors import ExactnessError, VerifyError
+from verify.exactness import exact_settings, exactness_problems
+from verify.local import LocalRun, execution_order, parse_devices, run_schedule
+from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
+from verify.partition import balanced_counts, even_counts, param_bytes, partition
+from verify.report import VerifyReport, format_report
+
+__all__ = [
+    "MODEL_NAMES",
+    "ExactnessError",
+    "LocalRun",
+    "Reference",
+    "VerifyError",
+    "VerifyModel",
+    "VerifyReport",
+    "as_run_schedule",
+    "balanced_counts",
+    "calibrate",
+    "even_counts",
+    "exact_settings",
+    "exactness_problems",
+    "execution_order",
+    "format_report",
+    "from_factory",
+    "gpt",
+    "load_model",
+    "measured_trace",
+    "mlp",
+    "param_bytes",
+    "parse_devices",
+    "partition",
+    "reference_run",
+    "run_schedule",
+    "save_costs",
+    "schedule_accumulation_orders",
+    "split_microbatches",
+    "verify",
+]

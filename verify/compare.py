@@ -1,0 +1,326 @@
+"""The exact check: the pipelined run against the unsplit model, bit for bit.
+
+Splitting a model between layers changes no bits; splitting a batch into
+micro-batches and accumulating gradients can (DESIGN.md, "What bit-identical
+means here"). So the reference is the *unsplit* model run on the *same*
+micro-batches:
+
+- outputs and losses of micro-batch ``k`` must be ``torch.equal`` to the
+  unsplit model's on micro-batch ``k``;
+- a stage's gradients must be ``torch.equal`` to the unsplit model's
+  per-micro-batch gradients added in the order the Schedule runs that stage's
+  backwards (B, or W when split), then divided once by the number of
+  micro-batches, as torch.distributed.pipelining's ``scale_grads`` does for a
+  mean loss. Micro-batches are ``torch.tensor_split`` along dimension 0, also
+  as torch splits them, so uneven batches give the first micro-batches one
+  more row.
+
+The order comes from the Schedule, not from the executor's own record, so an
+executor (or a schedule file) that adds gradients in another order fails.
+Beside the exact check, the largest difference against the whole batch run at
+once is reported (a tolerance figure; with uneven micro-batches the mean of
+micro-batch means also weighs rows differently).
+
+>>> from pipesim.schedules import generate
+>>> report = verify(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp")
+>>> report.bit_identical, report.param_bytes, report.transfer_bytes
+(True, (43776, 38800), ((6144, 6144),))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pipesim.actions import Op
+from pipesim.engine import simulate
+from pipesim.graph import data_dependencies, validate
+from pipesim.schedule import Schedule
+from verify.calibrate import as_run_schedule, calibrate, measured_trace
+from verify.errors import VerifyError
+from verify.exactness import exact_settings
+from verify.local import LocalRun, parse_devices, run_schedule
+from verify.models import VerifyModel, load_model
+from verify.partition import param_bytes, partition
+from verify.report import VerifyReport
+
+__all__ = ["Reference", "reference_run", "schedule_accumulation_orders", "split_microbatches",
+           "verify"]
+
+
+def split_microbatches(batch: Tensor, n_microbatches: int, /) -> tuple[Tensor, ...]:
+    """``torch.tensor_split`` along dimension 0, refusing empty micro-batches.
+
+    >>> [tuple(t.shape) for t in split_microbatches(torch.zeros(5, 2), 2)]
+    [(3, 2), (2, 2)]
+    """
+    rows = batch.shape[0]
+    if rows < n_microbatches:
+        raise VerifyError(
+            f"a batch of {rows} rows cannot make {n_microbatches} micro-batches (each needs at "
+            f"least one row); use a batch size of at least {n_microbatches}"
+        )
+    return tuple(torch.tensor_split(batch, n_microbatches, dim=0))
+
+
+def schedule_accumulation_orders(schedule: Schedule, /) -> tuple[tuple[int, ...], ...]:
+    """Per stage, the micro-batches in the order the Schedule runs their weight gradients
+    (B, or W when the backward is split).
+
+    >>> from pipesim.schedules import generate
+    >>> schedule_accumulation_orders(generate("gpipe", n_ranks=2, n_microbatches=3))
+    ((0, 1, 2), (0, 1, 2))
+    """
+    orders: list[list[int]] = [[] for _ in range(schedule.n_stages)]
+    for order in schedule.orders:
+        for work in order:
+            for action in work.parts:
+                if action.op in (Op.B, Op.W):
+                    orders[action.stage].append(action.microbatch)
+    return tuple(tuple(o) for o in orders)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Reference:
+    """The unsplit model on the same micro-batches, and on the whole batch."""
+
+    outputs: tuple[Tensor, ...]
+    losses: tuple[Tensor, ...]
+    grads: tuple[tuple[Tensor | None, ...], ...]
+    """``grads[k][i]``: gradient of parameter ``i`` from micro-batch ``k`` alone."""
+    full_output: Tensor
+    full_loss: Tensor
+    full_grads: tuple[Tensor | None, ...]
+
+
+def reference_run(
+    layers: nn.Module,
+    /,
+    *,
+    inputs: Sequence[Tensor],
+    targets: Sequence[Tensor],
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    device: torch.device,
+    forward_only: bool,
+) -> Reference:
+    """Run the unsplit ``layers`` on ``device``: per micro-batch and on the whole batch."""
+    layers.to(device)
+    params = [p for p in layers.parameters()]
+    trainable = [p for p in params if p.requires_grad]
+
+    def one(x: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor | None, ...]]:
+        with torch.set_grad_enabled(not forward_only):
+            out = layers(x.to(device))
+            loss = loss_fn(out, target.to(device))
+        grads: list[Tensor | None] = [None] * len(params)
+        if not forward_only and loss.requires_grad and trainable:
+            computed = torch.autograd.grad(loss, trainable, allow_unused=True)
+            by_id = {id(p): g for p, g in zip(trainable, computed, strict=True)}
+            grads = [by_id.get(id(p)) for p in params]
+        return out.detach(), loss.detach(), tuple(grads)
+
+    runs = [one(x, t) for x, t in zip(inputs, targets, strict=True)]
+    full_out, full_loss, full_grads = one(torch.cat(list(inputs)), torch.cat(list(targets)))
+    return Reference(
+        outputs=tuple(r[0] for r in runs),
+        losses=tuple(r[1] for r in runs),
+        grads=tuple(r[2] for r in runs),
+        full_output=full_out,
+        full_loss=full_loss,
+        full_grads=full_grads,
+    )
+
+
+def _order_followed(run: LocalRun) -> bool:
+    """Each rank ran exactly its order, and every producer ran before its consumer."""
+    schedule = run.schedule
+    per_rank: list[list[object]] = [[] for _ in range(schedule.n_ranks)]
+    position = {}
+    for index, work in enumerate(run.executed):
+        per_rank[schedule.rank_of(work.parts[0].stage)].append(work)
+        for action in work.parts:
+            position[action] = index
+    if [list(o) for o in schedule.orders] != per_rank:
+        return False
+    return all(
+        position[d.producer] < position[d.consumer] for d in data_dependencies(schedule)
+    )
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if a.numel() == 0:
+        return 0.0
+    return float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max())
+
+
+def verify(
+    schedule: Schedule,
+    /,
+    *,
+    model: VerifyModel | str = "mlp",
+    devices: str | Sequence[str] | None = None,
+    batch_size: int | None = None,
+    stages: Sequence[nn.Module] | None = None,
+    layer_counts: Sequence[int] | None = None,
+    balance: str | Sequence[float] = "layers",
+    accumulation_orders: Sequence[Sequence[int]] | None = None,
+    apply_settings: bool = True,
+    warmup: int = 1,
+) -> VerifyReport:
+    """Replay ``schedule`` with ``model`` on ``devices`` and compare it with the unsplit model.
+
+    ``model`` is a :class:`~verify.models.VerifyModel` or a name for
+    :func:`~verify.models.load_model`; it is cut into ``schedule.n_stages``
+    stages by ``layer_counts`` / ``balance`` unless ``stages`` gives the
+    stage modules. ``devices``: one per rank, or one for all (default: the CUDA
+    devices present, else the CPU). ``batch_size`` defaults to 32 rounded up to
+    a multiple of the micro-batch count. ``accumulation_orders`` overrides the
+    per-stage order the reference adds gradients in (default: the Schedule's).
+    ``warmup`` untimed runs come first so that one-time start-up costs stay out
+    of the measurement. ``apply_settings``: see :func:`~verify.exactness.exact_settings`.
+    """
+    validate(schedule)
+    if isinstance(model, str):
+        model = load_model(model)
+    n_mb = schedule.n_microbatches
+    rank_devices = parse_devices(devices or "", n_ranks=schedule.n_ranks)
+    if stages is None:
+        stages = partition(model.layers, n_stages=schedule.n_stages, layer_counts=layer_counts,
+                           balance=balance)
+    elif len(stages) != schedule.n_stages:
+        raise VerifyError(
+            f"{len(stages)} stage modules for a schedule of {schedule.n_stages} stages"
+        )
+    if batch_size is None:
+        batch_size = -(-32 // n_mb) * n_mb
+    expected_orders = tuple(
+        tuple(o) for o in (accumulation_orders or schedule_accumulation_orders(schedule))
+    )
+    x, target = model.make_batch(batch_size)
+    xs, ts = split_microbatches(x, n_mb), split_microbatches(target, n_mb)
+    with exact_settings(model.layers, devices=rank_devices, apply=apply_settings):
+        ref = reference_run(model.layers, inputs=xs, targets=ts, loss_fn=model.loss_fn,
+                            device=rank_devices[0], forward_only=schedule.forward_only)
+        for _ in range(max(warmup, 0)):
+            run_schedule(schedule, stages, devices=rank_devices, inputs=xs, targets=ts,
+                         loss_fn=model.loss_fn)
+        run = run_schedule(schedule, stages, devices=rank_devices, inputs=xs, targets=ts,
+                           loss_fn=model.loss_fn)
+
+    mismatches: list[str] = []
+    outputs_equal = True
+    losses_equal = True
+    for k in range(n_mb):
+        if not torch.equal(run.outputs[k].cpu(), ref.outputs[k].cpu()):
+            outputs_equal = False
+            mismatches.append(f"output of micro-batch {k} (max abs diff "
+                              f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g})")
+        if not torch.equal(run.losses[k].cpu(), ref.losses[k].cpu()):
+            losses_equal = False
+            mismatches.append(f"loss of micro-batch {k} (max abs diff "
+                              f"{_max_diff(run.losses[k], ref.losses[k]):.3g})")
+
+    named = list(model.layers.named_parameters())
+    stage_of: dict[int, int] = {}
+    for s, module in enumerate(stages):
+        for p in module.parameters():
+            stage_of.setdefault(id(p), s)
+    grads_equal: bool | None = None
+    full_diffs = [_max_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
+    if not schedule.forward_only:
+        grads_equal = True
+        for i, (name, p) in enumerate(named):
+            if not p.requires_grad:
+                continue
+            s = stage_of.get(id(p))
+            if s is None:
+                grads_equal = False
+                mismatches.append(f"parameter {name} is in no stage")
+                continue
+            expected = _accumulate([ref.grads[k][i] for k in range(n_mb)], expected_orders[s],
+                                   n_mb)
+            actual = p.grad
+            if expected is None or actual is None:
+                if (expected is None) != (actual is None):
+                    grads_equal = False
+                    mismatches.append(f"gradient of {name} (stage {s}): "
+                                      f"{'missing' if actual is None else 'unexpected'}")
+                continue
+            if not torch.equal(actual.cpu(), expected.cpu()):
+                grads_equal = False
+                mismatches.append(f"gradient of {name} (stage {s}) (max abs diff "
+                                  f"{_max_diff(actual, expected):.3g})")
+            full = ref.full_grads[i]
+            if full is not None:
+                full_diffs.append(_max_diff(actual, full))
+    order_followed = _order_followed(run)
+    if not order_followed:
+        mismatches.append("the executor did not follow the Schedule's per-rank order")
+
+    param_sizes = tuple(param_bytes(m) for m in stages)
+    costs = calibrate(run, devices=rank_devices, param_bytes=param_sizes)
+    trace = measured_trace(run)
+    measured = trace.makespan
+    as_run = as_run_schedule(schedule, executed=run.executed, devices=rank_devices)
+    predicted = simulate(as_run, costs=costs).metrics.makespan
+    predicted_parallel = simulate(schedule, costs=costs).metrics.makespan
+    losses_mean = (float(torch.stack([loss.cpu() for loss in run.losses]).mean())
+                   if run.losses else None)
+    return VerifyReport(
+        schedule=schedule.name,
+        model=model.name,
+        n_ranks=schedule.n_ranks,
+        n_stages=schedule.n_stages,
+        n_microbatches=n_mb,
+        devices=tuple(str(d) for d in rank_devices),
+        batch_size=batch_size,
+        microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
+        layer_counts=tuple(len(list(m.children())) for m in stages),
+        forward_only=schedule.forward_only,
+        bit_identical=outputs_equal and losses_equal and grads_equal is not False
+        and order_followed,
+        outputs_equal=outputs_equal,
+        losses_equal=losses_equal,
+        grads_equal=grads_equal,
+        order_followed=order_followed,
+        mismatches=tuple(mismatches),
+        max_abs_diff_full_batch=max(full_diffs),
+        loss_full_batch=float(ref.full_loss),
+        loss_mean_microbatches=losses_mean,
+        accumulation_orders=expected_orders,
+        n_params=sum(p.numel() for p in model.layers.parameters()),
+        model_param_bytes=param_bytes(model.layers),
+        param_bytes=param_sizes,
+        transfer_bytes=run.transfer_bytes,
+        activation_bytes=run.activation_bytes,
+        grad_norms=tuple(
+            sum(float(p.grad.norm()) for p in m.parameters() if p.grad is not None)
+            for m in stages
+        ),
+        measured_makespan=float(measured) / 1e9,
+        predicted_makespan=float(predicted) / 1e9,
+        predicted_makespan_parallel=float(predicted_parallel) / 1e9,
+        makespan_error_percent=(float(predicted) - float(measured)) / float(measured) * 100
+        if measured else 0.0,
+        costs=costs,
+        trace=trace,
+    )
+
+
+def _accumulate(grads: Sequence[Tensor | None], order: Sequence[int], n_mb: int) -> Tensor | None:
+    """Add per-micro-batch gradients in ``order`` the way ``.grad`` accumulates, then divide
+    once by ``n_mb`` (torch's ``scale_grads``)."""
+    total: Tensor | None = None
+    for k in order:
+        g = grads[k]
+        if g is None:
+            continue
+        total = g.clone() if total is None else total.add_(g.to(total.device))
+    if total is not None:
+        total.div_(n_mb)
+    return total

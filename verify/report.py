@@ -1,0 +1,126 @@
+"""The verification report: what was compared, what matched, what it cost, how long it took.
+
+``VerifyReport.to_dict()`` is the ``pipesim verify --json`` contract: at least
+``bit_identical``, ``outputs_equal``, ``grads_equal``,
+``max_abs_diff_full_batch``, ``param_bytes`` (per stage), ``transfer_bytes``
+(per stage boundary, per micro-batch), ``measured_makespan`` and
+``predicted_makespan`` (seconds). ``grads_equal`` is null for a forward-only
+schedule (no gradients to compare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipesim.costs import CostModel, costs_to_dict
+from pipesim.trace import Trace
+
+__all__ = ["VerifyReport", "format_report"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class VerifyReport:
+    """The result of :func:`verify.verify`."""
+
+    schedule: str
+    model: str
+    n_ranks: int
+    n_stages: int
+    n_microbatches: int
+    devices: tuple[str, ...]
+    """One device per rank."""
+    batch_size: int
+    microbatch_sizes: tuple[int, ...]
+    """Rows per micro-batch (``torch.tensor_split``: the first ones get one more when uneven)."""
+    layer_counts: tuple[int, ...]
+    """Model entries per stage."""
+    forward_only: bool
+    bit_identical: bool
+    """Outputs, losses and (when training) gradients all ``torch.equal`` to the reference."""
+    outputs_equal: bool
+    losses_equal: bool
+    grads_equal: bool | None
+    """None for forward-only schedules."""
+    order_followed: bool
+    """Every rank ran its actions in the Schedule's order and nothing ran before its inputs."""
+    mismatches: tuple[str, ...]
+    """One line per tensor that differs from the reference, with its largest difference."""
+    max_abs_diff_full_batch: float
+    """Largest difference of outputs and gradients against the whole batch run at once."""
+    loss_full_batch: float | None
+    loss_mean_microbatches: float | None
+    accumulation_orders: tuple[tuple[int, ...], ...]
+    """Per stage, the micro-batch order the Schedule adds gradients in (the reference's)."""
+    n_params: int
+    model_param_bytes: int
+    param_bytes: tuple[int, ...]
+    transfer_bytes: tuple[tuple[int, ...], ...]
+    activation_bytes: tuple[int, ...]
+    """Per stage, bytes saved for backward by one micro-batch's forward (parameters excluded)."""
+    grad_norms: tuple[float, ...]
+    """Per stage, the sum of its parameters' gradient norms (the chapter's check)."""
+    measured_makespan: float
+    """Seconds from the first action's start to the last action's end, as measured."""
+    predicted_makespan: float
+    """Seconds pipesim predicts for the run as executed (see :mod:`verify.calibrate`)."""
+    predicted_makespan_parallel: float
+    """Seconds pipesim predicts with one device per rank, the same calibrated costs."""
+    makespan_error_percent: float
+    """``(predicted - measured) / measured * 100``."""
+    costs: CostModel
+    """The calibrated cost model (time unit: ns)."""
+    trace: Trace
+    """The measured trace (times in ns)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; see the module docstring for the contract."""
+        data: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            if name in ("costs", "trace"):
+                continue
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
+            data[name] = value
+        data["time_unit"] = "s"
+        data["costs"] = costs_to_dict(self.costs)
+        data["costs"]["meta"] = {"time_unit": "ns"}
+        return data
+
+
+def format_report(report: VerifyReport, /) -> str:
+    """A readable summary of ``report`` for the terminal."""
+    r = report
+    verdict = "BIT-IDENTICAL" if r.bit_identical else "NOT bit-identical"
+    grads = "n/a (forward-only)" if r.grads_equal is None else str(r.grads_equal)
+    lines = [
+        f"{r.schedule}: {r.n_ranks} ranks, {r.n_stages} stages, {r.n_microbatches} micro-batches "
+        f"of {list(r.microbatch_sizes)} rows; model {r.model} cut {list(r.layer_counts)} on "
+        f"{','.join(r.devices)}",
+        f"{verdict}: outputs {r.outputs_equal}, losses {r.losses_equal}, gradients {grads}, "
+        f"order followed {r.order_followed}",
+    ]
+    lines += [f"  differs: {m}" for m in r.mismatches[:10]]
+    if len(r.mismatches) > 10:
+        lines.append(f"  ... and {len(r.mismatches) - 10} more")
+    lines.append(f"max abs diff against the full batch: {r.max_abs_diff_full_batch:.3g}")
+    lines.append(
+        f"parameters: {r.n_params:,} = {r.model_param_bytes:,} bytes; per stage "
+        + ", ".join(f"{b:,}" for b in r.param_bytes)
+        + " bytes"
+    )
+    for boundary, sizes in enumerate(r.transfer_bytes):
+        lines.append(
+            f"transfer stage {boundary} -> {boundary + 1}: "
+            + ", ".join(f"{b:,}" for b in sizes)
+            + " bytes per micro-batch"
+        )
+    if not r.forward_only:
+        lines.append("gradient norm per stage: " + ", ".join(f"{g:.4f}" for g in r.grad_norms))
+    lines.append(
+        f"makespan: measured {r.measured_makespan * 1e3:.3f} ms, predicted "
+        f"{r.predicted_makespan * 1e3:.3f} ms ({r.makespan_error_percent:+.1f}%); "
+        f"one device per rank would take {r.predicted_makespan_parallel * 1e3:.3f} ms"
+    )
+    return "\n".join(lines)
