@@ -11,6 +11,9 @@ Data rules (torch.distributed.pipelining's stage semantics):
 - B or I of stage s needs F of stage s (its saved activations) and, below the
   last stage, the input gradient of stage s+1 (its B or I);
 - W of stage s needs I of stage s.
+
+With ``Schedule.n_copies > 1`` "stage s-1" and "stage s+1" stay inside one
+model copy: a copy's first stage reads the input and its last computes the loss.
 """
 
 from __future__ import annotations
@@ -87,19 +90,20 @@ def index_schedule(schedule: Schedule, /) -> DependencyIndex:
                     action_of[key] = action
         orders.append(ids)
 
-    last = schedule.n_stages - 1
+    # Stage s feeds s + 1 within one model copy (DualPipe keeps two; Schedule.n_copies).
+    per_copy = schedule.n_stages // schedule.n_copies
     data_edges: list[tuple[int, int, Action, Action]] = []
     get = node_of.get
     for key, node in node_of.items():
         stage, op, mb = key
         if op is Op.F:
-            if stage > 0:
+            if stage % per_copy:
                 _link(data_edges, node_of, action_of, (stage - 1, Op.F, mb), key, node)
         elif op is Op.W:
             _link(data_edges, node_of, action_of, (stage, Op.I, mb), key, node)
         else:
             _link(data_edges, node_of, action_of, (stage, Op.F, mb), key, node)
-            if stage < last:
+            if (stage + 1) % per_copy:
                 for grad_op in _GRAD_OPS:
                     grad = (stage + 1, grad_op, mb)
                     if get(grad) is not None:

@@ -206,6 +206,14 @@ def _structural_problems(schedule: Schedule) -> list[str]:
                         f"{action} on rank {rank}: micro-batch {action.microbatch} is out of "
                         f"range (n_microbatches={n_mb}, 0..{n_mb - 1})"
                     )
+                elif schedule.n_copies > 1:
+                    stages, mbs = schedule.copy_bounds(action.stage)
+                    if action.microbatch not in mbs:
+                        problems.append(
+                            f"{action} on rank {rank}: stages {stages.start}..{stages.stop - 1} "
+                            f"form a model copy that processes micro-batches "
+                            f"{mbs.start}..{mbs.stop - 1}, not {action.microbatch}"
+                        )
                 home = schedule.placement[action.stage]
                 if home != rank:
                     problems.append(
@@ -256,7 +264,7 @@ def _missing(schedule: Schedule, seen: dict[_Key, tuple[int, int]]) -> list[str]
     mixed: list[str] = []
     F, B, I, W = Op.F, Op.B, Op.I, Op.W
     for stage in range(schedule.n_stages):
-        for mb in range(schedule.n_microbatches):
+        for mb in schedule.copy_bounds(stage)[1]:
             if (stage, F, mb) not in seen:
                 missing.append(f"{stage}F{mb}")
             if not training:

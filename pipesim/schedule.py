@@ -48,6 +48,15 @@ class Schedule:
     """The generator that made it, or ``custom``."""
     happens_before: tuple[tuple[Action, Action], ...] = ()
     """Extra ``(a, b)`` constraints: ``b`` starts only after ``a`` ends."""
+    n_copies: int = 1
+    """Independent copies of the model the stages form (DualPipe keeps two).
+
+    The stages split into ``n_copies`` equal runs of consecutive stages; copy
+    ``c`` is a pipeline of its own (its first stage reads the input, its last
+    computes the loss) and processes the ``n_microbatches / n_copies``
+    micro-batches ``c * k .. (c + 1) * k - 1``. With 1 (the default) every
+    stage processes every micro-batch.
+    """
 
     def __post_init__(self) -> None:
         if not self.orders:
@@ -69,6 +78,13 @@ class Schedule:
             for work in order:
                 if not isinstance(work, Action | Overlap):
                     raise ScheduleError(f"rank {rank} order holds {work!r}, not an action")
+        _check_count("n_copies", self.n_copies)
+        if len(self.placement) % self.n_copies or self.n_microbatches % self.n_copies:
+            raise ScheduleError(
+                f"n_copies={self.n_copies} must divide both the stages ({len(self.placement)}) "
+                f"and the micro-batches ({self.n_microbatches}); each model copy gets an equal "
+                "share of both"
+            )
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -80,6 +96,7 @@ class Schedule:
         n_microbatches: int | None = None,
         name: str = "custom",
         happens_before: Sequence[tuple[Action, Action]] = (),
+        n_copies: int = 1,
     ) -> Schedule:
         """Build a schedule from per-rank lists of actions or action strings.
 
@@ -102,6 +119,7 @@ class Schedule:
             n_microbatches=n_microbatches,
             name=name,
             happens_before=tuple(happens_before),
+            n_copies=n_copies,
         )
 
     # -- derived facts ----------------------------------------------------------------
@@ -130,6 +148,21 @@ class Schedule:
         for order in self.orders:
             for work in order:
                 yield from work.parts
+
+    def copy_bounds(self, stage: int) -> tuple[range, range]:
+        """The stages and the micro-batches of the model copy ``stage`` belongs to.
+
+        >>> s = Schedule.from_orders([["0F0", "3F1"], ["1F0", "2F1"]], n_copies=2)
+        >>> s.copy_bounds(3)
+        (range(2, 4), range(1, 2))
+        """
+        stages = len(self.placement) // self.n_copies
+        mbs = self.n_microbatches // self.n_copies
+        copy = stage // stages
+        return (
+            range(copy * stages, (copy + 1) * stages),
+            range(copy * mbs, (copy + 1) * mbs),
+        )
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The stages held by ``rank``, ascending."""

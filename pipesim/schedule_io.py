@@ -59,6 +59,8 @@ def schedule_to_dict(schedule: Schedule, /) -> dict[str, Any]:
     }
     if schedule.happens_before:
         data["happens_before"] = [[str(a), str(b)] for a, b in schedule.happens_before]
+    if schedule.n_copies != 1:
+        data["n_copies"] = schedule.n_copies
     return data
 
 
@@ -105,6 +107,7 @@ def schedule_from_dict(data: object, /, *, source: str = "schedule") -> Schedule
             n_microbatches=data.get("n_microbatches"),
             name=str(data.get("name", "custom")),
             happens_before=happens_before,
+            n_copies=data.get("n_copies", 1),
         )
     except PipesimError as exc:
         raise type(exc)(f"{source}: {exc}") from None
@@ -127,6 +130,11 @@ def schedule_to_csv(schedule: Schedule, /) -> str:
         raise PipesimError(
             f"schedule {schedule.name!r} has {len(schedule.happens_before)} cross-rank "
             "happens_before constraints that torch's CSV cannot carry; save it as .json"
+        )
+    if schedule.n_copies != 1:
+        raise PipesimError(
+            f"schedule {schedule.name!r} runs {schedule.n_copies} model copies (n_copies), "
+            "which torch's CSV cannot say; save it as .json"
         )
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
