@@ -260,15 +260,13 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
                     if message.waiter is not None:
                         message.waiter.succeed()
             else:
-                for message in sent:
-                    env.process(send(message))
+                sending = [env.process(send(message)) for message in sent]
             for signal in signalled:
                 deliver(signal, end)
             if wait_for_sends:
-                for message in sent:
-                    if not message.arrived:
-                        message.waiter = event()
-                        yield message.waiter
+                # Wait on the send processes, not message.waiter: the consumer may own it.
+                for process in sending:
+                    yield process
             progress[rank] += 1
 
     for rank, order in enumerate(index.orders):

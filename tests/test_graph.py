@@ -313,3 +313,22 @@ def test_zero_bubble_style_split_schedule_is_valid() -> None:
     assert s.split_backward
     assert critical_path(s, costs=CostModel()).length > 0
     assert Op.W in {a.op for a in s.actions()}
+
+
+def test_happens_before_on_a_data_edge_keeps_the_transfer_time() -> None:
+    # 0F0 -> 1F0 is both a data edge (latency 1) and a happens_before constraint; the
+    # constraint must not erase the message's transfer time: 1 + 1 + 1.
+    s = Schedule.from_orders([["0F0"], ["1F0"]], happens_before=[(act("0F0"), act("1F0"))])
+    costs = CostModel.uniform(link=Link(latency=1))
+    assert critical_path(s, costs=costs).length == 3
+
+
+def test_happens_before_on_an_order_edge_keeps_the_senders_wait() -> None:
+    # Blocking sends: rank 0 waits for 0F0's activation (arrives at 2) before 0F1, also
+    # when a happens_before repeats the program order 0F0 -> 0F1. 0F1 [2,3] arrives at 4,
+    # 1F1 [4,5].
+    s = Schedule.from_orders(
+        [["0F0", "0F1"], ["1F0", "1F1"]], happens_before=[(act("0F0"), act("0F1"))]
+    )
+    costs = CostModel.uniform(link=Link(latency=1), overlap_comm=False)
+    assert critical_path(s, costs=costs).length == 5
