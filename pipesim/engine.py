@@ -265,8 +265,7 @@ def _run(schedule: Schedule, costs: CostModel, index: DependencyIndex) -> Trace:
                 deliver(signal, end)
             if wait_for_sends:
                 # Wait on the send processes, not message.waiter: the consumer may own it.
-                for process in sending:
-                    yield process
+                yield from sending
             progress[rank] += 1
 
     for rank, order in enumerate(index.orders):

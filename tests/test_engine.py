@@ -16,6 +16,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import pairwise
 
 import pytest
 from hypothesis import event, given, settings
@@ -474,7 +475,7 @@ def asap_timeline(case: Case) -> tuple[dict[Action, tuple[Time, Time]], Time]:
     last = schedule.n_stages - 1
     rank_of = {a: r for r, order in enumerate(schedule.orders) for a in order}
     needs = {a: prerequisites(a, present, last) for a in present}
-    previous = {b: a for order in schedule.orders for a, b in zip(order, order[1:])}
+    previous = {b: a for order in schedule.orders for a, b in pairwise(order)}
     extra: dict[Action, list[Action]] = {a: [] for a in present}
     for a, b in schedule.happens_before:
         extra[b].append(a)
@@ -620,7 +621,7 @@ def is_cyclic(schedule: Schedule, *, same_rank_waits: bool = True) -> bool:
         for a in present
     }
     for order in schedule.orders:
-        for a, b in zip(order, order[1:]):
+        for a, b in pairwise(order):
             waits_on[b].append(a)
     for a, b in schedule.happens_before:
         if same_rank_waits or rank_of[a] != rank_of[b]:
