@@ -9,8 +9,11 @@ True
 
 from __future__ import annotations
 
+from pipesim.schedules.dualpipe import dualpipe, dualpipev
 from pipesim.schedules.gpipe import gpipe
 from pipesim.schedules.interleaved import interleaved_1f1b
+from pipesim.schedules.interleaved_zb import interleaved_zero_bubble
+from pipesim.schedules.looped_bfs import looped_bfs
 from pipesim.schedules.one_f_one_b import one_f_one_b
 from pipesim.schedules.registry import (
     ScheduleSpec,
@@ -20,17 +23,26 @@ from pipesim.schedules.registry import (
     schedule_names,
 )
 from pipesim.schedules.sequential import sequential
+from pipesim.schedules.zbv import zbv
+from pipesim.schedules.zero_bubble import zb_h1, zb_h2
 
 __all__ = [
     "ScheduleSpec",
+    "dualpipe",
+    "dualpipev",
     "generate",
     "get_spec",
     "gpipe",
     "interleaved_1f1b",
+    "interleaved_zero_bubble",
+    "looped_bfs",
     "one_f_one_b",
     "register",
     "schedule_names",
     "sequential",
+    "zb_h1",
+    "zb_h2",
+    "zbv",
 ]
 
 register(
@@ -74,5 +86,82 @@ register(
         source="Narayanan et al., Megatron-LM, SC 2021; megatron/core/pipeline_parallel",
         default_virtual=2,
         options=("group_size",),
+    )
+)
+register(
+    ScheduleSpec(
+        name="looped-bfs",
+        generator=looped_bfs,
+        summary="breadth-first looped: all micro-batches through chunk 0, then chunk 1, ...; "
+        "backwards chunk by chunk, last micro-batch first",
+        rules="virtual v >= 1 (default 2), any ranks and micro-batches; training only",
+        source="Lamy-Poirier, Breadth-First Pipeline Parallelism, MLSys 2023; "
+        "torch ScheduleLoopedBFS",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="zb-h1",
+        generator=zb_h1,
+        summary="zero bubble H1: 1F1B with I and W split, rank r deferring r W passes into "
+        "the cool-down; 1F1B's memory",
+        rules="ranks >= 1, micro-batches >= 1, virtual = 1; training only",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, sec. 3.1",
+    )
+)
+register(
+    ScheduleSpec(
+        name="zb-h2",
+        generator=zb_h2,
+        summary="zero bubble H2: 2(p-r)-1 warm-up forwards, W moved to the tail, up to 2p "
+        "micro-batches held; no gap on any rank when F=I=W and m >= 2p-1",
+        rules="ranks >= 1, micro-batches >= 1, virtual = 1; training only",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, sec. 3.1",
+    )
+)
+register(
+    ScheduleSpec(
+        name="interleaved-zb",
+        generator=interleaved_zero_bubble,
+        summary="interleaved 1F1B with I and W split (ZB1P on v looped chunks per rank)",
+        rules="virtual v >= 1 (default 2); micro-batches a multiple of max(1, m // p) "
+        "(torch's rounds); training only",
+        source="Qi et al., ICLR 2024; torch ScheduleInterleavedZeroBubble",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="zbv",
+        generator=zbv,
+        summary="zero bubble V: two stages per rank in a V (rank r holds r and 2p-1-r), "
+        "I and W split; 1F1B's memory",
+        rules="virtual = 2 (2P stages on P ranks), micro-batches >= 1 (zero bubble from "
+        "2p-1); training only",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, sec. 6; torch ScheduleZBVZeroBubble",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="dualpipe",
+        generator=dualpipe,
+        summary="DeepSeek's bidirectional pipeline: two model copies (n_copies=2), half the "
+        "micro-batches from each end, overlapped F&B pairs",
+        rules="ranks P even, virtual = 2 (two copies of a P-stage model, 2P stages); "
+        "micro-batches even and >= 2P; training only",
+        source="DeepSeek-V3 Technical Report, sec. 3.2.1; github.com/deepseek-ai/DualPipe",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="dualpipev",
+        generator=dualpipev,
+        summary="DualPipe cut in half: one 2P-stage model in a V on P ranks, overlapped F&B pairs",
+        rules="virtual = 2 (2P stages on P ranks); micro-batches >= 2P; training only",
+        source="DeepSeek DualPipe (DualPipeV); torch ScheduleDualPipeV",
+        default_virtual=2,
     )
 )
