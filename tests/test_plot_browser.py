@@ -1,0 +1,324 @@
+"""`pipesim plot` HTML opened in a real headless browser (Debian's chromium).
+
+What a user would see is checked three ways, each with a negative control so
+that the check itself can fail:
+
+- the page renders without script errors: a collector injected before plotly.js
+  records ``window.onerror``, unhandled rejections and ``console.error``, and
+  chromium's own console log must stay empty (control: a page that throws);
+- plotly drew the figure: the DOM after load holds plotly's ``main-svg`` and one
+  ``g.point`` per bar (actions + idle gaps + transfers), counted independently
+  from the schedule's closed forms;
+- it opens offline: every host name is unresolvable (``--host-resolver-rules``),
+  yet the default file renders, while the ``--cdn`` variant cannot (control);
+- a screenshot is non-blank and shows the F and B colours (decoded here with
+  zlib, no image library).
+
+These tests need chromium. They fail (never skip) when it is missing:
+``make browser-deps`` (run by ``make test``) installs it as root with apt.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.plot.style import OP_COLORS
+
+pytestmark = pytest.mark.browser
+
+_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=8000",  # let plotly finish drawing before the DOM or PNG is taken
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: no host name resolves
+)
+
+# Injected first in <head>: records every script error into the DOM for --dump-dom.
+_COLLECTOR = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push("error: " + e.message));
+window.addEventListener("unhandledrejection", e => window.__errors.push("rejection: " + e.reason));
+const __consoleError = console.error;
+console.error = (...a) => { window.__errors.push("console.error: " + a.join(" ")); };
+window.addEventListener("load", () => setTimeout(() => {
+  const out = document.createElement("pre");
+  out.id = "pipesim-js-errors";
+  out.textContent = "[" + window.__errors.join(" | ") + "]";
+  document.body.appendChild(out);
+}, 0));
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail(
+        "chromium is not installed; the browser tests need it: run `make browser-deps` "
+        "(apt-get install -y chromium, as root) or install Debian's chromium package"
+    )
+
+
+def _run(chromium: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
+    return subprocess.run(
+        [chromium, *_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _with_collector(html: Path, out: Path) -> Path:
+    text = html.read_text(encoding="utf-8")
+    assert "<head>" in text
+    out.write_text(text.replace("<head>", "<head>" + _COLLECTOR, 1), encoding="utf-8")
+    return out
+
+
+def _dump(chromium: str, tmp: Path, page: Path) -> tuple[str, list[str]]:
+    """The DOM after load, and chromium's console lines."""
+    result = _run(chromium, tmp, "--dump-dom", page.resolve().as_uri())
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    return result.stdout, console
+
+
+def _js_errors(dom: str) -> str:
+    match = re.search(r'<pre id="pipesim-js-errors">(.*?)</pre>', dom, re.S)
+    assert match is not None, "the error collector never ran: the page did not finish loading"
+    return match.group(1)
+
+
+# -- PNG decoding (RFC 2083), enough for chromium's 8-bit RGB / RGBA screenshots -------
+def _decode_png(data: bytes) -> tuple[int, int, int, bytes]:
+    """(width, height, channels, raw pixel bytes) of an 8-bit, non-interlaced PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    assert header is not None
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and interlace == 0 and color in (2, 6), header
+    channels = 3 if color == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    out = bytearray(height * stride)
+    previous = bytearray(stride)
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        if kind == 1:
+            for i in range(channels, stride):
+                line[i] = (line[i] + line[i - channels]) & 0xFF
+        elif kind == 2:
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, previous, strict=True))
+        elif kind == 3:
+            for i in range(stride):
+                left = line[i - channels] if i >= channels else 0
+                line[i] = (line[i] + ((left + previous[i]) >> 1)) & 0xFF
+        elif kind == 4:
+            for i in range(stride):
+                a = line[i - channels] if i >= channels else 0
+                b = previous[i]
+                c = previous[i - channels] if i >= channels else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                line[i] = (line[i] + pred) & 0xFF
+        out[y * stride : (y + 1) * stride] = line
+        previous = line
+    return width, height, channels, bytes(out)
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def _pixel_counts(png: Path) -> tuple[int, int, dict[tuple[int, int, int], int]]:
+    width, height, channels, pixels = _decode_png(png.read_bytes())
+    counts: dict[tuple[int, int, int], int] = {}
+    for i in range(0, len(pixels), channels):
+        rgb = (pixels[i], pixels[i + 1], pixels[i + 2])
+        counts[rgb] = counts.get(rgb, 0) + 1
+    return width, height, counts
+
+
+# -- tests -----------------------------------------------------------------------------
+def test_detector_catches_script_errors(chromium: str, tmp_path: Path) -> None:
+    """Negative control: a page that throws is caught by both error checks."""
+    page = tmp_path / "broken.html"
+    page.write_text(
+        "<html><head></head><body><script>throw new Error('boom')</script></body></html>"
+    )
+    dom, console = _dump(chromium, tmp_path, _with_collector(page, tmp_path / "b2.html"))
+    assert "boom" in _js_errors(dom)
+    assert any("Uncaught Error: boom" in line for line in console)
+
+
+def test_timeline_renders_offline_without_errors(chromium: str, tmp_path: Path) -> None:
+    html = tmp_path / "timeline.html"
+    # 1F1B, p=4, m=8 with a link latency: 2 p m = 64 actions, 2 (p-1) m = 48 transfers,
+    # plus one bar per idle gap.
+    status = main(
+        [
+            "plot",
+            "1f1b",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--link-latency",
+            "0.5",
+            "--activation-bytes",
+            "100",
+            "--memory-capacity",
+            "500",
+            "-o",
+            str(html),
+        ]
+    )
+    assert status == 0
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]"
+    assert console == []
+    assert dom.count('class="main-svg"') >= 2  # plotly's SVG layers exist
+    from pipesim import CostModel, Link, generate, simulate
+    from pipesim.metrics import idle_intervals
+
+    sim = simulate(
+        generate("1f1b", n_ranks=4, n_microbatches=8),
+        costs=CostModel.uniform(link=Link(latency="0.5"), activation_bytes=100),
+    )
+    n_idle = sum(len(idle_intervals(sim.trace, r)) for r in range(4))
+    assert dom.count('class="point"') == 64 + 48 + n_idle
+    assert "rank 3" in dom and "link 3→2" in dom  # tick labels drawn
+    assert "makespan" in dom  # the title line
+
+
+def test_cdn_variant_needs_the_network(chromium: str, tmp_path: Path) -> None:
+    """Control for the offline check: with no network the CDN file draws nothing."""
+    html = tmp_path / "cdn.html"
+    assert main(["plot", "gpipe", "-p", "2", "-m", "4", "--cdn", "-o", str(html)]) == 0
+    dom, _ = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert 'class="main-svg"' not in dom
+    assert "Plotly is not defined" in _js_errors(dom)
+
+
+def test_compare_renders_without_errors(chromium: str, tmp_path: Path) -> None:
+    html = tmp_path / "compare.html"
+    status = main(
+        [
+            "plot",
+            "gpipe",
+            "1f1b",
+            "interleaved-1f1b:virtual=2",
+            "--compare",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "-o",
+            str(html),
+        ]
+    )
+    assert status == 0
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]" and console == []
+    # 2 p m actions for GPipe and 1F1B, 2 p v m for interleaved, plus idle gaps.
+    assert dom.count('class="point"') > 64 + 64 + 128
+    assert "1f1b p=4 m=8" in dom and "interleaved-1f1b p=4 m=8 v=2" in dom
+
+
+def test_screenshot_is_not_blank(chromium: str, tmp_path: Path) -> None:
+    html = tmp_path / "timeline.html"
+    assert main(["plot", "1f1b", "-p", "4", "-m", "8", "-o", str(html)]) == 0
+    png = tmp_path / "shot.png"
+    result = _run(
+        chromium, tmp_path, f"--screenshot={png}", "--window-size=900,700", html.resolve().as_uri()
+    )
+    assert result.returncode == 0 and png.exists(), result.stderr[-2000:]
+    width, height, counts = _pixel_counts(png)
+    assert (width, height) == (900, 700)
+    total = width * height
+    white = counts.get((255, 255, 255), 0)
+    assert total - white > 0.10 * total  # a blank page would be all white
+    assert len(counts) > 50
+    # The bars are solid fills in the op colours: thousands of exact pixels each.
+    assert counts.get(_rgb(OP_COLORS["F"]), 0) > 2000
+    assert counts.get(_rgb(OP_COLORS["B"]), 0) > 2000
+    assert counts.get(_rgb(OP_COLORS["idle"]), 0) > 2000
+
+
+def test_png_decoder_on_a_known_image() -> None:
+    """The decoder itself, on a 2x2 image built here with every filter type."""
+    pixels = [[(255, 0, 0), (0, 255, 0)], [(0, 0, 255), (10, 20, 30)]]
+    rows = b""
+    for y, row in enumerate(pixels):
+        raw = bytes(c for px in row for c in px)
+        if y == 0:
+            rows += b"\x01" + raw[:3] + bytes((raw[i] - raw[i - 3]) & 0xFF for i in range(3, 6))
+        else:
+            up = bytes(c for px in pixels[0] for c in px)
+            rows += b"\x02" + bytes((a - b) & 0xFF for a, b in zip(raw, up, strict=True))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    width, height, channels, data = _decode_png(png)
+    assert (width, height, channels) == (2, 2, 3)
+    assert data == bytes(c for row in pixels for px in row for c in px)
+
+
+@pytest.mark.slow
+def test_large_schedule_renders(chromium: str, tmp_path: Path) -> None:
+    """32 ranks x 256 micro-batches of 1F1B: 16,384 action bars, all drawn, no errors."""
+    html = tmp_path / "big.html"
+    assert (
+        main(["plot", "1f1b", "-p", "32", "-m", "256", "--activation-bytes", "1", "-o", str(html)])
+        == 0
+    )
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]" and console == []
+    # Plus one bar per idle gap, counted from the trace.
+    from pipesim import generate, simulate
+    from pipesim.metrics import idle_intervals
+
+    sim = simulate(generate("1f1b", n_ranks=32, n_microbatches=256))
+    n_idle = sum(len(idle_intervals(sim.trace, r)) for r in range(32))
+    assert dom.count('class="point"') == 2 * 32 * 256 + n_idle
