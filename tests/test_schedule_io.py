@@ -1,0 +1,195 @@
+"""Schedule files: pipesim JSON and torch's compute-only CSV, round trips and refusals."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim.actions import Overlap
+from pipesim.errors import ParseError, PipesimError, ScheduleError
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import (
+    load_schedule,
+    save_schedule,
+    schedule_from_csv,
+    schedule_from_dict,
+    schedule_from_json,
+    schedule_to_csv,
+    schedule_to_dict,
+    schedule_to_json,
+)
+from pipesim.schedules import generate, get_spec, schedule_names
+
+# (n_ranks, n_microbatches, virtual) tried for every registered schedule; each family
+# must accept at least one of them.
+SIZES = [(1, 1, None), (2, 4, None), (3, 6, None), (4, 8, None), (4, 8, 2), (2, 6, 3)]
+
+
+def built_in_schedules() -> list[Schedule]:
+    schedules = []
+    for name in schedule_names():
+        variants = [False, True] if get_spec(name).forward_only else [False]
+        for forward_only in variants:
+            made = 0
+            for p, m, v in SIZES:
+                try:
+                    schedules.append(
+                        generate(
+                            name, n_ranks=p, n_microbatches=m, virtual=v, forward_only=forward_only
+                        )
+                    )
+                    made += 1
+                except ScheduleError:
+                    continue  # this size breaks the family's rules
+            assert made, f"no size in {SIZES} suits {name!r}"
+    return schedules
+
+
+SCHEDULES = built_in_schedules()
+IDS = [
+    f"{s.name}-p{s.n_ranks}-s{s.n_stages}-m{s.n_microbatches}{'-fwd' if s.forward_only else ''}"
+    for s in SCHEDULES
+]
+
+
+# torch.distributed.pipelining's _ComputationType members for our op letters.
+TORCH_OP_NAMES = {
+    "F": "FORWARD",
+    "B": "FULL_BACKWARD",
+    "I": "BACKWARD_INPUT",
+    "W": "BACKWARD_WEIGHT",
+}
+
+
+def csv_compatible(schedule: Schedule) -> bool:
+    return not schedule.happens_before and getattr(schedule, "n_copies", 1) == 1
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
+def test_json_round_trip(schedule: Schedule, tmp_path: Path) -> None:
+    assert schedule_from_json(schedule_to_json(schedule)) == schedule
+    path = save_schedule(schedule, tmp_path / "s.json")
+    assert load_schedule(path) == schedule
+    data = json.loads(path.read_text())
+    assert data["format"] == "pipesim-schedule"
+    assert data["ranks"] == [[str(w) for w in order] for order in schedule.orders]
+    assert data["placement"] == list(schedule.placement)
+    assert data["n_microbatches"] == schedule.n_microbatches
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
+def test_csv_round_trip(schedule: Schedule, tmp_path: Path) -> None:
+    if not csv_compatible(schedule):
+        with pytest.raises(PipesimError, match=r"torch's CSV cannot .*save it as \.json"):
+            schedule_to_csv(schedule)
+        return
+    text = schedule_to_csv(schedule)
+    rows = list(csv.reader(io.StringIO(text)))
+    assert rows == [[str(w) for w in order] for order in schedule.orders]  # one row per rank
+    back = schedule_from_csv(text, name=schedule.name, n_microbatches=schedule.n_microbatches)
+    assert back == schedule
+    path = save_schedule(schedule, tmp_path / f"{schedule.name}.csv")
+    assert load_schedule(path) == schedule  # the file's stem names it
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "schedule",
+    [s for s in SCHEDULES if csv_compatible(s)],
+    ids=[i for s, i in zip(SCHEDULES, IDS, strict=True) if csv_compatible(s)],
+)
+def test_csv_is_read_by_torch(schedule: Schedule) -> None:
+    """Every cell of our CSV parses with torch.distributed.pipelining's own action parser,
+    into the same stage, op and micro-batch."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for rank, row in enumerate(csv.reader(io.StringIO(schedule_to_csv(schedule)))):
+        assert len(row) == len(schedule.orders[rank])
+        for cell, work in zip(row, schedule.orders[rank], strict=True):
+            action = schedules._Action.from_str(cell)
+            assert str(action) == cell
+            if isinstance(work, Overlap):  # torch: an OVERLAP_F_B action with sub-actions
+                assert action.computation_type.name == "OVERLAP_F_B"
+                pairs = zip(action.sub_actions, work.parts, strict=True)
+            else:
+                pairs = zip([action], [work], strict=True)
+            for theirs, ours in pairs:
+                assert theirs.stage_index == ours.stage
+                assert theirs.computation_type.name == TORCH_OP_NAMES[ours.op.value]
+                assert theirs.microbatch_index == ours.microbatch
+
+
+def test_csv_skips_empty_cells_like_torch() -> None:
+    s = schedule_from_csv("0F0,,0B0\n,1F0,1B0\n")
+    assert [[str(a) for a in order] for order in s.orders] == [["0F0", "0B0"], ["1F0", "1B0"]]
+
+
+def test_json_keeps_happens_before() -> None:
+    s = generate("sequential", n_ranks=2, n_microbatches=3, forward_only=True)
+    data = schedule_to_dict(s)
+    assert data["happens_before"] == [["1F0", "0F1"], ["1F1", "0F2"]]
+    assert schedule_from_dict(data) == s
+
+
+# -- malformed input --------------------------------------------------------------------
+def test_bad_json_names_line_and_column() -> None:
+    text = '{\n "ranks": [\n  ["0F0", "0B0",]\n ]\n}\n'
+    with pytest.raises(ParseError, match=r"plan\.json: not valid JSON at line 3, column \d+"):
+        schedule_from_json(text, source="plan.json")
+
+
+def test_bad_action_in_json_names_rank_and_position() -> None:
+    text = json.dumps({"ranks": [["0F0", "0B0"], ["1F0", "1Q0"]]})
+    with pytest.raises(ParseError) as info:
+        schedule_from_json(text, source="plan.json")
+    assert "plan.json: rank 1, position 1: cannot parse action '1Q0'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "expected a JSON object, got list"),
+        ({"format": "other", "ranks": []}, "'format' is 'other', expected 'pipesim-schedule'"),
+        ({"ranks": "0F0"}, "'ranks' must be a list with one list of action strings per rank"),
+        ({"ranks": [["0F0"]], "happens_before": [["0F0"]]}, "each happens_before entry"),
+    ],
+)
+def test_malformed_json_structure(data: object, message: str) -> None:
+    with pytest.raises(ParseError, match=message):
+        schedule_from_json(json.dumps(data))
+
+
+def test_bad_csv_cell_names_line_and_column() -> None:
+    with pytest.raises(ParseError) as info:
+        schedule_from_csv("0F0,0B0\n1F0,,1X0\n", source="plan.csv")
+    assert "plan.csv: line 2, column 3: cannot parse action '1X0'" in str(info.value)
+
+
+def test_empty_csv() -> None:
+    with pytest.raises(ParseError, match="the CSV is empty"):
+        schedule_from_csv("", source="plan.csv")
+
+
+def test_csv_stage_on_two_ranks_names_the_file() -> None:
+    with pytest.raises(ScheduleError, match=r"plan\.csv: stage 0 is placed on two ranks"):
+        schedule_from_csv("0F0\n0B0\n", source="plan.csv")
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ParseError, match="cannot read schedule file"):
+        load_schedule(tmp_path / "missing.json")
+    (tmp_path / "s.txt").write_text("0F0\n")
+    with pytest.raises(ParseError, match=r"unknown suffix '\.txt'; use \.json or \.csv"):
+        load_schedule(tmp_path / "s.txt")
+    (tmp_path / "latin.csv").write_bytes(b"0F0,\xff\n")
+    with pytest.raises(ParseError, match="is not UTF-8 text"):
+        load_schedule(tmp_path / "latin.csv")
+    with pytest.raises(ParseError, match=r"use a \.json or \.csv suffix"):
+        save_schedule(generate("gpipe", n_ranks=1, n_microbatches=1), tmp_path / "s.yaml")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"ranks": [["0F0"]\n')
+    with pytest.raises(ParseError, match=r"bad\.json: not valid JSON at line 2"):
+        load_schedule(bad)
