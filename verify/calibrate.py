@@ -56,8 +56,12 @@ def measured_trace(run: LocalRun, /) -> Trace:
         ),
         transfers=tuple(
             TransferRecord(
-                src_rank=t.src_rank, dst_rank=t.dst_rank, producer=t.producer,
-                consumer=t.consumer, n_bytes=t.n_bytes, start=t.start_ns,
+                src_rank=t.src_rank,
+                dst_rank=t.dst_rank,
+                producer=t.producer,
+                consumer=t.consumer,
+                n_bytes=t.n_bytes,
+                start=t.start_ns,
                 end=max(t.end_ns, t.start_ns),
             )
             for t in run.transfers
@@ -134,12 +138,12 @@ def _fit_link(run: LocalRun, devices: Sequence[torch.device | str]) -> Link:
         n = len(points)
         mean_b = Fraction(total_bytes, n)
         mean_t = Fraction(total_time, n)
-        var = sum((b - mean_b) ** 2 for b, _ in points)
-        cov = sum((b - mean_b) * (t - mean_t) for b, t in points)
-        slope = cov / var  # ns per byte
+        var = sum(((b - mean_b) ** 2 for b, _ in points), Fraction(0))
+        cov = sum(((b - mean_b) * (t - mean_t) for b, t in points), Fraction(0))
+        slope: Fraction = cov / var  # ns per byte
         latency = mean_t - slope * mean_b
         if slope > 0 and latency >= 0:
-            return Link(latency=round(latency), bandwidth_bytes_per_s=_rounded(1 / slope))
+            return Link(latency=round(latency), bandwidth_bytes_per_s=_rounded(Fraction(1) / slope))
     if total_time == 0:
         return Link()
     return Link(bandwidth_bytes_per_s=_rounded(Fraction(total_bytes, total_time)))
@@ -180,9 +184,10 @@ def as_run_schedule(
     )
 
 
-def save_costs(costs: CostModel, path: str | Path, /, *, meta: dict[str, Any] | None = None) -> None:
+def save_costs(
+    costs: CostModel, path: str | Path, /, *, meta: dict[str, Any] | None = None
+) -> None:
     """Write ``costs`` as a pipesim cost file (``pipesim simulate --costs FILE``)."""
     data = costs_to_dict(costs)
     data["meta"] = {"time_unit": "ns", "source": "pipesim verify", **(meta or {})}
     Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-

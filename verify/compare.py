@@ -47,8 +47,13 @@ from verify.models import VerifyModel, load_model
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport
 
-__all__ = ["Reference", "reference_run", "schedule_accumulation_orders", "split_microbatches",
-           "verify"]
+__all__ = [
+    "Reference",
+    "reference_run",
+    "schedule_accumulation_orders",
+    "split_microbatches",
+    "verify",
+]
 
 
 def split_microbatches(batch: Tensor, n_microbatches: int, /) -> tuple[Tensor, ...]:
@@ -145,9 +150,7 @@ def _order_followed(run: LocalRun) -> bool:
             position[action] = index
     if [list(o) for o in schedule.orders] != per_rank:
         return False
-    return all(
-        position[d.producer] < position[d.consumer] for d in data_dependencies(schedule)
-    )
+    return all(position[d.producer] < position[d.consumer] for d in data_dependencies(schedule))
 
 
 def _max_diff(a: Tensor, b: Tensor) -> float:
@@ -190,27 +193,35 @@ def verify(
     n_mb = schedule.n_microbatches
     rank_devices = parse_devices(devices or "", n_ranks=schedule.n_ranks)
     if stages is None:
-        stages = partition(model.layers, n_stages=schedule.n_stages, layer_counts=layer_counts,
-                           balance=balance)
+        stages = partition(
+            model.layers, n_stages=schedule.n_stages, layer_counts=layer_counts, balance=balance
+        )
     elif len(stages) != schedule.n_stages:
         raise VerifyError(
             f"{len(stages)} stage modules for a schedule of {schedule.n_stages} stages"
         )
-    if batch_size is None:
-        batch_size = -(-32 // n_mb) * n_mb
+    rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
     expected_orders = tuple(
         tuple(o) for o in (accumulation_orders or schedule_accumulation_orders(schedule))
     )
-    x, target = model.make_batch(batch_size)
+    x, target = model.make_batch(rows)
     xs, ts = split_microbatches(x, n_mb), split_microbatches(target, n_mb)
     with exact_settings(model.layers, devices=rank_devices, apply=apply_settings):
-        ref = reference_run(model.layers, inputs=xs, targets=ts, loss_fn=model.loss_fn,
-                            device=rank_devices[0], forward_only=schedule.forward_only)
+        ref = reference_run(
+            model.layers,
+            inputs=xs,
+            targets=ts,
+            loss_fn=model.loss_fn,
+            device=rank_devices[0],
+            forward_only=schedule.forward_only,
+        )
         for _ in range(max(warmup, 0)):
-            run_schedule(schedule, stages, devices=rank_devices, inputs=xs, targets=ts,
-                         loss_fn=model.loss_fn)
-        run = run_schedule(schedule, stages, devices=rank_devices, inputs=xs, targets=ts,
-                           loss_fn=model.loss_fn)
+            run_schedule(
+                schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
+            )
+        run = run_schedule(
+            schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
+        )
 
     mismatches: list[str] = []
     outputs_equal = True
@@ -218,18 +229,22 @@ def verify(
     for k in range(n_mb):
         if not torch.equal(run.outputs[k].cpu(), ref.outputs[k].cpu()):
             outputs_equal = False
-            mismatches.append(f"output of micro-batch {k} (max abs diff "
-                              f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g})")
+            mismatches.append(
+                f"output of micro-batch {k} (max abs diff "
+                f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g})"
+            )
         if not torch.equal(run.losses[k].cpu(), ref.losses[k].cpu()):
             losses_equal = False
-            mismatches.append(f"loss of micro-batch {k} (max abs diff "
-                              f"{_max_diff(run.losses[k], ref.losses[k]):.3g})")
+            mismatches.append(
+                f"loss of micro-batch {k} (max abs diff "
+                f"{_max_diff(run.losses[k], ref.losses[k]):.3g})"
+            )
 
     named = list(model.layers.named_parameters())
     stage_of: dict[int, int] = {}
-    for s, module in enumerate(stages):
+    for index, module in enumerate(stages):
         for p in module.parameters():
-            stage_of.setdefault(id(p), s)
+            stage_of.setdefault(id(p), index)
     grads_equal: bool | None = None
     full_diffs = [_max_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
     if not schedule.forward_only:
@@ -237,24 +252,28 @@ def verify(
         for i, (name, p) in enumerate(named):
             if not p.requires_grad:
                 continue
-            s = stage_of.get(id(p))
-            if s is None:
+            s_or_none = stage_of.get(id(p))
+            if s_or_none is None:
                 grads_equal = False
                 mismatches.append(f"parameter {name} is in no stage")
                 continue
-            expected = _accumulate([ref.grads[k][i] for k in range(n_mb)], expected_orders[s],
-                                   n_mb)
+            s = s_or_none
+            expected = _accumulate([ref.grads[k][i] for k in range(n_mb)], expected_orders[s], n_mb)
             actual = p.grad
             if expected is None or actual is None:
                 if (expected is None) != (actual is None):
                     grads_equal = False
-                    mismatches.append(f"gradient of {name} (stage {s}): "
-                                      f"{'missing' if actual is None else 'unexpected'}")
+                    mismatches.append(
+                        f"gradient of {name} (stage {s}): "
+                        f"{'missing' if actual is None else 'unexpected'}"
+                    )
                 continue
             if not torch.equal(actual.cpu(), expected.cpu()):
                 grads_equal = False
-                mismatches.append(f"gradient of {name} (stage {s}) (max abs diff "
-                                  f"{_max_diff(actual, expected):.3g})")
+                mismatches.append(
+                    f"gradient of {name} (stage {s}) (max abs diff "
+                    f"{_max_diff(actual, expected):.3g})"
+                )
             full = ref.full_grads[i]
             if full is not None:
                 full_diffs.append(_max_diff(actual, full))
@@ -269,8 +288,9 @@ def verify(
     as_run = as_run_schedule(schedule, executed=run.executed, devices=rank_devices)
     predicted = simulate(as_run, costs=costs).metrics.makespan
     predicted_parallel = simulate(schedule, costs=costs).metrics.makespan
-    losses_mean = (float(torch.stack([loss.cpu() for loss in run.losses]).mean())
-                   if run.losses else None)
+    losses_mean = (
+        float(torch.stack([loss.cpu() for loss in run.losses]).mean()) if run.losses else None
+    )
     return VerifyReport(
         schedule=schedule.name,
         model=model.name,
@@ -278,11 +298,13 @@ def verify(
         n_stages=schedule.n_stages,
         n_microbatches=n_mb,
         devices=tuple(str(d) for d in rank_devices),
-        batch_size=batch_size,
+        batch_size=rows,
         microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
         layer_counts=tuple(len(list(m.children())) for m in stages),
         forward_only=schedule.forward_only,
-        bit_identical=outputs_equal and losses_equal and grads_equal is not False
+        bit_identical=outputs_equal
+        and losses_equal
+        and grads_equal is not False
         and order_followed,
         outputs_equal=outputs_equal,
         losses_equal=losses_equal,
@@ -299,14 +321,14 @@ def verify(
         transfer_bytes=run.transfer_bytes,
         activation_bytes=run.activation_bytes,
         grad_norms=tuple(
-            sum(float(p.grad.norm()) for p in m.parameters() if p.grad is not None)
-            for m in stages
+            sum(float(p.grad.norm()) for p in m.parameters() if p.grad is not None) for m in stages
         ),
         measured_makespan=float(measured) / 1e9,
         predicted_makespan=float(predicted) / 1e9,
         predicted_makespan_parallel=float(predicted_parallel) / 1e9,
         makespan_error_percent=(float(predicted) - float(measured)) / float(measured) * 100
-        if measured else 0.0,
+        if measured
+        else 0.0,
         costs=costs,
         trace=trace,
     )

@@ -34,14 +34,18 @@ from verify.errors import ExactnessError
 
 __all__ = ["exact_settings", "exactness_problems"]
 
-_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-            nn.FeatureAlphaDropout)
+_DROPOUT = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
 _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
 
-def exactness_problems(
-    model: nn.Module, /, *, devices: Sequence[torch.device | str]
-) -> list[str]:
+def exactness_problems(model: nn.Module, /, *, devices: Sequence[torch.device | str]) -> list[str]:
     """One line per setting that rules out a bit-identical result (empty when none)."""
     problems = []
     for name, module in model.named_modules():
@@ -71,15 +75,16 @@ def exactness_problems(
             "TF32 is on for CUDA matmuls (torch.backends.cuda.matmul.allow_tf32=True); set it False"
         )
     if torch.backends.cudnn.allow_tf32:
-        problems.append(
-            "TF32 is on for cuDNN (torch.backends.cudnn.allow_tf32=True); set it False"
-        )
+        problems.append("TF32 is on for cuDNN (torch.backends.cudnn.allow_tf32=True); set it False")
     if not torch.are_deterministic_algorithms_enabled():
         problems.append(
-            "non-deterministic algorithms are allowed; call torch.use_deterministic_algorithms(True)"
+            "non-deterministic algorithms are allowed; call "
+            "torch.use_deterministic_algorithms(True)"
         )
     if torch.backends.cudnn.benchmark:
-        problems.append("cuDNN benchmarking is on (torch.backends.cudnn.benchmark=True); set it False")
+        problems.append(
+            "cuDNN benchmarking is on (torch.backends.cudnn.benchmark=True); set it False"
+        )
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
         problems.append(
             "CUBLAS_WORKSPACE_CONFIG is not ':4096:8' or ':16:8', so cuBLAS may be "

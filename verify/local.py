@@ -61,8 +61,14 @@ from pipesim.graph import build_graph, validate
 from pipesim.schedule import Schedule
 from verify.errors import VerifyError
 
-__all__ = ["ActionTiming", "LocalRun", "TransferTiming", "execution_order", "parse_devices",
-           "run_schedule"]
+__all__ = [
+    "ActionTiming",
+    "LocalRun",
+    "TransferTiming",
+    "execution_order",
+    "parse_devices",
+    "run_schedule",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,7 +194,7 @@ class _Clock:
         self.origin = {}
         for index in self.cuda:
             with torch.cuda.device(index):
-                event = torch.cuda.Event(enable_timing=True)
+                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 event.record()
                 self.origin[index] = event
         self.pending: list[tuple[Any, Any, Any, Callable[[int, int], None]]] = []
@@ -196,12 +202,14 @@ class _Clock:
     def mark(self, device: torch.device) -> Any:
         if device.type == "cuda":
             with torch.cuda.device(device.index):
-                event = torch.cuda.Event(enable_timing=True)
+                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 event.record()
                 return event
         return time.perf_counter_ns() - self.host0
 
-    def span(self, device: torch.device, start: Any, end: Any, done: Callable[[int, int], None]) -> None:
+    def span(
+        self, device: torch.device, start: Any, end: Any, done: Callable[[int, int], None]
+    ) -> None:
         """Report (start_ns, end_ns) to ``done`` now (CPU) or after the final sync (CUDA)."""
         if device.type == "cuda":
             self.pending.append((self.origin[device.index], start, end, done))
@@ -296,19 +304,33 @@ def run_schedule(
     transfer_times: list[TransferTiming] = []
     clock = _Clock(rank_device)
 
-    def send(producer: Action, consumer: Action, tensor: Tensor, box: dict[tuple[int, int], Tensor]) -> None:
+    def send(
+        producer: Action, consumer: Action, tensor: Tensor, box: dict[tuple[int, int], Tensor]
+    ) -> None:
         src, dst = schedule.rank_of(producer.stage), schedule.rank_of(consumer.stage)
         n_bytes = tensor.numel() * tensor.element_size()
         if producer.op is Op.F:
             transfer_bytes[producer.stage][producer.microbatch] = n_bytes
         start = clock.mark(rank_device[src])
-        box[(consumer.stage, consumer.microbatch)] = tensor.detach().to(stage_device[consumer.stage])
+        box[(consumer.stage, consumer.microbatch)] = tensor.detach().to(
+            stage_device[consumer.stage]
+        )
         end = clock.mark(rank_device[src])
         if src != dst:
+
             def done(start_ns: int, end_ns: int) -> None:
-                transfer_times.append(TransferTiming(
-                    src_rank=src, dst_rank=dst, producer=producer, consumer=consumer,
-                    n_bytes=n_bytes, start_ns=start_ns, end_ns=end_ns))
+                transfer_times.append(
+                    TransferTiming(
+                        src_rank=src,
+                        dst_rank=dst,
+                        producer=producer,
+                        consumer=consumer,
+                        n_bytes=n_bytes,
+                        start_ns=start_ns,
+                        end_ns=end_ns,
+                    )
+                )
+
             clock.span(rank_device[src], start, end, done)
 
     def forward(a: Action) -> None:
@@ -386,8 +408,9 @@ def run_schedule(
             x = stage_in[(s, mb)]
             gx = None
             if root.requires_grad and x.requires_grad:
-                (gx,) = torch.autograd.grad(root, x, grad_outputs=grad, retain_graph=True,
-                                            allow_unused=True)
+                (gx,) = torch.autograd.grad(
+                    root, x, grad_outputs=grad, retain_graph=True, allow_unused=True
+                )
             send_input_grad(a, x, gx)
 
     def weight_grad(a: Action) -> None:
@@ -417,7 +440,9 @@ def run_schedule(
         end = clock.mark(device)
 
         def done(start_ns: int, end_ns: int, rank: int = rank, work: Work = work) -> None:
-            action_times.append(ActionTiming(rank=rank, work=work, start_ns=start_ns, end_ns=end_ns))
+            action_times.append(
+                ActionTiming(rank=rank, work=work, start_ns=start_ns, end_ns=end_ns)
+            )
 
         clock.span(device, start, end, done)
     clock.finish()

@@ -84,7 +84,9 @@ def _from_state(state: Tensor, draw: Callable[[], tuple[Tensor, Tensor]]) -> tup
 
 def _check_batch(name: str, batch_size: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise VerifyError(f"model {name!r}: batch size must be a whole number >= 1, got {batch_size!r}")
+        raise VerifyError(
+            f"model {name!r}: batch size must be a whole number >= 1, got {batch_size!r}"
+        )
 
 
 # -- the chapter's MLP ---------------------------------------------------------------------
@@ -112,7 +114,9 @@ def mlp(*, seed: int = 21) -> VerifyModel:
     def make_batch(batch_size: int) -> tuple[Tensor, Tensor]:
         _check_batch("mlp", batch_size)
         # The chapter draws x, runs the model (no randomness), then draws the target.
-        return _from_state(state, lambda: (torch.randn(batch_size, d_in), torch.randn(batch_size, d_out)))
+        return _from_state(
+            state, lambda: (torch.randn(batch_size, d_in), torch.randn(batch_size, d_out))
+        )
 
     def loss_fn(out: Tensor, target: Tensor) -> Tensor:
         return ((out - target) ** 2).mean()  # the chapter's loss, spelled the same way
@@ -132,7 +136,8 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.token(ids) + self.position(positions)  # (batch, seq, width)
+        embedded: Tensor = self.token(ids) + self.position(positions)  # (batch, seq, width)
+        return embedded
 
 
 class Block(nn.Module):
@@ -166,11 +171,13 @@ class Block(nn.Module):
         k = k.view(batch, seq, self.n_heads, head).transpose(1, 2)
         v = v.view(batch, seq, self.n_heads, head).transpose(1, 2)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head))  # (batch, heads, seq, seq)
-        scores = scores.masked_fill(~self.mask[:seq, :seq], float("-inf"))
+        mask: Tensor = self.mask  # type: ignore[assignment]  # a registered buffer
+        scores = scores.masked_fill(~mask[:seq, :seq], float("-inf"))
         y = scores.softmax(dim=-1) @ v  # (batch, heads, seq, head)
         y = y.transpose(1, 2).reshape(batch, seq, width)
         x = x + self.proj(y)
-        return x + self.fc_out(self.act(self.fc(self.norm2(x))))
+        out: Tensor = x + self.fc_out(self.act(self.fc(self.norm2(x))))
+        return out
 
 
 class Head(nn.Module):
@@ -182,7 +189,8 @@ class Head(nn.Module):
         self.out = nn.Linear(width, vocab_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.norm(x))
+        logits: Tensor = self.out(self.norm(x))  # (batch, seq, vocab)
+        return logits
 
 
 def gpt(
@@ -205,8 +213,13 @@ def gpt(
     >>> len(model.layers), tuple(model.make_batch(3)[0].shape)
     (4, (3, 16))
     """
-    for label, value in (("n_layers", n_layers), ("width", width), ("n_heads", n_heads),
-                         ("vocab_size", vocab_size), ("seq_len", seq_len)):
+    for label, value in (
+        ("n_layers", n_layers),
+        ("width", width),
+        ("n_heads", n_heads),
+        ("vocab_size", vocab_size),
+        ("seq_len", seq_len),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise VerifyError(f"gpt: {label} must be a whole number >= 1, got {value!r}")
 

@@ -123,9 +123,11 @@ def partition(
     _check_fit(len(layers), n_stages)
     if layer_counts is not None:
         counts = tuple(layer_counts)
-        if len(counts) != n_stages or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts
-        ) or sum(counts) != len(layers):
+        if (
+            len(counts) != n_stages
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts)
+            or sum(counts) != len(layers)
+        ):
             raise VerifyError(
                 f"layer counts {list(counts)} do not cut {len(layers)} layers into {n_stages} "
                 f"stages: give {n_stages} whole numbers >= 1 that sum to {len(layers)}"

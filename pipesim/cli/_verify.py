@@ -1,0 +1,168 @@
+"""``pipesim verify``: replay a schedule on real torch devices and check it bit for bit.
+
+torch (the ``verify`` extra) is imported only when the verb runs; without it
+the verb says how to install it. Exit status 0 when the run is bit-identical
+to the unsplit model, 1 when it is not (the report names what differs) or on
+bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import warnings
+from typing import Any
+
+from pipesim.cli._common import add_schedule_arguments, positive_int, print_json, schedule_from_args
+from pipesim.errors import PipesimError
+
+_INSTALL = "pip install 'pipesim[verify]'"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``verify``."""
+    parser = subparsers.add_parser(
+        "verify",
+        help="run a schedule with torch and check it is bit-identical to the unsplit model",
+        description=(
+            "Replay a built-in schedule or a schedule file on real devices (CUDA GPUs when "
+            "present, else the CPU) with a reference model; check outputs, losses and "
+            "gradients bit for bit against the unsplit model on the same micro-batches; "
+            "measure every action and compare pipesim's prediction with the measurement. "
+            f"Needs torch: {_INSTALL}."
+        ),
+    )
+    add_schedule_arguments(parser)
+    group = parser.add_argument_group("model and devices")
+    group.add_argument(
+        "--model",
+        default="mlp",
+        metavar="mlp|gpt|MODULE:FACTORY",
+        help="the model-parallelism chapter's MLP (default), a small GPT, or an import path "
+        "package.module:factory returning an nn.Sequential or a list of modules",
+    )
+    group.add_argument(
+        "--gpt-layers",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="transformer blocks of --model gpt (default 4; N+2 entries to cut)",
+    )
+    group.add_argument(
+        "--gpt-width",
+        type=positive_int,
+        default=64,
+        metavar="D",
+        help="hidden width of --model gpt (default 64)",
+    )
+    group.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="initialisation seed (default 21 for the MLP, as the chapter; else 0)",
+    )
+    group.add_argument(
+        "--devices",
+        metavar="DEV[,DEV...]",
+        help="one device per rank (or one for all), e.g. cuda:0,cuda:1 or cpu; default: the "
+        "CUDA devices present, else cpu",
+    )
+    group.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="B",
+        help="rows per step (default 32 rounded up to a multiple of M)",
+    )
+    group.add_argument(
+        "--split",
+        metavar="N[,N...]",
+        help="model entries per stage, e.g. 4,3 (default: as even as possible)",
+    )
+    group.add_argument(
+        "--balance",
+        choices=("layers", "params"),
+        default="layers",
+        help="without --split: even layer counts, or balanced parameter counts",
+    )
+    group.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="K",
+        help="untimed runs before the measured one (default 1)",
+    )
+    group.add_argument(
+        "--check-settings-only",
+        action="store_true",
+        help="do not set the determinism settings (TF32 off, deterministic algorithms); "
+        "refuse when they are not already exact",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--costs-out",
+        metavar="FILE",
+        help="write the calibrated cost model (time unit: ns) for `pipesim simulate --costs FILE`",
+    )
+    parser.set_defaults(func=run)
+
+
+def _split(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PipesimError(
+            f"--split {text!r}: give whole numbers separated by commas, e.g. --split 4,3"
+        ) from None
+    return counts
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch warns at import when numpy is absent; verify does not use numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    try:
+        importlib.import_module("torch")
+    except ImportError as exc:
+        raise PipesimError(
+            f"pipesim verify needs torch, which is not importable here ({exc}); install the "
+            f"extra: {_INSTALL}"
+        ) from None
+    from verify.calibrate import save_costs
+    from verify.compare import verify
+    from verify.models import load_model
+    from verify.report import format_report
+
+    schedule = schedule_from_args(args)
+    model = load_model(args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width)
+    try:
+        report = verify(
+            schedule,
+            model=model,
+            devices=args.devices,
+            batch_size=args.batch_size,
+            layer_counts=_split(args.split),
+            balance=args.balance,
+            apply_settings=not args.check_settings_only,
+            warmup=max(args.warmup, 0),
+        )
+    except RuntimeError as exc:  # torch reports shape errors, CUDA failures, ... this way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipesimError(f"the run failed inside torch: {first}") from None
+    if args.costs_out:
+        try:
+            save_costs(
+                report.costs,
+                args.costs_out,
+                meta={"schedule": schedule.name, "model": report.model},
+            )
+        except OSError as exc:
+            raise PipesimError(
+                f"cannot write --costs-out {args.costs_out!r}: {exc.strerror}"
+            ) from None
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(format_report(report))
+    return 0 if report.bit_identical else 1
