@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 OUT ?= out
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,23 @@ demo: $(VENV)/.installed
 	$(BIN)/pipesim simulate gpipe --stages 2 --microbatches 4 --forward-only --grid
 	$(BIN)/pipesim simulate 1f1b --stages 4 --microbatches 8 --activation-bytes 1000
 	$(BIN)/pipesim simulate interleaved-1f1b --stages 4 --microbatches 8 --virtual 2 --json
+	$(BIN)/pipesim plot 1f1b --stages 4 --microbatches 8 --activation-bytes 1000 -o $(OUT)/1f1b.html
+	$(BIN)/pipesim plot gpipe 1f1b --compare --stages 4 --microbatches 8 -o $(OUT)/compare.html
+	$(BIN)/pipesim trace 1f1b --stages 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
+
+# The browser tests (pytest -m browser) open plots in Debian's chromium and fail without it.
+# As root with apt (CI), install it; otherwise say how.
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "browser tests need chromium: sudo apt-get install -y chromium (or make browser-deps as root)"; \
+	fi
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check pipesim verify tests benchmarks
