@@ -8,6 +8,7 @@ import textwrap
 from typing import Any
 
 from pipesim.cli._common import add_schedule_arguments, schedule_from_args, schedule_from_source
+from pipesim.errors import PipesimError
 from pipesim.graph import validate
 from pipesim.schedule_io import save_schedule, schedule_to_json
 from pipesim.schedules import get_spec, schedule_names
@@ -30,7 +31,20 @@ def register(subparsers: Any) -> None:
             "CSV (chosen by the suffix of -o), or print its JSON."
         ),
     )
-    add_schedule_arguments(make)
+    make.add_argument(
+        "schedule",
+        metavar="NAME|FILE",
+        nargs="?",
+        help="a built-in schedule (see `pipesim schedules`) or a .json / .csv schedule file",
+    )
+    add_schedule_arguments(make, source=False)
+    make.add_argument(
+        "--from-torch",
+        metavar="CLASS",
+        help="instead of NAME: the order a torch.distributed.pipelining schedule class runs "
+        "(e.g. ScheduleZBVZeroBubble or ZBVZeroBubble), with --stages, --microbatches and "
+        "--virtual; needs torch (the verify extra), starts no process group",
+    )
     make.add_argument("-o", "--output", metavar="FILE", help=".json or .csv (default: stdout JSON)")
     make.set_defaults(func=run_schedule)
 
@@ -57,7 +71,30 @@ def run_schedules(args: argparse.Namespace) -> int:
 
 
 def run_schedule(args: argparse.Namespace) -> int:
-    schedule = schedule_from_args(args)
+    if (args.schedule is None) == (args.from_torch is None):
+        raise PipesimError(
+            "give either a schedule NAME|FILE or --from-torch CLASS (exactly one), e.g. "
+            "`pipesim schedule zbv --stages 4 --microbatches 8` or "
+            "`pipesim schedule --from-torch ScheduleZBVZeroBubble --stages 4 --microbatches 8`"
+        )
+    if args.from_torch is not None:
+        from pipesim.torch_import import schedule_from_torch
+
+        missing = [
+            f
+            for f, v in (("--stages", args.stages), ("--microbatches", args.microbatches))
+            if v is None
+        ]
+        if missing:
+            raise PipesimError(f"--from-torch needs {' and '.join(missing)}")
+        schedule = schedule_from_torch(
+            args.from_torch,
+            n_ranks=args.stages,
+            n_microbatches=args.microbatches,
+            virtual=args.virtual,
+        )
+    else:
+        schedule = schedule_from_args(args)
     if args.output is None:
         sys.stdout.write(schedule_to_json(schedule))
     else:
