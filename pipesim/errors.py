@@ -14,6 +14,7 @@ __all__ = [
     "DeadlockError",
     "ParseError",
     "PipesimError",
+    "PlanError",
     "ScheduleError",
     "UnknownNameError",
 ]
@@ -46,6 +47,10 @@ class ParseError(PipesimError, ValueError):
 
 class CostError(PipesimError, ValueError):
     """A cost model value is impossible (negative, NaN, infinite, wrong length)."""
+
+
+class PlanError(PipesimError, ValueError):
+    """A capacity-planning request is impossible (devices, batch, model or hardware)."""
 
 
 class UnknownNameError(PipesimError, LookupError):
