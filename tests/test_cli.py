@@ -1,0 +1,383 @@
+"""The command line: every core verb through ``main(argv)``, bad input, the console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.schedule_io import load_schedule, save_schedule
+from pipesim.schedules import generate, schedule_names
+
+CONTRACT = {
+    "schedule",
+    "n_ranks",
+    "n_stages",
+    "n_microbatches",
+    "makespan",
+    "bubble_ratio",
+    "idle_slots",
+    "ranks",
+}
+RANK_CONTRACT = {"rank", "busy", "idle", "peak_activation_bytes", "peak_inflight"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``pipesim argv``: exit status, stdout, stderr (argparse's exits included)."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        status = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def assert_refused(result: tuple[int, str, str], *fragments: str) -> None:
+    status, out, err = result
+    assert status in (1, 2), (status, err)
+    assert err.startswith("pipesim: error: "), err
+    assert "Traceback" not in err and "Traceback" not in out
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+# -- verbs ----------------------------------------------------------------------------------
+def test_schedules_lists_every_schedule_with_its_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "schedules")
+    assert status == 0
+    for name in schedule_names():
+        assert f"\n{name}\n" in f"\n{out}"
+    assert "p <= N <= m" in out  # interleaved-1f1b's rule
+    assert "rules" in out and "source" in out
+
+
+def test_schedule_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "schedule", "1f1b", "--stages", "2", "--microbatches", "3")
+    assert status == 0
+    data = json.loads(out)
+    assert data["ranks"] == [
+        ["0F0", "0F1", "0B0", "0F2", "0B1", "0B2"],
+        ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2"],
+    ]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_schedule_writes_a_file_and_validate_accepts_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, suffix: str
+) -> None:
+    path = tmp_path / f"plan{suffix}"
+    status, out, _ = run(
+        capsys, "schedule", "interleaved-1f1b", "-p", "4", "-m", "8", "-v", "2", "-o", str(path)
+    )
+    assert status == 0
+    assert f"wrote {path}" in out
+    expected = generate("interleaved-1f1b", n_ranks=4, n_microbatches=8, virtual=2)
+    assert load_schedule(path).orders == expected.orders
+    status, out, _ = run(capsys, "validate", str(path))
+    assert status == 0
+    assert out.startswith(f"{path}: valid (4 ranks, 8 stages, 8 micro-batches, 128 actions)")
+
+
+def test_validate_refuses_a_deadlocking_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n")
+    assert_refused(run(capsys, "validate", str(path)), "schedule deadlocks", "1F1", "->")
+
+
+def test_validate_refuses_an_incomplete_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps({"ranks": [["0F0", "0F1", "0B0"]]}))
+    assert_refused(run(capsys, "validate", str(path)), "missing actions 0B1")
+
+
+def test_simulate_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--activation-bytes", "1000"
+    )
+    assert status == 0
+    assert out.startswith("1f1b: 4 ranks, 4 stages, 8 micro-batches\n")
+    assert "makespan 33, efficiency 0.73" in out
+    assert "4,000" in out  # rank 0 holds 4 micro-batches of 1000 bytes
+
+
+def test_simulate_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        "gpipe",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--forward-time",
+        "1",
+        "--backward-time",
+        "2",
+        "--activation-bytes",
+        "10",
+        "--json",
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert set(data) >= CONTRACT
+    assert (data["schedule"], data["n_ranks"], data["n_stages"], data["n_microbatches"]) == (
+        "gpipe",
+        4,
+        4,
+        8,
+    )
+    assert data["makespan"] == (8 + 4 - 1) * 3
+    assert data["bubble_ratio"] == 3 / 11
+    assert data["idle_slots"] == 4 * 33 - 4 * 8 * 3
+    assert len(data["ranks"]) == 4
+    for rank in data["ranks"]:
+        assert set(rank) >= RANK_CONTRACT
+        assert rank["peak_inflight"] == 8
+        assert rank["peak_activation_bytes"] == 80
+        assert rank["busy"] + rank["idle"] == data["makespan"]
+
+
+def test_simulate_interleaved_json(capsys: pytest.CaptureFixture[str]) -> None:
+    # The rank's F=2, B=4 split over v=2 chunks: m(F+B) + (p-1)(F+B)/v = 48 + 9.
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        "interleaved-1f1b",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "-v",
+        "2",
+        "--forward-time",
+        "1",
+        "--backward-time",
+        "2",
+        "--json",
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert (data["n_ranks"], data["n_stages"], data["makespan"]) == (4, 8, 57)
+
+
+def test_simulate_per_stage_lists(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        "gpipe",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--forward-only",
+        "--forward-time",
+        "1,2",
+        "--json",
+    )
+    assert status == 0
+    assert json.loads(out)["makespan"] == 1 + 4 * 2
+
+
+def test_simulate_grid_is_the_chapters_table(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys, "simulate", "gpipe", "-p", "2", "-m", "4", "--forward-only", "--grid"
+    )
+    assert status == 0
+    assert out.splitlines()[:6] == [
+        "cycle  rank 0  rank 1",
+        "    0       0       -",
+        "    1       1       0",
+        "    2       2       1",
+        "    3       3       2",
+        "    4       -       3",
+    ]
+    assert "makespan 5, efficiency 0.80" in out
+    assert "2 idle slots" in out
+
+
+def test_simulate_a_file_with_a_cost_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan = save_schedule(generate("1f1b", n_ranks=2, n_microbatches=4), tmp_path / "p.json")
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"stage": {"forward": "1/2", "backward": 1}}))
+    status, out, _ = run(capsys, "simulate", str(plan), "--costs", str(costs), "--json")
+    assert status == 0
+    assert json.loads(out)["makespan"] == (4 + 2 - 1) * 1.5
+
+
+def test_simulate_link_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        "gpipe",
+        "-p",
+        "2",
+        "-m",
+        "1",
+        "--forward-only",
+        "--json",
+        "--message-bytes",
+        "10",
+        "--link-latency",
+        "3",
+        "--link-bandwidth",
+        "5",
+    )
+    assert status == 0
+    assert json.loads(out)["makespan"] == 1 + 2 + 3 + 1
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "--version")
+    assert status == 0 and out.startswith("pipesim ")
+    for verb in ("schedules", "schedule", "validate", "simulate"):
+        status, out, _ = run(capsys, verb, "--help")
+        assert status == 0 and "usage: pipesim" in out
+    status, _, err = run(capsys)
+    assert status == 2 and "usage: pipesim" in err
+
+
+# -- bad input ------------------------------------------------------------------------------
+SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        ((*SIM, "--forward-time", "nan"), ("forward must be finite", "'nan'")),
+        ((*SIM, "--backward-time", "inf"), ("backward must be finite", "'inf'")),
+        ((*SIM, "--forward-time", "-1"), ("forward must be non-negative", "'-1'")),
+        ((*SIM, "--forward-time", "fast"), ("forward must be a number like",)),
+        ((*SIM, "--forward-time", "1,2,3"), ("--forward-time has 3 values", "2 stages")),
+        ((*SIM, "--activation-bytes", "1.5"), ("activation_bytes must be a whole number",)),
+        ((*SIM, "--link-bandwidth", "0"), ("link bandwidth must be positive",)),
+        ((*SIM, "--link-latency", "NaN"), ("link latency must be finite",)),
+        ((*SIM, "--link-concurrency", "0"), ("max_concurrent must be at least 1",)),
+        (("simulate", "gpipe", "-p", "0", "-m", "4"), ("--stages", "0")),
+        (("simulate", "gpipe", "-p", "2", "-m", "-3"), ("--microbatches", "-3")),
+        (("simulate", "gpipe", "-p", "1.5", "-m", "4"), ("--stages", "1.5")),
+        (("simulate", "gpipe", "-p", "two", "-m", "4"), ("--stages", "two")),
+        (("simulate", "1f1b", "-p", "2", "-m", "2", "-v", "0"), ("--virtual", "0")),
+        (("simulate", "gpipe", "-m", "4"), ("needs --stages",)),
+        (
+            ("simulate", "pipedream", "-p", "2", "-m", "4"),
+            ("unknown schedule 'pipedream'", "valid schedules are: sequential, gpipe, 1f1b"),
+        ),
+        (("schedule", "pipedream", "-p", "2", "-m", "4"), ("unknown schedule 'pipedream'",)),
+        (
+            ("simulate", "1f1b", "-p", "2", "-m", "4", "--forward-only"),
+            ("no forward-only variant",),
+        ),
+        (("simulate", "gpipe", "-p", "2", "-m", "4", "-v", "2"), ("holds one stage per rank",)),
+        (
+            ("simulate", "interleaved-1f1b", "-p", "4", "-m", "6"),
+            ("6 mod 4 = 2 < 4", "multiple of 4"),
+        ),
+        (("bogus",), ("invalid choice: 'bogus'",)),
+        (("simulate", "gpipe", "-p", "2", "-m", "4", "--json", "--grid"), ("not allowed",)),
+    ],
+)
+def test_bad_input_is_refused_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    assert_refused(run(capsys, *argv), *fragments)
+
+
+def test_bad_files_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"ranks": [\n ["0F0",\n')
+    assert_refused(run(capsys, "simulate", str(broken)), "broken.json", "line 3")
+    cells = tmp_path / "cells.csv"
+    cells.write_text("0F0,0B0\n1F0,1BB0\n")
+    assert_refused(run(capsys, "validate", str(cells)), "line 2, column 2", "'1BB0'")
+    assert_refused(run(capsys, "validate", str(tmp_path / "absent.csv")), "does not exist")
+    assert_refused(run(capsys, "simulate", "plan.txt"), "unknown schedule 'plan.txt'")
+    plan = save_schedule(generate("gpipe", n_ranks=2, n_microbatches=2), tmp_path / "g.json")
+    assert_refused(run(capsys, "simulate", str(plan), "-p", "3"), "--stages 3 disagrees")
+    costs = tmp_path / "costs.json"
+    costs.write_text('{"stage": {"forward": -2}}')
+    assert_refused(
+        run(capsys, "simulate", str(plan), "--costs", str(costs)), "forward must be non-negative"
+    )
+    costs.write_text('{"stage": {"forward": 1}')
+    assert_refused(run(capsys, "simulate", str(plan), "--costs", str(costs)), "line 1")
+    assert_refused(
+        run(capsys, "simulate", str(plan), "--costs", str(costs), "--forward-time", "2"),
+        "either --costs or cost flags",
+    )
+
+
+def test_grid_refuses_uneven_cycles(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(run(capsys, *SIM, "--backward-time", "1.5", "--grid"), "whole number of cycles")
+
+
+def test_saving_sequential_forward_only_as_csv_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    result = run(
+        capsys,
+        "schedule",
+        "sequential",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--forward-only",
+        "-o",
+        str(tmp_path / "s.csv"),
+    )
+    assert_refused(result, "happens_before", "save it as .json")
+
+
+# -- the installed console script -----------------------------------------------------------
+def test_console_script(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("pipesim")
+    assert script.exists(), f"console script not installed next to {sys.executable}"
+    done = subprocess.run(
+        [
+            str(script),
+            "simulate",
+            "gpipe",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--forward-only",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["makespan"], data["idle_slots"], data["efficiency"]) == (5, 2, 0.8)
+    bad = subprocess.run(
+        [
+            str(script),
+            "simulate",
+            "gpipe",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--forward-time",
+            "nan",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("pipesim: error: ") and "Traceback" not in bad.stderr
