@@ -180,8 +180,11 @@ def test_memory_peaks_follow_the_closed_forms(name: str, peaks: list[int]) -> No
     fig = timeline_figure(sim_of(name, 4, 8, activation_bytes=100))
     lines = memory_lines(fig)
     assert [max(lines[f"rank {r} memory"][1]) for r in range(4)] == peaks
-    for x, y in lines.values():
-        assert x[0] == 0 and x[-1] == 33 and y[0] == 0 and y[-1] == 0
+    for rank in range(4):
+        x, y = lines[f"rank {rank} memory"]
+        assert x[0] == 0 and x[-1] == 33 and y[-1] == 0
+        assert y[0] == (100 if rank == 0 else 0)  # only rank 0 starts a forward at time 0
+        assert all(a < b for a, b in zip(x[:-2], x[1:-1], strict=True))  # one corner per time
     assert fig.layout.yaxis2.title.text == "activation bytes"
     assert {t.line.shape for t in fig.data if t.type == "scatter"} == {"hv"}
 

@@ -18,7 +18,7 @@ What is drawn:
 >>> from pipesim.schedules import generate
 >>> sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=3))
 >>> memory_quantity(sim), memory_steps(sim, 0, quantity="inflight")
-('inflight', ([0, 0, 1, 2, 8, 10, 12, 12], [0, 1, 2, 3, 2, 1, 0, 0]))
+('inflight', ([0, 1, 2, 8, 10, 12, 12], [1, 2, 3, 2, 1, 0, 0]))
 """
 
 from __future__ import annotations
@@ -68,17 +68,25 @@ def memory_axis_title(simulation: Simulation, /, *, quantity: Quantity) -> str:
 def memory_steps(
     simulation: Simulation, rank: int, /, *, quantity: Quantity
 ) -> tuple[list[Time], list[int]]:
-    """The corners of ``rank``'s step curve: times from 0 to the makespan, values."""
+    """The corners of ``rank``'s step curve: times from 0 to the makespan, values.
+
+    Changes at one instant (a backward ending as the next forward starts) collapse to
+    the state after the last of them, so the curve has no zero-width spikes; a rank
+    records the frees of one unit of work before the allocations of the next, so no
+    peak is lost.
+    """
     offset = simulation.metrics.ranks[rank].param_bytes if quantity == "bytes" else 0
     times: list[Time] = [0]
     values = [offset]
     for record in simulation.trace.memory:
         if record.rank != rank:
             continue
-        times.append(record.time)
-        values.append(
-            offset + (record.activation_bytes if quantity == "bytes" else record.inflight)
-        )
+        held = offset + (record.activation_bytes if quantity == "bytes" else record.inflight)
+        if record.time == times[-1]:
+            values[-1] = held
+        else:
+            times.append(record.time)
+            values.append(held)
     times.append(simulation.trace.makespan)
     values.append(values[-1])
     return times, values
