@@ -1,0 +1,197 @@
+"""``pipesim verify``: the JSON contract, the chapter's numbers, exit status, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+
+# The no-torch test runs without torch; everything else needs it.
+
+
+def test_without_torch_it_says_how_to_install(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    status = main(["verify", "1f1b", "--stages", "2", "--microbatches", "2"])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: ")
+    assert "pip install 'pipesim[verify]'" in err
+    assert "Traceback" not in err
+
+
+def test_pipesim_cli_does_not_import_torch() -> None:
+    code = (
+        "import sys, pipesim, pipesim.cli; pipesim.cli.build_parser(); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+torch_only = pytest.mark.torch
+
+
+def _json(capsys, argv: list[str]) -> tuple[int, dict]:  # type: ignore[no-untyped-def,type-arg]
+    pytest.importorskip("torch")
+    status = main([*argv, "--json", "--warmup", "0"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+@torch_only
+def test_chapter_numbers_in_json(capsys) -> None:  # type: ignore[no-untyped-def]
+    status, data = _json(
+        capsys,
+        [
+            "verify",
+            "1f1b",
+            "--stages",
+            "2",
+            "--microbatches",
+            "1",
+            "--batch-size",
+            "32",
+            "--devices",
+            "cpu,cpu",
+        ],
+    )
+    assert status == 0
+    assert data["bit_identical"] is True
+    assert data["outputs_equal"] is True and data["grads_equal"] is True
+    assert data["n_params"] == 20_644 and data["model_param_bytes"] == 82_576
+    assert data["param_bytes"] == [43_776, 38_800]
+    assert data["transfer_bytes"] == [[12_288]]
+    assert [round(g, 4) for g in data["grad_norms"]] == [0.1142, 0.5349]
+    assert data["max_abs_diff_full_batch"] == 0
+    for key in ("measured_makespan", "predicted_makespan", "makespan_error_percent"):
+        assert isinstance(data[key], float)
+    assert data["measured_makespan"] > 0 and data["predicted_makespan"] > 0
+    assert len(data["costs"]["stages"]) == 2
+
+
+@torch_only
+def test_readable_report_and_forward_only(capsys) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    status = main(
+        [
+            "verify",
+            "gpipe",
+            "--stages",
+            "2",
+            "--microbatches",
+            "3",
+            "--forward-only",
+            "--model",
+            "gpt",
+            "--gpt-layers",
+            "2",
+            "--gpt-width",
+            "32",
+            "--warmup",
+            "0",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "BIT-IDENTICAL" in out and "gradients n/a (forward-only)" in out
+    status, data = _json(capsys, ["verify", "gpipe", "-p", "2", "-m", "3", "--forward-only"])
+    assert status == 0 and data["grads_equal"] is None and data["bit_identical"] is True
+
+
+@torch_only
+def test_interleaved_with_virtual_stages(capsys) -> None:  # type: ignore[no-untyped-def]
+    status, data = _json(
+        capsys,
+        ["verify", "interleaved-1f1b", "--stages", "2", "--microbatches", "4", "--virtual", "2"],
+    )
+    assert status == 0 and data["n_stages"] == 4 and data["layer_counts"] == [2, 2, 2, 1]
+
+
+@torch_only
+def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    from pipesim.costs import load_costs
+    from pipesim.schedule import Schedule
+    from pipesim.schedule_io import save_schedule
+
+    split = Schedule.from_orders(
+        [["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"], ["1F0", "1I0", "1F1", "1I1", "1W0", "1W1"]]
+    )
+    path = save_schedule(split, tmp_path / "zb.json")
+    costs_path = tmp_path / "costs.json"
+    status, data = _json(capsys, ["verify", str(path), "--costs-out", str(costs_path)])
+    assert status == 0 and data["bit_identical"] is True
+    assert load_costs(costs_path).stage(0).input_grad > 0
+
+
+@pytest.fixture
+def models_module(tmp_path: Path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    (tmp_path / "cli_models.py").write_text(
+        textwrap.dedent("""
+        from torch import nn
+
+        class Drift(nn.Module):
+            '''Adds how often it was called: a model that is not a function of its input.'''
+            calls = 0
+
+            def forward(self, x):
+                Drift.calls += 1
+                return x + Drift.calls
+
+        def drifting():
+            return [nn.Linear(4, 8), Drift(), nn.Linear(8, 2)]
+
+        def dropout():
+            return [nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)]
+
+        def fine():
+            return [nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)]
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "cli_models"
+
+
+@torch_only
+def test_factory_model_and_failed_check_exit_status(models_module: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    status, data = _json(
+        capsys, ["verify", "1f1b", "-p", "2", "-m", "2", "--model", f"{models_module}:fine"]
+    )
+    assert status == 0 and data["model"] == "cli_models:fine"
+    status, data = _json(
+        capsys, ["verify", "1f1b", "-p", "2", "-m", "2", "--model", f"{models_module}:drifting"]
+    )
+    assert status == 1
+    assert data["bit_identical"] is False and data["outputs_equal"] is False
+
+
+@torch_only
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "resnet"], "unknown model 'resnet'; valid models are: mlp, gpt"),
+        (["--model", "nope_pkg.x:build"], "cannot import module 'nope_pkg.x'"),
+        (["--model", "cli_models:dropout"], "dropout layer '1' (Dropout, p=0.5) is in training"),
+        (["--devices", "gpu0"], "unknown device 'gpu0'; use cpu or cuda:N"),
+        (["--devices", "cpu,cpu,cpu"], "got 3 devices (cpu,cpu,cpu) for 2 ranks"),
+        (["--batch-size", "3"], "a batch of 3 rows cannot make 4 micro-batches"),
+        (["--split", "5,5"], "layer counts [5, 5] do not cut 7 layers into 2 stages"),
+        (["--split", "4;3"], "--split '4;3': give whole numbers separated by commas"),
+        (["--stages", "9"], "cannot cut a model of 7 layers into 9 stages"),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    argv: list[str], message: str, models_module: str, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    base = ["verify", "1f1b", "--stages", "2", "--microbatches", "4", "--warmup", "0"]
+    status = main([*base, *argv])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith("pipesim: error: ") and message in err
+    assert "Traceback" not in err
