@@ -26,16 +26,25 @@ from verify.compare import (
 )
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
-from verify.local import LocalRun, execution_order, parse_devices, run_schedule
+from verify.local import (
+    ActionTiming,
+    LocalRun,
+    TransferTiming,
+    execution_order,
+    parse_devices,
+    run_schedule,
+)
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import balanced_counts, even_counts, param_bytes, partition
 from verify.report import VerifyReport, format_report
 
 __all__ = [
     "MODEL_NAMES",
+    "ActionTiming",
     "ExactnessError",
     "LocalRun",
     "Reference",
+    "TransferTiming",
     "VerifyError",
     "VerifyModel",
     "VerifyReport",

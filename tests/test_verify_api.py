@@ -1,0 +1,38 @@
+"""verify's public surface: every docstring example runs, ``__all__`` is complete."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+pytest.importorskip("torch")
+
+import verify
+
+pytestmark = pytest.mark.torch
+
+MODULES = sorted(
+    ["verify", *(f"verify.{info.name}" for info in pkgutil.iter_modules(verify.__path__))]
+)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in finder.find(module, name):
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+
+
+def test_all_lists_every_public_name_of_the_modules() -> None:
+    exported = set(verify.__all__)
+    for name in MODULES[1:]:
+        module = importlib.import_module(name)
+        assert set(module.__all__) <= exported, f"{name} exports names verify does not"
+    assert all(hasattr(verify, n) for n in exported)
