@@ -24,6 +24,21 @@ mapping whose actions print like torch's ``_Action`` (``0F3``,
 ``(0F3;3B1)OVERLAP_F_B``), e.g. the ``pipeline_order`` of a schedule a user
 filled with ``_load_csv``; it needs no torch at all.
 
+Parity with torch 2.13 (``tests/test_torch_parity.py``): pipesim's own
+``1f1b``, ``gpipe``, ``looped-bfs``, ``interleaved-zb``, ``zb-h1`` (= torch's
+interleaved zero bubble on one chunk), ``zbv`` and ``dualpipev`` produce
+exactly torch's per-rank compute orders. Deliberate differences:
+
+1. ``Schedule1F1B.pipeline_order`` draws the last rank's micro-batches as
+   ``1..m`` instead of ``0..m-1``; torch runs ``_step_microbatches``, whose
+   order is pipesim's ``1f1b`` (and what this module imports).
+2. ``interleaved-1f1b`` keeps Megatron-LM's micro-batch groups (size ``N``,
+   default ``p``, the last group taking the remainder: for p=2, v=2, N=3, m=5
+   the forwards run micro-batches 0 1 2 0 1 2 3 4 3 4 on chunks
+   0 0 0 1 1 1 0 0 1 1). Torch's ``ScheduleInterleaved1F1B`` picks
+   ``N = m // max(1, m // p)`` and refuses ``m`` it does not divide; with
+   ``group_size=N`` pipesim gives torch's order.
+
 ``pipesim`` never imports torch at module import time; torch is imported
 inside :func:`schedule_from_torch` only (install it with the ``verify`` extra).
 
@@ -140,8 +155,11 @@ def schedule_from_torch(
     stages = [
         _StandInStage(stage=c * n_ranks, n_stages=n_ranks * v, n_ranks=n_ranks) for c in range(v)
     ]
+    # The compute order is ready before the constructor lowers it with send / recv
+    # actions for the runtime; skip that lowering, which pipesim does not need.
+    compute_only = type(cls.__name__, (cls,), {"_prepare_schedule_with_comms": _skip_lowering})
     try:
-        instance = cls(stages, n_microbatches)
+        instance = compute_only(stages, n_microbatches)
     except (ValueError, RuntimeError, AssertionError) as exc:
         raise ScheduleError(
             f"torch's {label} refuses {n_ranks} ranks x {v} stages with {n_microbatches} "
@@ -154,6 +172,10 @@ def schedule_from_torch(
             "order as a CSV and load that instead"
         )
     return schedule_from_pipeline_order(order, n_microbatches=n_microbatches, name=label)
+
+
+def _skip_lowering(self: object, actions: object, format: str = "compute_only") -> None:
+    return None
 
 
 def _torch_schedules() -> Any:
