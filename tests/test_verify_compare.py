@@ -23,7 +23,7 @@ from pipesim.schedule import Schedule  # noqa: E402
 from pipesim.schedules import generate  # noqa: E402
 from verify.compare import schedule_accumulation_orders, split_microbatches, verify  # noqa: E402
 from verify.errors import ExactnessError, VerifyError  # noqa: E402
-from verify.exactness import exact_settings  # noqa: E402
+from verify.exactness import exact_settings, exactness_problems  # noqa: E402
 from verify.local import execution_order, parse_devices, run_schedule  # noqa: E402
 from verify.models import VerifyModel, gpt, mlp  # noqa: E402
 from verify.partition import partition  # noqa: E402
@@ -311,6 +311,38 @@ def test_lower_matmul_precision_is_set_or_refused() -> None:
         assert torch.get_float32_matmul_precision() == "medium"  # restored
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_cuda_settings_are_named_one_by_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Checked by name only (no GPU needed): what exact mode refuses on CUDA.
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+    )
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+        problems = exactness_problems(mlp().layers, devices=["cuda:0", "cpu"])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+        torch.backends.cudnn.benchmark = saved[3]
+        torch.set_float32_matmul_precision(saved[0])
+    joined = "\n".join(problems)
+    for needle in (
+        "TF32 is on for CUDA matmuls",
+        "TF32 is on for cuDNN",
+        "non-deterministic algorithms are allowed",
+        "cuDNN benchmarking is on",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "some stages run on the CPU and some on CUDA",
+    ):
+        assert needle in joined
+    assert exactness_problems(mlp().layers, devices=["cpu", "cpu"]) == []
 
 
 def test_bad_inputs_are_refused() -> None:

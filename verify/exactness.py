@@ -70,6 +70,11 @@ def exactness_problems(model: nn.Module, /, *, devices: Sequence[torch.device | 
     cuda = sorted({torch.device(d).index or 0 for d in devices if torch.device(d).type == "cuda"})
     if not cuda:
         return problems
+    if any(torch.device(d).type != "cuda" for d in devices):
+        problems.append(
+            "some stages run on the CPU and some on CUDA: the two use different kernels, so "
+            "the bits differ; put every rank on CUDA or every rank on the CPU"
+        )
     if torch.backends.cuda.matmul.allow_tf32:
         problems.append(
             "TF32 is on for CUDA matmuls (torch.backends.cuda.matmul.allow_tf32=True); set it False"
@@ -90,7 +95,9 @@ def exactness_problems(model: nn.Module, /, *, devices: Sequence[torch.device | 
             "CUBLAS_WORKSPACE_CONFIG is not ':4096:8' or ':16:8', so cuBLAS may be "
             "non-deterministic; export CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting"
         )
-    names = {index: torch.cuda.get_device_name(index) for index in cuda}
+    names = {}
+    if torch.cuda.is_available():
+        names = {i: torch.cuda.get_device_name(i) for i in cuda if i < torch.cuda.device_count()}
     if len(set(names.values())) > 1:
         listed = ", ".join(f"cuda:{i} = {n}" for i, n in names.items())
         problems.append(

@@ -242,7 +242,11 @@ def gpt(
         return _from_state(state, draw)
 
     def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        # Cross-entropy spelled out: torch's NLLLoss has no deterministic CUDA kernel
+        # (torch.use_deterministic_algorithms refuses it), a one-hot product does.
+        log_probs = logits.log_softmax(dim=-1)  # (batch, seq, vocab)
+        picked = (log_probs * nn.functional.one_hot(target, logits.shape[-1])).sum(dim=-1)
+        return -picked.mean()
 
     assert isinstance(layers, nn.Sequential)
     return VerifyModel(name="gpt", layers=layers, make_batch=make_batch, loss_fn=loss_fn)
