@@ -90,6 +90,9 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
         if ranks[p_node] != ranks[c_node] and costs is not None:
             n_bytes = costs.message_bytes(producer)
             transfer = costs.link.transfer_time(n_bytes)
+        old = graph.get_edge_data(works[p_node], works[c_node])
+        if old is not None and old["kind"] == "data" and old["transfer_time"] >= transfer:
+            continue  # two messages between one pair of works: keep the slower
         graph.add_edge(
             works[p_node],
             works[c_node],
@@ -100,7 +103,8 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
             consumer=consumer,
         )
     for a, b in index.extra_edges:
-        graph.add_edge(works[a], works[b], kind="extra", n_bytes=0, transfer_time=0)
+        if not graph.has_edge(works[a], works[b]):  # never erase a data edge's transfer time
+            graph.add_edge(works[a], works[b], kind="extra", n_bytes=0, transfer_time=0)
     return graph
 
 
@@ -351,11 +355,13 @@ def critical_path(schedule: Schedule, /, *, costs: CostModel | None = None) -> C
     weighted = nx.DiGraph()
     for node, attrs in graph.nodes(data=True):
         weighted.add_edge(node, sink, weight=attrs["duration"])
+    # Program order by rank adjacency: an order edge may also be a data edge (I -> W).
+    next_on_rank = {a: b for order in schedule.orders for a, b in itertools.pairwise(order)}
     for u, v, attrs in graph.edges(data=True):
         weight = graph.nodes[u]["duration"]
         if attrs["kind"] == "data":
             weight += attrs["transfer_time"]
-        elif attrs["kind"] == "order" and not costs.overlap_comm:
+        if not costs.overlap_comm and next_on_rank.get(u) == v:
             # The sender waits for its own messages to arrive before its next action.
             weight += max(
                 (

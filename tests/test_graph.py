@@ -332,3 +332,15 @@ def test_happens_before_on_an_order_edge_keeps_the_senders_wait() -> None:
     )
     costs = CostModel.uniform(link=Link(latency=1), overlap_comm=False)
     assert critical_path(s, costs=costs).length == 5
+
+
+def test_w_right_after_its_i_keeps_the_senders_wait() -> None:
+    # Blocking sends, latency 1. Rank 1 runs 1I0 [3,4], whose gradient arrives at 5, so
+    # 1W0 waits until 5: [5,10]. The I -> W data edge doubles as rank 1's order edge.
+    s = Schedule.from_orders([["0F0", "0I0", "0W0"], ["1F0", "1I0", "1W0"]])
+    costs = CostModel(
+        stages=(StageCost(weight_grad=1), StageCost(weight_grad=5)),
+        link=Link(latency=1),
+        overlap_comm=False,
+    )
+    assert critical_path(s, costs=costs).length == 10
