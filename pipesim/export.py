@@ -4,14 +4,17 @@ The format is Google's "Trace Event Format" (the JSON object form,
 ``{"traceEvents": [...], "displayTimeUnit": ..., "otherData": {...}}``).
 What pipesim writes:
 
-- one *process* per rank (``pid`` = rank, named ``rank r``), sorted by rank;
-- in it, thread ``0`` named ``compute`` holds a complete event (``ph: "X"``)
+- one *process* per rank, named ``rank r``, sorted by rank, with ``pid = r + 1``:
+  Perfetto treats pid 0 (and tid 0) as Linux's idle task, so synthetic traces
+  start at 1 (a Perfetto maintainer's advice, google/perfetto#394);
+- in it, the main thread (``tid = pid``) named ``compute`` holds a complete event (``ph: "X"``)
   per unit of work, named in torch's spelling (``0F3``), with ``cat`` the op
   (``F``, ``B``, ``I``, ``W`` or ``overlap``) and stage / micro-batch in
   ``args``. A rank runs one unit at a time, so these never overlap;
 - transfers that take time get their own threads, ``send to rank d`` (a second
   lane ``send to rank d (2)`` and so on where messages on one link overlap, as
-  they do with latency or ``max_concurrent > 1``), so every track holds
+  they do with latency or ``max_concurrent > 1``; tids ``n_ranks + 1`` on, unique
+  across the trace as Linux tids are), so every track holds
   disjoint slices and nothing has to nest across compute and communication;
 - a flow (``ph: "s"`` then ``ph: "f"`` with ``bp: "e"``, same ``id``, ``name``
   and ``cat``) per message, from the send (the transfer slice, or the
@@ -33,7 +36,7 @@ number of microseconds. The scale is recorded in ``otherData``.
 >>> data = chrome_trace(simulate(generate("gpipe", n_ranks=2, n_microbatches=2)), time_unit="ms")
 >>> first = [e for e in data["traceEvents"] if e["ph"] == "X"][0]
 >>> first["name"], first["ts"], first["dur"], first["pid"], first["tid"]
-('0F0', 0, 1000, 0, 0)
+('0F0', 0, 1000, 1, 1)
 """
 
 from __future__ import annotations
@@ -51,7 +54,13 @@ from pipesim.errors import PipesimError, UnknownNameError
 from pipesim.exact import Time, as_number
 from pipesim.trace import ActionRecord, TransferRecord
 
-__all__ = ["US_PER_UNIT", "chrome_trace", "chrome_trace_json", "write_chrome_trace"]
+__all__ = [
+    "US_PER_UNIT",
+    "chrome_trace",
+    "chrome_trace_json",
+    "rank_pid",
+    "write_chrome_trace",
+]
 
 #: Microseconds per pipesim time unit, for each ``time_unit`` name.
 US_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
@@ -63,7 +72,12 @@ US_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
     }
 )
 
-_COMPUTE_TID = 0
+
+def rank_pid(rank: int, /) -> int:
+    """The ``pid`` (and compute ``tid``) of ``rank`` in the trace: ``rank + 1``."""
+    return rank + 1
+
+
 _MEMORY = "activation memory"
 _INFLIGHT = "activations in flight"
 
@@ -81,18 +95,19 @@ def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str
 
     trace = simulation.trace
     records = {part: record for record in trace.actions for part in record.work.parts}
-    lane_tids, thread_names = _send_lanes(trace.transfers)
+    lane_tids, thread_names = _send_lanes(trace.transfers, n_ranks=trace.n_ranks)
     meta: list[dict[str, Any]] = []
     events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     for rank in range(trace.n_ranks):
-        meta.append(_meta("process_name", rank, _COMPUTE_TID, name=f"rank {rank}"))
-        meta.append(_meta("process_sort_index", rank, _COMPUTE_TID, sort_index=rank))
-        meta.append(_meta("thread_name", rank, _COMPUTE_TID, name="compute"))
-        meta.append(_meta("thread_sort_index", rank, _COMPUTE_TID, sort_index=0))
+        pid = rank_pid(rank)
+        meta.append(_meta("process_name", pid, pid, name=f"rank {rank}"))
+        meta.append(_meta("process_sort_index", pid, pid, sort_index=rank))
+        meta.append(_meta("thread_name", pid, pid, name="compute"))
+        meta.append(_meta("thread_sort_index", pid, pid, sort_index=0))
     for (pid, tid), name in sorted(thread_names.items()):
         meta.append(_meta("thread_name", pid, tid, name=name))
-        meta.append(_meta("thread_sort_index", pid, tid, sort_index=tid))
+        meta.append(_meta("thread_sort_index", pid, tid, sort_index=tid - trace.n_ranks))
 
     for record in trace.actions:
         event = {
@@ -101,14 +116,15 @@ def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str
             "ph": "X",
             "ts": us(record.start),
             "dur": us(record.duration),
-            "pid": record.rank,
-            "tid": _COMPUTE_TID,
+            "pid": rank_pid(record.rank),
+            "tid": rank_pid(record.rank),
             "args": _work_args(record),
         }
-        events.append(((event["ts"], 0, record.rank, _COMPUTE_TID), event))
+        events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
 
     for flow_id, transfer in enumerate(trace.transfers):
         lane_tid = lane_tids.get(flow_id)
+        send_pid = rank_pid(transfer.src_rank)
         if lane_tid is not None:
             event = {
                 "name": f"{transfer.producer}→{transfer.consumer}",
@@ -116,16 +132,16 @@ def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str
                 "ph": "X",
                 "ts": us(transfer.start),
                 "dur": us(transfer.end - transfer.start),
-                "pid": transfer.src_rank,
+                "pid": send_pid,
                 "tid": lane_tid,
                 "args": _transfer_args(transfer),
             }
-            events.append(((event["ts"], 0, transfer.src_rank, lane_tid), event))
-            send_pid, from_tid = transfer.src_rank, lane_tid
+            events.append(((event["ts"], 0, send_pid, lane_tid), event))
+            from_tid = lane_tid
             send_ts = us((transfer.start + transfer.end) / Fraction(2))
         else:  # a free link: the message leaves with the action that produced it
             producer = records[transfer.producer]
-            send_pid, from_tid = producer.rank, _COMPUTE_TID
+            from_tid = send_pid  # the producer runs on the sending rank's compute thread
             send_ts = us((producer.start + producer.end) / Fraction(2))
         consumer = records[transfer.consumer]
         flow = {"name": "message", "cat": "flow", "id": flow_id}
@@ -135,11 +151,11 @@ def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str
             "ph": "f",
             "bp": "e",
             "ts": us((consumer.start + consumer.end) / Fraction(2)),
-            "pid": consumer.rank,
-            "tid": _COMPUTE_TID,
+            "pid": rank_pid(consumer.rank),
+            "tid": rank_pid(consumer.rank),
         }
         events.append(((start["ts"], 1, send_pid, from_tid, flow_id), start))
-        events.append(((finish["ts"], 1, consumer.rank, _COMPUTE_TID, flow_id), finish))
+        events.append(((finish["ts"], 1, finish["pid"], finish["tid"], flow_id), finish))
 
     for rank in range(trace.n_ranks):
         events += _counters(rank, 0, 0, 0)
@@ -171,7 +187,7 @@ def chrome_trace_json(simulation: Simulation, /, *, time_unit: str = "s") -> str
     >>> from pipesim.schedules import generate
     >>> text = chrome_trace_json(simulate(generate("1f1b", n_ranks=2, n_microbatches=2)))
     >>> text.splitlines()[1]
-    '{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0"}},'
+    '{"name":"process_name","ph":"M","pid":1,"tid":1,"args":{"name":"rank 0"}},'
     """
     data = chrome_trace(simulation, time_unit=time_unit)
     lines = [_dumps(event) for event in data["traceEvents"]]
@@ -259,19 +275,26 @@ def _counters(
         "name": _MEMORY,
         "ph": "C",
         "ts": ts,
-        "pid": rank,
+        "pid": rank_pid(rank),
         "args": {"bytes": activation_bytes},
     }
-    held = {"name": _INFLIGHT, "ph": "C", "ts": ts, "pid": rank, "args": {"activations": inflight}}
+    held = {
+        "name": _INFLIGHT,
+        "ph": "C",
+        "ts": ts,
+        "pid": rank_pid(rank),
+        "args": {"activations": inflight},
+    }
     return [((ts, 2, rank, 0), memory), ((ts, 2, rank, 1), held)]
 
 
 def _send_lanes(
-    transfers: tuple[TransferRecord, ...],
+    transfers: tuple[TransferRecord, ...], /, *, n_ranks: int
 ) -> tuple[dict[int, int], dict[tuple[int, int], str]]:
     """Send threads for the transfers that take time: lanes per link packed greedily
-    so that the slices on each thread are disjoint. Returns the thread of each such
-    transfer (by index) and the name of each ``(pid, tid)``."""
+    so that the slices on each thread are disjoint. Returns the tid of each such
+    transfer (by index) and the name of each ``(pid, tid)``; tids run from
+    ``n_ranks + 1``, after the compute threads."""
     lane_of: dict[int, tuple[int, int, int]] = {}
     ends: dict[tuple[int, int], list[Time]] = {}  # per link, the end of each lane's last slice
     timed = sorted(
@@ -291,8 +314,7 @@ def _send_lanes(
         lane_of[index] = (*link, lane)
     tids: dict[tuple[int, int, int], int] = {}
     names: dict[tuple[int, int], str] = {}
-    for src, dst, lane in sorted(set(lane_of.values())):
-        tid = 1 + sum(1 for key in tids if key[0] == src)
+    for tid, (src, dst, lane) in enumerate(sorted(set(lane_of.values())), start=n_ranks + 1):
         tids[(src, dst, lane)] = tid
-        names[(src, tid)] = f"send to rank {dst}" + (f" ({lane + 1})" if lane else "")
+        names[(rank_pid(src), tid)] = f"send to rank {dst}" + (f" ({lane + 1})" if lane else "")
     return {index: tids[key] for index, key in lane_of.items()}, names

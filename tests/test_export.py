@@ -1,8 +1,9 @@
 """Chrome trace event JSON: the format's rules, checked here, and its content against oracles.
 
 The rules follow Google's "Trace Event Format" document (the JSON object form):
-every event has ``name``, ``ph``, ``pid``; ``X`` (complete) events have ``ts`` and
-``dur`` in microseconds, non-negative, and slices on one thread must nest (here:
+every event has ``name``, ``ph``, ``pid`` (here >= 1: Perfetto reserves pid and tid 0
+for Linux's idle task, google/perfetto#394; a tid belongs to one process, as in Linux);
+``X`` (complete) events have ``ts`` and ``dur`` in microseconds, non-negative, and slices on one thread must nest (here:
 be disjoint); ``s``/``f`` flow events share ``name``, ``cat`` and ``id``, one start
 and one finish per id, each bound to a slice on its thread (``s`` to the
 enclosing slice, ``f`` with ``bp: "e"`` to the enclosing slice); ``C`` counters
@@ -40,10 +41,14 @@ def check_trace_format(data: dict[str, Any]) -> None:
     slices: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
     flows: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     named_threads, named_processes, used = set(), set(), set()
+    owner: dict[int, int] = {}  # tid -> pid
     for event in events:
         assert isinstance(event["name"], str) and event["name"]
         assert event["ph"] in _PHASES, event
-        assert isinstance(event["pid"], int)
+        assert isinstance(event["pid"], int) and event["pid"] >= 1
+        if "tid" in event:
+            assert isinstance(event["tid"], int) and event["tid"] >= 1
+            assert owner.setdefault(event["tid"], event["pid"]) == event["pid"], event
         if event["ph"] == "M":
             assert event["name"] in _META and isinstance(event["args"], dict)
             if event["name"] == "thread_name":
@@ -155,6 +160,7 @@ def test_checker_catches_broken_traces() -> None:
         {**good, "traceEvents": [*good["traceEvents"], {**x, "ph": "Q"}]},
         {**good, "traceEvents": [*good["traceEvents"], {**x, "ts": 100, "dur": -1}]},
         {**good, "traceEvents": [e for e in good["traceEvents"] if e["ph"] != "M"]},
+        {**good, "traceEvents": [*good["traceEvents"], {**x, "ts": 100, "pid": 0}]},
     ]
     for data in broken:
         with pytest.raises(AssertionError):
@@ -166,9 +172,9 @@ def test_one_slice_per_action_on_its_rank_track() -> None:
     p, m = 4, 8
     sim = sim_of("1f1b", p, m)
     data = chrome_trace(sim, time_unit="ms")
-    compute = [e for e in x_events(data) if e["tid"] == 0]
+    compute = [e for e in x_events(data) if e["tid"] == e["pid"]]  # main thread: compute
     for rank, order in enumerate(sim.schedule.orders):
-        names = sorted(e["name"] for e in compute if e["pid"] == rank)
+        names = sorted(e["name"] for e in compute if e["pid"] == rank + 1)  # pid = rank + 1
         assert names == sorted(str(w) for w in order)
     by_name = {e["name"]: e for e in compute}
     # 1F1B, F=1, B=2 time units of 1 ms: 3F0 runs [3, 4], 3B0 [4, 6]; makespan 33
@@ -224,13 +230,13 @@ def test_transfers_get_their_own_tracks_and_lanes() -> None:
     transfers = [e for e in x_events(data) if e["cat"] == "transfer"]
     assert len(transfers) == 2 * (p - 1) * m
     assert {e["dur"] for e in transfers} >= {4}  # 1 on the link + 3 latency, uncontended
-    assert all(e["tid"] != 0 for e in transfers)  # never on the compute track
+    assert all(e["tid"] > p for e in transfers)  # never on a compute track (tid = pid <= p)
     names = {
         (e["pid"], e["args"]["name"])
         for e in data["traceEvents"]
-        if e["ph"] == "M" and e["name"] == "thread_name" and e["tid"] != 0
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["tid"] != e["pid"]
     }
-    assert (0, "send to rank 1") in names and (0, "send to rank 1 (2)") in names
+    assert (1, "send to rank 1") in names and (1, "send to rank 1 (2)") in names  # rank 0
     # each flow leaves its transfer slice and enters the consumer's slice
     pairs = flow_pairs(data)
     assert ("0F2→1F2", "1F2") in pairs and ("2B0→1B0", "1B0") in pairs
@@ -244,15 +250,15 @@ def test_memory_counters_per_rank() -> None:
     for e in data["traceEvents"]:
         if e["ph"] == "C" and e["name"] == "activation memory":
             counters[e["pid"]].append((e["ts"], e["args"]["bytes"]))
-    assert sorted(counters) == list(range(p))
-    for rank, samples in counters.items():
+    assert sorted(counters) == [rank + 1 for rank in range(p)]
+    for pid, samples in counters.items():
         assert samples[0] == (0, 0)
-        assert max(b for _, b in samples) == (p - rank) * 100  # 1F1B holds p - r
+        assert max(b for _, b in samples) == (p - (pid - 1)) * 100  # 1F1B rank r holds p - r
         assert samples[-1][1] == 0
     inflight = Counter(
         e["pid"] for e in data["traceEvents"] if e["name"] == "activations in flight"
     )
-    assert inflight == {r: len(counters[r]) for r in range(p)}
+    assert inflight == {pid: len(samples) for pid, samples in counters.items()}
 
 
 def test_overlap_and_split_backward() -> None:
@@ -267,7 +273,7 @@ def test_overlap_and_split_backward() -> None:
     by_name = {e["name"]: e for e in x_events(data)}
     overlap = by_name["(1F1;1I0)OVERLAP_F_B"]
     # hand-worked: the overlap runs [2, 4] on rank 1 (see tests/test_plot.py)
-    assert (overlap["ts"], overlap["dur"], overlap["cat"], overlap["pid"]) == (2, 2, "overlap", 1)
+    assert (overlap["ts"], overlap["dur"], overlap["cat"], overlap["pid"]) == (2, 2, "overlap", 2)
     assert overlap["args"]["parts"] == ["1F1", "1I0"]
     assert {by_name["0I0"]["cat"], by_name["0W0"]["cat"]} == {"I", "W"}
     # 0F1 feeds the F inside the overlap; the I inside it feeds 0I0
