@@ -3,11 +3,12 @@
 The rules follow Google's "Trace Event Format" document (the JSON object form):
 every event has ``name``, ``ph``, ``pid`` (here >= 1: Perfetto reserves pid and tid 0
 for Linux's idle task, google/perfetto#394; a tid belongs to one process, as in Linux);
-``X`` (complete) events have ``ts`` and ``dur`` in microseconds, non-negative, and slices on one thread must nest (here:
-be disjoint); ``s``/``f`` flow events share ``name``, ``cat`` and ``id``, one start
-and one finish per id, each bound to a slice on its thread (``s`` to the
-enclosing slice, ``f`` with ``bp: "e"`` to the enclosing slice); ``C`` counters
-carry numeric ``args``; ``M`` metadata names processes and threads.
+``X`` (complete) events have ``ts`` and ``dur`` in microseconds, non-negative, and
+slices on one thread must nest (here: be disjoint); ``s``/``f`` flow events share
+``name``, ``cat`` and ``id``, one start and one finish per id, each bound to a slice on
+its thread (``s`` to the enclosing slice, ``f`` with ``bp: "e"`` to the enclosing
+slice); ``C`` counters carry numeric ``args``; ``M`` metadata names processes and
+threads.
 """
 
 from __future__ import annotations
