@@ -246,6 +246,19 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 2 and "usage: pipesim" in err
 
 
+def test_every_verb_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipesim.cli import build_parser
+
+    parser = build_parser()
+    actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    verbs = sorted(actions[0].choices)  # type: ignore[union-attr]
+    assert {"schedules", "schedule", "validate", "simulate"} <= set(verbs)
+    for verb in verbs:
+        status, out, _ = run(capsys, verb, "--help")
+        assert status == 0, verb
+        assert out.startswith(f"usage: pipesim {verb}"), verb
+
+
 # -- bad input ------------------------------------------------------------------------------
 SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
 
