@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.10+):
 #   make demo   - create .venv, install pipesim, simulate and draw built-in examples
-#   make test   - create .venv, install pipesim with its dev and verify extras, run every test
+#   make test   - install chromium if missing (root + apt), create .venv, install pipesim
+#                 with its dev and verify extras, run every test
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -29,7 +30,7 @@ demo: $(VENV)/.installed
 	$(BIN)/pipesim plot gpipe 1f1b --compare --stages 4 --microbatches 8 -o $(OUT)/compare.html
 	$(BIN)/pipesim trace 1f1b --stages 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
 
-test: $(VENV)/.installed-dev
+test: browser-deps $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
 
 # The browser tests (pytest -m browser) open plots in Debian's chromium and fail without it.
