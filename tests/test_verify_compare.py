@@ -20,7 +20,7 @@ from pipesim.actions import Op  # noqa: E402
 from pipesim.errors import ScheduleError  # noqa: E402
 from pipesim.graph import data_dependencies  # noqa: E402
 from pipesim.schedule import Schedule  # noqa: E402
-from pipesim.schedules import generate  # noqa: E402
+from pipesim.schedules import generate, schedule_names  # noqa: E402
 from verify.compare import schedule_accumulation_orders, split_microbatches, verify  # noqa: E402
 from verify.errors import ExactnessError, VerifyError  # noqa: E402
 from verify.exactness import exact_settings, exactness_problems  # noqa: E402
@@ -122,6 +122,22 @@ def test_builtin_schedules_are_bit_identical(
         assert all(g > 0 for g, b in zip(report.grad_norms, report.param_bytes, strict=True) if b)
     # independent oracle: the unsplit model run the plain way
     _check_against_oracle(mlp(), schedule, report.batch_size)
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_every_registered_schedule_is_bit_identical(name: str) -> None:
+    """Whatever generators are registered (zero-bubble I/W, DualPipe overlaps and copies)."""
+    schedule = generate(name, n_ranks=2, n_microbatches=4)
+    report = verify(schedule, model="mlp", warmup=0)
+    assert report.bit_identical, report.mismatches
+    per_copy = schedule.n_stages // schedule.n_copies
+    for stage, order in enumerate(report.accumulation_orders):
+        copy_index = stage // per_copy
+        assert sorted(order) == list(
+            range(copy_index * 4 // schedule.n_copies, (copy_index + 1) * 4 // schedule.n_copies)
+        )
+    if schedule.n_copies == 1 and len(set(report.accumulation_orders)) == 1:
+        _check_against_oracle(mlp(), schedule, report.batch_size)
 
 
 def test_chapter_case() -> None:

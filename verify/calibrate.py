@@ -181,6 +181,7 @@ def as_run_schedule(
         n_microbatches=schedule.n_microbatches,
         name=f"{schedule.name} as run",
         happens_before=schedule.happens_before,
+        n_copies=schedule.n_copies,
     )
 
 

@@ -29,6 +29,7 @@ micro-batch means also weighs rows differently).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -193,9 +194,17 @@ def verify(
     n_mb = schedule.n_microbatches
     rank_devices = parse_devices(devices or "", n_ranks=schedule.n_ranks)
     if stages is None:
-        stages = partition(
-            model.layers, n_stages=schedule.n_stages, layer_counts=layer_counts, balance=balance
+        # One model copy is cut into n_stages / n_copies stages; DualPipe's second copy
+        # (Schedule.n_copies) holds its own parameters, equal at the start.
+        base = partition(
+            model.layers,
+            n_stages=schedule.n_stages // schedule.n_copies,
+            layer_counts=layer_counts,
+            balance=balance,
         )
+        stages = base
+        for _ in range(schedule.n_copies - 1):
+            stages = stages + tuple(copy.deepcopy(m) for m in base)
     elif len(stages) != schedule.n_stages:
         raise VerifyError(
             f"{len(stages)} stage modules for a schedule of {schedule.n_stages} stages"
@@ -240,43 +249,19 @@ def verify(
                 f"{_max_diff(run.losses[k], ref.losses[k]):.3g})"
             )
 
-    named = list(model.layers.named_parameters())
-    stage_of: dict[int, int] = {}
-    for index, module in enumerate(stages):
-        for p in module.parameters():
-            stage_of.setdefault(id(p), index)
     grads_equal: bool | None = None
     full_diffs = [_max_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
     if not schedule.forward_only:
-        grads_equal = True
-        for i, (name, p) in enumerate(named):
-            if not p.requires_grad:
-                continue
-            s_or_none = stage_of.get(id(p))
-            if s_or_none is None:
-                grads_equal = False
-                mismatches.append(f"parameter {name} is in no stage")
-                continue
-            s = s_or_none
-            expected = _accumulate([ref.grads[k][i] for k in range(n_mb)], expected_orders[s], n_mb)
-            actual = p.grad
-            if expected is None or actual is None:
-                if (expected is None) != (actual is None):
-                    grads_equal = False
-                    mismatches.append(
-                        f"gradient of {name} (stage {s}): "
-                        f"{'missing' if actual is None else 'unexpected'}"
-                    )
-                continue
-            if not torch.equal(actual.cpu(), expected.cpu()):
-                grads_equal = False
-                mismatches.append(
-                    f"gradient of {name} (stage {s}) (max abs diff "
-                    f"{_max_diff(actual, expected):.3g})"
-                )
-            full = ref.full_grads[i]
-            if full is not None:
-                full_diffs.append(_max_diff(actual, full))
+        grads_equal = _compare_grads(
+            model.layers,
+            stages,
+            per_copy=schedule.n_stages // schedule.n_copies,
+            ref=ref,
+            orders=expected_orders,
+            n_microbatches=n_mb,
+            mismatches=mismatches,
+            full_diffs=full_diffs,
+        )
     order_followed = _order_followed(run)
     if not order_followed:
         mismatches.append("the executor did not follow the Schedule's per-rank order")
@@ -332,6 +317,71 @@ def verify(
         costs=costs,
         trace=trace,
     )
+
+
+def _compare_grads(
+    layers: nn.Module,
+    stages: Sequence[nn.Module],
+    *,
+    per_copy: int,
+    ref: Reference,
+    orders: Sequence[Sequence[int]],
+    n_microbatches: int,
+    mismatches: list[str],
+    full_diffs: list[float],
+) -> bool:
+    """Each stage's gradients against the reference added in that stage's order.
+
+    A stage of model copy ``c > 0`` matches the model's parameters position by
+    position through the same stage of copy 0 (which shares the model's modules).
+    """
+    named = list(layers.named_parameters())
+    index_of = {id(p): i for i, (_, p) in enumerate(named)}
+    equal = True
+    covered: set[int] = set()
+    combined: dict[int, Tensor] = {}  # the step's gradient: the copies' gradients added
+    for s, module in enumerate(stages):
+        bases, owns = list(stages[s % per_copy].parameters()), list(module.parameters())
+        if len(bases) != len(owns):
+            equal = False
+            mismatches.append(f"stage {s} does not have the parameters of stage {s % per_copy}")
+            continue
+        for base, p in zip(bases, owns, strict=True):
+            i = index_of.get(id(base))
+            if i is None:
+                equal = False
+                mismatches.append(f"a parameter of stage {s} is not a parameter of the model")
+                continue
+            covered.add(i)
+            if not p.requires_grad:
+                continue
+            name = named[i][0]
+            per_mb = [ref.grads[k][i] for k in range(n_microbatches)]
+            expected = _accumulate(per_mb, orders[s], n_microbatches)
+            actual = p.grad
+            if expected is None or actual is None:
+                if (expected is None) != (actual is None):
+                    equal = False
+                    state = "missing" if actual is None else "unexpected"
+                    mismatches.append(f"gradient of {name} (stage {s}): {state}")
+                continue
+            if not torch.equal(actual.cpu(), expected.cpu()):
+                equal = False
+                mismatches.append(
+                    f"gradient of {name} (stage {s}) (max abs diff "
+                    f"{_max_diff(actual, expected):.3g})"
+                )
+            total = combined.get(i)
+            combined[i] = actual.cpu() if total is None else total + actual.cpu()
+    for i, (name, p) in enumerate(named):
+        if p.requires_grad and i not in covered:
+            equal = False
+            mismatches.append(f"parameter {name} is in no stage")
+    for i, total in combined.items():
+        full = ref.full_grads[i]
+        if full is not None:
+            full_diffs.append(_max_diff(total, full))
+    return equal
 
 
 def _accumulate(grads: Sequence[Tensor | None], order: Sequence[int], n_mb: int) -> Tensor | None:

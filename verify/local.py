@@ -25,6 +25,10 @@ semantics (``torch/distributed/pipelining/stage.py``, ``schedules.py``):
   (``torch.autograd.grad`` w.r.t. the parameters), added to ``.grad``.
 - an :class:`~pipesim.actions.Overlap` runs its parts in order, timed as one.
 
+With ``Schedule.n_copies > 1`` (DualPipe's two model copies) every copy is a
+pipeline of its own: its first stage reads the input, its last computes the
+loss, and activations never cross from one copy to the next.
+
 After a stage's last backward (the ``n_microbatches``-th B or W) its
 gradients are divided once by ``n_microbatches``: torch's ``scale_grads``
 for a mean loss. Forward-only schedules run under ``torch.no_grad()``.
@@ -109,7 +113,8 @@ class LocalRun:
     transfers: tuple[TransferTiming, ...]
     """Messages between different ranks (same-rank hand-overs are not transfers)."""
     transfer_bytes: tuple[tuple[int, ...], ...]
-    """Per stage boundary ``s -> s+1``, the activation bytes of each micro-batch."""
+    """Per stage boundary ``s -> s+1``, the activation bytes of each micro-batch
+    (0 where a micro-batch does not cross it: another model copy's, or between copies)."""
     activation_bytes: tuple[int, ...]
     """Per stage, the most bytes of tensors saved for backward by one micro-batch's F."""
     accumulation_orders: tuple[tuple[int, ...], ...]
@@ -288,7 +293,16 @@ def run_schedule(
             p.grad = None
     params = [[p for p in m.parameters() if p.requires_grad] for m in stages]
     param_storage = [{p.untyped_storage().data_ptr() for p in m.parameters()} for m in stages]
-    last = n_stages - 1
+    # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two);
+    # a copy's first stage reads the input and its last computes the loss.
+    per_copy = n_stages // schedule.n_copies
+    mbs_per_copy = n_mb // schedule.n_copies
+
+    def is_first(stage: int) -> bool:
+        return stage % per_copy == 0
+
+    def is_last(stage: int) -> bool:
+        return stage % per_copy == per_copy - 1
 
     stage_in: dict[tuple[int, int], Tensor] = {}  # (stage, mb) -> input (a leaf when training)
     stage_root: dict[tuple[int, int], Tensor] = {}  # output, or the loss on the last stage
@@ -336,7 +350,7 @@ def run_schedule(
     def forward(a: Action) -> None:
         s, mb = a.stage, a.microbatch
         device = stage_device[s]
-        if s == 0:
+        if is_first(s):
             x = inputs[mb].to(device)
         else:
             x = act_inbox.pop((s, mb))
@@ -351,7 +365,7 @@ def run_schedule(
             with torch.no_grad():
                 out = stages[s](x)
         root = out
-        if s == last:
+        if is_last(s):
             outputs[mb] = out.detach()
             if loss_fn is not None and targets is not None:
                 with torch.set_grad_enabled(training):
@@ -365,11 +379,11 @@ def run_schedule(
             stage_root[(s, mb)] = root
 
     def incoming_grad(s: int, mb: int) -> Tensor | None:
-        return None if s == last else grad_inbox.pop((s, mb))
+        return None if is_last(s) else grad_inbox.pop((s, mb))
 
     def send_input_grad(a: Action, x: Tensor, grad: Tensor | None) -> None:
         s, mb = a.stage, a.microbatch
-        if s == 0:
+        if is_first(s):
             return
         if grad is None:  # the output does not depend on the input: the gradient is zero
             grad = torch.zeros_like(x)
@@ -384,7 +398,9 @@ def run_schedule(
 
     def after_weight_grads(s: int, mb: int) -> None:
         accumulated[s].append(mb)
-        if len(accumulated[s]) == n_mb:  # torch's scale_grads: once, after the last backward
+        # torch's scale_grads: once, after the stage's last backward, by the step's
+        # micro-batch count (each copy's share then adds up to the mean over the step).
+        if len(accumulated[s]) == mbs_per_copy:
             for p in params[s]:
                 if p.grad is not None:
                     p.grad.div_(n_mb)
@@ -404,7 +420,7 @@ def run_schedule(
         root = stage_root[(s, mb)]
         grad = incoming_grad(s, mb)
         grad_in[(s, mb)] = grad
-        if s > 0:
+        if not is_first(s):
             x = stage_in[(s, mb)]
             gx = None
             if root.requires_grad and x.requires_grad:

@@ -56,6 +56,7 @@ class VerifyReport:
     model_param_bytes: int
     param_bytes: tuple[int, ...]
     transfer_bytes: tuple[tuple[int, ...], ...]
+    """Per stage boundary ``s -> s+1``, bytes per micro-batch (0: it does not cross there)."""
     activation_bytes: tuple[int, ...]
     """Per stage, bytes saved for backward by one micro-batch's forward (parameters excluded)."""
     grad_norms: tuple[float, ...]
