@@ -1,0 +1,71 @@
+"""Capacity planning: which pipeline degree, micro-batch size and schedule, and does it fit?
+
+``plan(model, devices=N, accelerator=NAME, global_batch=B)`` sweeps every
+configuration of a transformer on N devices, simulates each step, and ranks
+them by step time among those that fit in device memory, marking the Pareto
+front of step time versus memory.
+
+- :mod:`~pipesim.plan.model`, :mod:`~pipesim.plan.layers`: model presets and the
+  per-layer FLOP / activation formulas (Narayanan et al. 2021; Korthikanti et al. 2023);
+- :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
+- :mod:`~pipesim.plan.partition`: layers -> stages, minimising the slowest stage;
+- :mod:`~pipesim.plan.fastsim`: a fast evaluator identical to the SimPy engine;
+- :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep, on all cores;
+- :mod:`~pipesim.plan.result`, :mod:`~pipesim.plan.report`: ranking, tables, JSON, CSV, HTML.
+
+>>> result = plan("llama2-7b", devices=8, accelerator="h100-sxm", global_batch=64,
+...               stages=[2, 4], microbatch_sizes=[1], workers=1)
+>>> result.best.fits
+True
+"""
+
+from __future__ import annotations
+
+from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, fast_trace
+from pipesim.plan.hardware import (
+    Accelerator,
+    Interconnect,
+    accelerator_from_dict,
+    accelerator_names,
+    get_accelerator,
+    load_accelerator,
+)
+from pipesim.plan.layers import LayerCost, model_flops_per_sequence, model_layers
+from pipesim.plan.model import ModelSpec, get_model, load_model, model_from_dict, model_names
+from pipesim.plan.partition import partition, stage_sums
+from pipesim.plan.planner import plan, sweep_points
+from pipesim.plan.result import PlanPoint, PlanResult, explain, rank_points
+from pipesim.plan.workload import Layer, Workload, workload_from_costs, workload_from_model
+
+__all__ = [
+    "Accelerator",
+    "Interconnect",
+    "Layer",
+    "LayerCost",
+    "ModelSpec",
+    "PlanPoint",
+    "PlanResult",
+    "Workload",
+    "accelerator_from_dict",
+    "accelerator_names",
+    "compile_schedule",
+    "evaluate",
+    "explain",
+    "fast_metrics",
+    "fast_trace",
+    "get_accelerator",
+    "get_model",
+    "load_accelerator",
+    "load_model",
+    "model_flops_per_sequence",
+    "model_from_dict",
+    "model_layers",
+    "model_names",
+    "partition",
+    "plan",
+    "rank_points",
+    "stage_sums",
+    "sweep_points",
+    "workload_from_costs",
+    "workload_from_model",
+]

@@ -1,0 +1,543 @@
+"""A fast evaluator of one pipeline step: the SimPy engine's model without SimPy.
+
+The planner simulates thousands of configurations; :func:`pipesim.engine.simulate`
+stays the reference, and this module computes the *same* numbers faster:
+
+- The start of each unit of work depends only on things that finish before it
+  (its rank's previous work, the messages it waits for, ``happens_before``
+  signals), so one pass over the work in a topological order of the dependency
+  graph computes every start and end: a longest-path computation with the
+  link model folded in.
+- A link (one per ordered pair of ranks, ``max_concurrent`` messages at a time,
+  first come first served) only carries messages from one sending rank, which
+  sends them in its program order at non-decreasing times; so each message
+  starts on the link at ``max(send time, earliest free slot)``, exactly when the
+  SimPy ``Resource`` grants it.
+- Memory changes only at a rank's own starts and ends, in its program order, so
+  the peaks do not depend on timing at all.
+
+The topological order and the message wiring depend only on the schedule, so
+:func:`compile_schedule` computes them once and :func:`evaluate` reuses them for
+any cost model. Arithmetic is whatever exact numbers the costs hold (ints or
+Fractions), as in the engine: results are identical, not merely close
+(``tests/test_plan_fastsim.py`` checks every record of the trace on random
+schedules and random durations).
+
+>>> from pipesim.engine import simulate
+>>> from pipesim.schedules import generate
+>>> sched = generate("1f1b", n_ranks=4, n_microbatches=8)
+>>> fast_metrics(sched) == simulate(sched).metrics
+True
+>>> fast_metrics(sched).makespan  # (m + p - 1)(F + B)
+33
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from fractions import Fraction
+
+from pipesim.actions import Action, Op, Overlap, Work
+from pipesim.costs import CostModel
+from pipesim.errors import DeadlockError
+from pipesim.exact import Time
+from pipesim.graph import build_graph, find_deadlock, validate
+from pipesim.metrics import Metrics, RankMetrics
+from pipesim.schedule import Schedule
+from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+
+__all__ = [
+    "CompiledSchedule",
+    "StepResult",
+    "compile_schedule",
+    "evaluate",
+    "fast_metrics",
+    "fast_trace",
+    "metrics_of",
+]
+
+_OP_INDEX = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
+_SIGNAL = -1  # pair id of a happens_before signal: arrives when its work ends, no link
+_KEY_WIDTH = 1 << 40  # action key: (4 * stage + op) * _KEY_WIDTH + micro-batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompiledSchedule:
+    """What :func:`evaluate` needs of a schedule, independent of costs.
+
+    ``steps`` lists every unit of work in a topological order of the
+    dependency graph as ``(work index, rank, duration key, input message ids,
+    outputs)``; an output is ``(message id, link pair id, size key)``.
+    """
+
+    schedule: Schedule
+    works: tuple[Work, ...]
+    """Every unit of work, indexed as in ``steps``."""
+    steps: tuple[tuple[int, int, int, list[int], list[tuple[int, int, int]]], ...]
+    messages: tuple[tuple[Action, Action, int, int], ...]
+    """Per message id: (producer, consumer, source rank, destination rank)."""
+    pairs: tuple[tuple[int, int], ...]
+    """Per link pair id: (source rank, destination rank)."""
+    overlaps: tuple[Overlap, ...]
+    """Overlapped works; duration key ``4 * n_stages + j`` is ``overlaps[j]``."""
+    rank_keys: tuple[tuple[int, ...], ...]
+    """Per rank, the duration keys of its works in program order (for busy time)."""
+    memory: tuple[tuple[tuple[tuple[int, ...], tuple[tuple[int, int], ...]], ...], ...]
+    """Per rank, per work in program order: (stages F allocates, (stage, op) frees)."""
+    n_arrivals: int
+    """Messages plus cross-rank ``happens_before`` signals."""
+
+
+def compile_schedule(schedule: Schedule, /) -> CompiledSchedule:
+    """The cost-independent part of evaluating ``schedule`` (no validation).
+
+    The dependency rules and the order in which messages are wired are those
+    of :func:`pipesim.dependencies.index_schedule`, which the engine uses;
+    this is the same derivation on integer keys (several times faster, which
+    matters in a sweep). A schedule whose waits form a cycle is a
+    DeadlockError showing the cycle.
+    """
+    n_stages = schedule.n_stages
+    f_op, b_op, i_op = Op.F, Op.B, Op.I
+    works: list[Work] = []
+    rank_of: list[int] = []
+    orders: list[list[int]] = []
+    node_of: dict[int, int] = {}  # action key -> first work holding it
+    firsts: list[tuple[int, int, int, int, Action]] = []  # (key, stage, op, mb, action)
+    overlaps: list[Overlap] = []
+    keys: list[int] = []
+    wide = _KEY_WIDTH
+    for rank, order in enumerate(schedule.orders):
+        ids = []
+        for work in order:
+            node = len(works)
+            works.append(work)
+            rank_of.append(rank)
+            ids.append(node)
+            parts = (work,) if isinstance(work, Action) else work.parts
+            for action in parts:
+                op = action.op
+                code = 0 if op is f_op else 1 if op is b_op else 2 if op is i_op else 3
+                stage = action.stage
+                key = (stage * 4 + code) * wide + action.microbatch
+                if key not in node_of:
+                    node_of[key] = node
+                    firsts.append((key, stage, code, action.microbatch, action))
+            if isinstance(work, Action):
+                keys.append(4 * work.stage + code)
+            else:
+                keys.append(4 * n_stages + len(overlaps))
+                overlaps.append(work)
+        orders.append(ids)
+    action_of = {first[0]: first[4] for first in firsts}
+
+    # Cross-rank data messages, in index_schedule's edge order (the engine's send order).
+    inputs: list[list[int]] = [[] for _ in works]
+    outputs: list[list[tuple[int, int, int]]] = [[] for _ in works]
+    messages: list[tuple[Action, Action, int, int]] = []
+    pair_ids: dict[tuple[int, int], int] = {}
+    per_copy = n_stages // schedule.n_copies  # stage s feeds s + 1 within one model copy
+    get = node_of.get
+
+    def wire(producer_key: int, consumer_key: int, c_node: int) -> None:
+        # Only cross-rank edges carry messages: the engine relies on program order
+        # within a rank.
+        p_node = node_of[producer_key]
+        src, dst = rank_of[p_node], rank_of[c_node]
+        producer = action_of[producer_key]
+        pair = pair_ids.setdefault((src, dst), len(pair_ids))
+        # CostModel.message_bytes: F sends its stage's output, B / I the previous stage's.
+        if producer.op is f_op:
+            size_key = producer.stage
+        else:
+            size_key = producer.stage - 1 if producer.stage > 0 else n_stages
+        message = len(messages)
+        messages.append((producer, action_of[consumer_key], src, dst))
+        outputs[p_node].append((message, pair, size_key))
+        inputs[c_node].append(message)
+
+    for key, stage, code, mb, _ in firsts:
+        node = node_of[key]
+        rank = rank_of[node]
+        if code == 0:  # F needs F of the previous stage
+            if stage % per_copy:
+                needs: tuple[int, ...] = (((stage - 1) * 4) * wide + mb,)
+            else:
+                continue
+        elif code == 3:  # W needs I
+            needs = ((stage * 4 + 2) * wide + mb,)
+        elif (stage + 1) % per_copy:  # B or I: its own F, then the next stage's B, then I
+            needs = (
+                (stage * 4) * wide + mb,
+                ((stage + 1) * 4 + 1) * wide + mb,
+                ((stage + 1) * 4 + 2) * wide + mb,
+            )
+        else:
+            needs = ((stage * 4) * wide + mb,)
+        for need in needs:
+            p_node = get(need)
+            if p_node is not None and rank_of[p_node] != rank:
+                wire(need, key, node)
+    n_arrivals = len(messages)
+    for a, b in schedule.happens_before:
+        a_node = get((a.stage * 4 + _OP_INDEX[a.op]) * wide + a.microbatch)
+        b_node = get((b.stage * 4 + _OP_INDEX[b.op]) * wide + b.microbatch)
+        if a_node is not None and b_node is not None and rank_of[a_node] != rank_of[b_node]:
+            outputs[a_node].append((n_arrivals, _SIGNAL, 0))
+            inputs[b_node].append(n_arrivals)
+            n_arrivals += 1
+
+    order = _topological_order(orders, inputs, outputs, n_arrivals)
+    if order is None:
+        cycle = find_deadlock(build_graph(schedule))
+        detail = " -> ".join((*cycle, cycle[0])) if cycle else "no cycle found"
+        raise DeadlockError(
+            f"schedule deadlocks: these actions wait on each other in a cycle: {detail}; "
+            "reorder the ranks so that each action runs after what it needs",
+            cycle=cycle,
+        )
+    steps = tuple([(i, rank_of[i], keys[i], inputs[i], outputs[i]) for i in order])
+    rank_keys = tuple(tuple([keys[i] for i in nodes]) for nodes in orders)
+    forward_only = schedule.forward_only
+    effects: dict[int, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+
+    def effect(work: Work) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        allocs = tuple(a.stage for a in work.parts if a.op is Op.F)
+        frees = tuple(
+            (a.stage, _OP_INDEX[a.op]) for a in work.parts if a.op is not Op.F or forward_only
+        )
+        return allocs, frees
+
+    memory_rows = []
+    for nodes in orders:
+        row = []
+        for i in nodes:
+            key = keys[i]
+            if key < 4 * n_stages:  # a simple action: its effect depends on (stage, op) only
+                known = effects.get(key)
+                if known is None:
+                    known = effects[key] = effect(works[i])
+                row.append(known)
+            else:
+                row.append(effect(works[i]))
+        memory_rows.append(tuple(row))
+    return CompiledSchedule(
+        schedule=schedule,
+        works=tuple(works),
+        steps=steps,
+        messages=tuple(messages),
+        pairs=tuple(pair_ids),
+        overlaps=tuple(overlaps),
+        rank_keys=rank_keys,
+        memory=tuple(memory_rows),
+        n_arrivals=n_arrivals,
+    )
+
+
+def _topological_order(
+    orders: list[list[int]],
+    inputs: list[list[int]],
+    outputs: list[list[tuple[int, int, int]]],
+    n_arrivals: int,
+) -> list[int] | None:
+    """Work in an order where everything a work waits for comes first; None on a cycle.
+
+    Sweeps the ranks, advancing each as far as its next work's messages have
+    been produced, until all work is placed (or a sweep makes no progress).
+    """
+    produced = bytearray(n_arrivals)
+    positions = [0] * len(orders)
+    order: list[int] = []
+    progress = True
+    while progress:
+        progress = False
+        for rank, nodes in enumerate(orders):
+            k = start = positions[rank]
+            end = len(nodes)
+            while k < end:
+                node = nodes[k]
+                for message in inputs[node]:
+                    if not produced[message]:
+                        break
+                else:
+                    order.append(node)
+                    for message, _, _ in outputs[node]:
+                        produced[message] = 1
+                    k += 1
+                    continue
+                break
+            if k != start:
+                positions[rank] = k
+                progress = True
+    return order if len(order) == len(inputs) else None
+
+
+# -- evaluation --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """What :func:`evaluate` computes: enough for :class:`~pipesim.metrics.Metrics`."""
+
+    makespan: Time
+    busy: tuple[Time, ...]
+    """Per rank."""
+    peak_activation_bytes: tuple[int, ...]
+    """Per rank."""
+    peak_inflight: tuple[int, ...]
+    """Per rank."""
+
+
+def _tables(compiled: CompiledSchedule, costs: CostModel) -> tuple[list[Time], list[Time]]:
+    """Durations by duration key; link occupancy by message size key."""
+    n_stages = compiled.schedule.n_stages
+    durations: list[Time] = []
+    for stage in range(n_stages):
+        cost = costs.stage(stage)
+        durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
+    durations += [costs.duration(work) for work in compiled.overlaps]
+    link = costs.link
+    occupancy = [link.occupancy(costs.stage(s).output_bytes) for s in range(n_stages)]
+    occupancy.append(0)  # size key n_stages: the first stage's input gradient, 0 bytes
+    return durations, occupancy
+
+
+def evaluate(compiled: CompiledSchedule, costs: CostModel, /) -> StepResult:
+    """Makespan, busy time and memory peaks per rank of one step.
+
+    >>> from pipesim.schedules import generate
+    >>> compiled = compile_schedule(generate("gpipe", n_ranks=2, n_microbatches=2))
+    >>> evaluate(compiled, CostModel.uniform(forward=1, backward=2)).makespan
+    9
+    """
+    schedule = compiled.schedule
+    costs = costs.for_stages(schedule.n_stages)
+    durations, occupancy = _tables(compiled, costs)
+    link = costs.link
+    free = link.is_free
+    latency = link.latency
+    capacity = link.max_concurrent
+    overlap_comm = costs.overlap_comm
+    arrival: list[Time] = [0] * compiled.n_arrivals
+    ready: list[Time] = [0] * schedule.n_ranks
+    slots: list[list[Time]] = [[0] * capacity for _ in compiled.pairs]
+    makespan: Time = 0
+    for _, rank, key, ins, outs in compiled.steps:
+        t = ready[rank]
+        for message in ins:
+            a = arrival[message]
+            if a > t:
+                t = a
+        end = t + durations[key]
+        after = end
+        for message, pair, size in outs:
+            if pair == _SIGNAL or free:
+                arrival[message] = end
+                continue
+            free_slots = slots[pair]
+            begin = free_slots[0] if free_slots[0] > end else end
+            heapq.heapreplace(free_slots, begin + occupancy[size])
+            arrived = begin + occupancy[size] + latency
+            arrival[message] = arrived
+            if not overlap_comm and arrived > after:
+                after = arrived
+        ready[rank] = after
+        if end > makespan:
+            makespan = end
+    busy = tuple(sum((durations[k] for k in keys), start=0) for keys in compiled.rank_keys)
+    peaks, inflight = _memory_peaks(compiled, costs)
+    return StepResult(
+        makespan=makespan, busy=busy, peak_activation_bytes=peaks, peak_inflight=inflight
+    )
+
+
+def _memory_peaks(
+    compiled: CompiledSchedule, costs: CostModel
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per rank: the most activation bytes and stage-micro-batches held at once.
+
+    The engine's memory model (see :mod:`pipesim.costs`): F allocates its
+    stage's activations at its start; B frees them at its end, I all but
+    ``weight_grad_bytes``, W the rest; forward-only, F frees at its end.
+    """
+    n_stages = compiled.schedule.n_stages
+    act = [costs.stage(s).activation_bytes for s in range(n_stages)]
+    wgb = [costs.stage(s).weight_grad_bytes for s in range(n_stages)]
+    peaks: list[int] = []
+    peak_counts: list[int] = []
+    for events in compiled.memory:
+        held = count = peak = peak_count = 0
+        for allocs, frees in events:
+            if allocs:
+                for stage in allocs:
+                    held += act[stage]
+                    count += 1
+                if held > peak:
+                    peak = held
+                if count > peak_count:
+                    peak_count = count
+            for stage, op in frees:
+                if op == 0 or op == 1:  # F (forward-only) or B: everything
+                    held -= act[stage]
+                    count -= 1
+                elif op == 2:  # I: all but what W still needs
+                    held -= act[stage] - wgb[stage]
+                    count -= wgb[stage] == 0
+                else:  # W
+                    held -= wgb[stage]
+                    count -= wgb[stage] > 0
+        peaks.append(peak)
+        peak_counts.append(peak_count)
+    return tuple(peaks), tuple(peak_counts)
+
+
+def metrics_of(compiled: CompiledSchedule, costs: CostModel, result: StepResult) -> Metrics:
+    """The :class:`~pipesim.metrics.Metrics` that ``compute_metrics`` gives for this step."""
+    schedule = compiled.schedule
+    costs = costs.for_stages(schedule.n_stages)
+    makespan = result.makespan
+    ranks = tuple(
+        RankMetrics(
+            rank=rank,
+            busy=result.busy[rank],
+            idle=makespan - result.busy[rank],
+            peak_activation_bytes=result.peak_activation_bytes[rank],
+            peak_inflight=result.peak_inflight[rank],
+            param_bytes=sum(costs.stage(s).param_bytes for s in schedule.stages_of(rank)),
+        )
+        for rank in range(schedule.n_ranks)
+    )
+    total_busy = sum(result.busy, start=0)
+    total_idle = schedule.n_ranks * makespan - total_busy
+    capacity = Fraction(schedule.n_ranks * makespan)
+    slot = _exact(
+        Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)), schedule.n_stages)
+    )
+    return Metrics(
+        schedule=schedule.name,
+        n_ranks=schedule.n_ranks,
+        n_stages=schedule.n_stages,
+        n_microbatches=schedule.n_microbatches,
+        makespan=makespan,
+        busy=total_busy,
+        idle=total_idle,
+        bubble_ratio=Fraction(total_idle) / capacity if capacity else Fraction(0),
+        slot=slot,
+        idle_slots=_exact(Fraction(total_idle) / slot) if slot else 0,
+        ranks=ranks,
+        memory_capacity_bytes=costs.memory_capacity_bytes,
+    )
+
+
+def fast_metrics(
+    schedule: Schedule, /, *, costs: CostModel | None = None, check: bool = True
+) -> Metrics:
+    """``simulate(schedule, costs=costs, check=check).metrics``, computed fast.
+
+    >>> from pipesim.schedules import generate
+    >>> fast_metrics(generate("gpipe", n_ranks=4, n_microbatches=8)).bubble_ratio
+    Fraction(3, 11)
+    """
+    costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    if check:
+        validate(schedule)
+    compiled = compile_schedule(schedule)
+    return metrics_of(compiled, costs, evaluate(compiled, costs))
+
+
+def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
+    """The :class:`~pipesim.trace.Trace` that :func:`pipesim.engine.run_trace` returns.
+
+    Slower than :func:`evaluate` (it builds every record); for checking and plotting.
+
+    >>> from pipesim.schedules import generate
+    >>> fast_trace(generate("1f1b", n_ranks=2, n_microbatches=2), CostModel()).makespan
+    9
+    """
+    costs = costs.for_stages(schedule.n_stages)
+    compiled = compile_schedule(schedule)
+    durations, occupancy = _tables(compiled, costs)
+    link = costs.link
+    arrival: list[Time] = [0] * compiled.n_arrivals
+    ready: list[Time] = [0] * schedule.n_ranks
+    slots: list[list[Time]] = [[0] * link.max_concurrent for _ in compiled.pairs]
+    starts: list[Time] = [0] * len(compiled.works)
+    ends: list[Time] = [0] * len(compiled.works)
+    transfers: list[tuple[tuple[Time, int, int], int, TransferRecord]] = []
+    for index, rank, key, ins, outs in compiled.steps:
+        t = ready[rank]
+        for message in ins:
+            t = max(t, arrival[message])
+        end = t + durations[key]
+        starts[index], ends[index] = t, end
+        after = end
+        for message, pair, size in outs:
+            if pair == _SIGNAL:
+                arrival[message] = end
+                continue
+            producer, consumer, src, dst = compiled.messages[message]
+            if link.is_free:
+                begin, arrived = end, end
+            else:
+                begin = max(slots[pair][0], end)
+                heapq.heapreplace(slots[pair], begin + occupancy[size])
+                arrived = begin + occupancy[size] + link.latency
+                if not costs.overlap_comm:
+                    after = max(after, arrived)
+            arrival[message] = arrived
+            record = TransferRecord(
+                src_rank=src, dst_rank=dst, producer=producer, consumer=consumer,
+                n_bytes=costs.message_bytes(producer), start=begin, end=arrived,
+            )
+            # The engine logs a transfer when it arrives; equal keys keep that order.
+            transfers.append(((begin, src, dst), message, record))
+        ready[rank] = after
+    actions: list[tuple[Time, int, int]] = []
+    memory: list[MemoryRecord] = []
+    index = 0
+    for rank in range(schedule.n_ranks):
+        held = inflight = 0
+        for allocs, frees in compiled.memory[rank]:
+            # The engine records a change only when there is one (see its effect tables).
+            if allocs:
+                for stage in allocs:
+                    held += costs.stage(stage).activation_bytes
+                    inflight += 1
+                memory.append(MemoryRecord(rank=rank, time=starts[index],
+                                           activation_bytes=held, inflight=inflight))
+            freed_bytes = freed_count = 0
+            for stage, op in frees:
+                cost = costs.stage(stage)
+                if op in (0, 1):
+                    freed_bytes += cost.activation_bytes
+                    freed_count += 1
+                elif op == 2:
+                    freed_bytes += cost.activation_bytes - cost.weight_grad_bytes
+                    freed_count += cost.weight_grad_bytes == 0
+                else:
+                    freed_bytes += cost.weight_grad_bytes
+                    freed_count += cost.weight_grad_bytes > 0
+            if freed_bytes or freed_count:
+                held -= freed_bytes
+                inflight -= freed_count
+                memory.append(MemoryRecord(rank=rank, time=ends[index],
+                                           activation_bytes=held, inflight=inflight))
+            actions.append((starts[index], rank, index))
+            index += 1
+    actions.sort(key=lambda row: (row[0], row[1]))
+    # The engine sorts transfers by (start, source, destination); ties keep message order.
+    transfers.sort(key=lambda row: (row[0], row[1]))
+    memory.sort(key=lambda m: (m.time, m.rank))
+    return Trace(
+        n_ranks=schedule.n_ranks,
+        actions=tuple(
+            ActionRecord(rank=rank, work=compiled.works[i], start=start, end=ends[i])
+            for start, rank, i in actions
+        ),
+        transfers=tuple(row[2] for row in transfers),
+        memory=tuple(memory),
+    )
+
+
+def _exact(value: Fraction) -> Time:
+    return value.numerator if value.denominator == 1 else value
+

@@ -1,0 +1,201 @@
+"""Transformer model specs: built-in presets or explicit fields.
+
+A :class:`ModelSpec` is the architecture the planner's formulas need
+(:mod:`pipesim.plan.layers`). Presets live in ``pipesim/data/models.json``,
+each with the public source of its numbers.
+
+>>> spec = get_model("gpt3-175b")
+>>> spec.n_layers, spec.hidden, spec.seq_length
+(96, 12288, 2048)
+>>> round(spec.n_params / 1e9, 1)
+174.6
+>>> ModelSpec(n_layers=2, hidden=64, n_heads=4, seq_length=32, vocab_size=100).ffn
+256
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pipesim.errors import ParseError, PlanError, UnknownNameError
+
+__all__ = ["DTYPE_BYTES", "ModelSpec", "get_model", "load_model", "model_from_dict", "model_names"]
+
+#: Bytes per element of the training dtypes the planner knows.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer: the shapes the FLOP and memory formulas need."""
+
+    n_layers: int
+    """Transformer blocks (embedding and LM head are extra layers)."""
+    hidden: int
+    """Model width h."""
+    n_heads: int
+    """Attention heads a."""
+    seq_length: int
+    """Sequence length s (tokens per sample)."""
+    vocab_size: int
+    """Vocabulary V."""
+    n_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; None: as many as ``n_heads``."""
+    ffn_hidden: int | None = None
+    """MLP width; None: ``4 * hidden``."""
+    dtype: str = "bf16"
+    """Weights and activations in training: bf16, fp16 or fp32."""
+    gated_mlp: bool = False
+    """SwiGLU-style MLP with three matrices (Llama) instead of two (GPT)."""
+    bias: bool = True
+    """Linear biases and LayerNorm (GPT); False: no biases and RMSNorm (Llama)."""
+    learned_positions: bool = True
+    """A learned position embedding table (GPT); False: rotary positions (Llama)."""
+    tied_embeddings: bool = False
+    """Input embedding and LM head share weights (counted once in ``n_params``; with
+    pipelining the last stage still holds its own copy, as Megatron-LM does)."""
+    dropout: bool = True
+    """Dropout layers whose masks are stored for backward (Korthikanti et al. 2023)."""
+    flash_attention: bool = False
+    """Fused attention that stores no s x s score matrices (Dao et al. 2022)."""
+    name: str = "custom"
+    """Preset name or ``custom``."""
+    description: str = ""
+    """One line for tables and reports."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "hidden", "n_heads", "seq_length", "vocab_size"):
+            _check_positive(name, getattr(self, name))
+        for name in ("n_kv_heads", "ffn_hidden"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if self.dtype not in DTYPE_BYTES:
+            raise PlanError(
+                f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
+        kv = self.kv_heads
+        if self.n_heads % kv:
+            raise PlanError(
+                f"n_kv_heads ({kv}) must divide n_heads ({self.n_heads}) for grouped-query "
+                "attention; pick a divisor"
+            )
+        if kv != self.n_heads and self.hidden % self.n_heads:
+            raise PlanError(
+                f"grouped-query attention needs hidden ({self.hidden}) divisible by n_heads "
+                f"({self.n_heads}) to size the key/value projections"
+            )
+        for name in ("gated_mlp", "bias", "learned_positions", "tied_embeddings", "dropout",
+                     "flash_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``n_heads`` without grouped-query attention)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the key (and of the value) projection: ``hidden * kv_heads / n_heads``."""
+        if self.kv_heads == self.n_heads:
+            return self.hidden
+        return self.hidden // self.n_heads * self.kv_heads
+
+    @property
+    def ffn(self) -> int:
+        """MLP width f."""
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per weight / activation element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model, a tied embedding counted once."""
+        from pipesim.plan.layers import model_layers
+
+        total = sum(layer.params for layer in model_layers(self))
+        if self.tied_embeddings:
+            total -= self.vocab_size * self.hidden  # the last stage's copy of the embedding
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (explicit fields, as :func:`model_from_dict` reads them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"model {name} must be a whole number >= 1, got {value!r}")
+
+
+_FIELDS = {f.name for f in fields(ModelSpec)}
+
+
+def model_from_dict(data: object, /, *, source: str = "model") -> ModelSpec:
+    """A ModelSpec from a JSON object of its fields (``source`` and ``*_source`` keys
+    carrying citations are allowed and ignored)."""
+    if not isinstance(data, dict):
+        raise ParseError(f"{source}: expected a JSON object of model fields")
+    values = {k: v for k, v in data.items() if k != "source" and not k.endswith("_source")}
+    unknown = sorted(set(values) - _FIELDS)
+    if unknown:
+        raise ParseError(f"{source}: unknown model fields {unknown}; valid fields are "
+                         f"{sorted(_FIELDS)}")
+    try:
+        return ModelSpec(**values)
+    except TypeError as exc:  # a required field is missing
+        required = ("n_layers", "hidden", "n_heads", "seq_length", "vocab_size")
+        missing = [f for f in required if f not in values]
+        raise ParseError(f"{source}: missing model fields {missing} ({exc})") from None
+    except PlanError as exc:
+        raise PlanError(f"{source}: {exc}") from None
+
+
+@cache
+def _presets() -> dict[str, ModelSpec]:
+    text = resources.files("pipesim").joinpath("data/models.json").read_text(encoding="utf-8")
+    raw = json.loads(text)["models"]
+    return {
+        name: model_from_dict({**entry, "name": name}, source=f"models.json: {name}")
+        for name, entry in raw.items()
+    }
+
+
+def model_names() -> tuple[str, ...]:
+    """Names of the built-in model presets.
+
+    >>> "llama2-7b" in model_names()
+    True
+    """
+    return tuple(_presets())
+
+
+def get_model(name: str, /) -> ModelSpec:
+    """The preset ``name``; UnknownNameError listing the presets otherwise."""
+    try:
+        return _presets()[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown model {name!r}; presets are: {', '.join(model_names())} "
+            "(or give a model JSON file, a pipesim cost file, or --layers/--hidden/... fields)"
+        ) from None
+
+
+def load_model(path: str | Path, /) -> ModelSpec:
+    """Read a ModelSpec from a JSON file of its fields."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ParseError(f"cannot read model file {str(path)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    return model_from_dict(data, source=str(path))

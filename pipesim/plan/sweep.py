@@ -1,0 +1,374 @@
+"""Evaluating sweep points: one configuration -> step time and memory, on all cores.
+
+A point is ``(schedule, pipeline degree p, virtual v, micro-batch size b,
+micro-batches m, data parallel d)``. Evaluating it generates the schedule from
+the registry (a :class:`~pipesim.errors.ScheduleError` is the point's
+infeasibility reason), cuts the workload into the schedule's stages
+(:mod:`pipesim.plan.partition`), builds an exact cost model in integer
+nanoseconds, and simulates one step with the fast evaluator
+(:mod:`pipesim.plan.fastsim`, identical to the SimPy engine, which
+``engine="simpy"`` uses instead).
+
+Hardware model (documented assumptions):
+
+- Devices are ordered as Megatron-LM orders its groups (data parallel inside,
+  pipeline outside: ``megatron/core/parallel_state.py``, order "tp-dp-pp"):
+  a data-parallel group fits in a node when d divides the GPUs per node; a
+  pipeline spans nodes as soon as the job does. The pipeline's single link is
+  then the inter-node link (intra-node when the whole job fits in one node).
+- After the pipeline drains, gradients are all-reduced across the d replicas
+  with a ring: ``2 (d-1)/d * bytes / bandwidth + 2 (d-1) * latency`` (Patarasuk
+  and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+  workstations", JPDC 2009), not overlapped with the pipeline.
+
+Workers: a ``multiprocessing`` pool (fork where available) evaluates chunks
+of points; every wait has a deadline, so a sweep never hangs, and one worker
+evaluates in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from pipesim.costs import CostModel, Link, StageCost
+from pipesim.engine import simulate
+from pipesim.errors import PipesimError, PlanError, ScheduleError
+from pipesim.metrics import Metrics
+from pipesim.plan.fastsim import CompiledSchedule, compile_schedule, evaluate, metrics_of
+from pipesim.plan.hardware import Accelerator
+from pipesim.plan.partition import partition
+from pipesim.plan.workload import Workload
+from pipesim.schedules import generate
+
+__all__ = ["Evaluation", "Point", "SweepContext", "evaluate_point", "evaluate_points"]
+
+_NS_PER_S = 10**9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Point:
+    """One configuration of the sweep."""
+
+    schedule: str
+    pipeline: int
+    """Pipeline degree p: ranks per pipeline."""
+    virtual: int
+    """Stages per rank asked of the schedule."""
+    microbatch_size: int
+    n_microbatches: int
+    data_parallel: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepContext:
+    """Everything a worker needs besides the points."""
+
+    workload: Workload
+    accelerator: Accelerator
+    devices: int
+    bytes_per_param: int = 16
+    memory_capacity_bytes: int
+    engine: str = "fast"
+    """``fast`` (pipesim.plan.fastsim) or ``simpy`` (the reference engine)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A point's outcome: ``reason`` set when infeasible, else the numbers."""
+
+    reason: str | None = None
+    n_stages: int = 0
+    layers_per_stage: tuple[int, ...] = ()
+    """Per stage of one model copy."""
+    makespan_ns: int = 0
+    """Pipeline time of one step."""
+    allreduce_ns: int = 0
+    """Data-parallel gradient all-reduce after the pipeline."""
+    bubble: Fraction = Fraction(0)
+    """Idle share of ranks x pipeline time (Metrics.bubble_ratio)."""
+    peak_memory_bytes: int = 0
+    """Largest over ranks of static (params + grads + optimizer) + peak activations."""
+    static_bytes: int = 0
+    """Static memory of the rank with the peak."""
+    activation_bytes: int = 0
+    """Peak activations of the rank with the peak."""
+
+
+# -- per-process caches (a worker keeps them for its lifetime) ---------------------------
+_CONTEXT: SweepContext | None = None
+_COMPILED: dict[tuple[str, int, int, int], CompiledSchedule | str] = {}
+_PARTITIONS: dict[int, tuple[int, ...]] = {}
+_COSTS: dict[tuple[int, int, int], tuple[CostModel, list[int], list[int]]] = {}
+_MAX_COMPILED = 64
+
+
+def _install(context: SweepContext) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+    _COMPILED.clear()
+    _PARTITIONS.clear()
+    _COSTS.clear()
+
+
+def _compiled(point: Point) -> CompiledSchedule | str:
+    key = (point.schedule, point.pipeline, point.n_microbatches, point.virtual)
+    found = _COMPILED.get(key)
+    if found is None:
+        try:
+            schedule = generate(
+                point.schedule,
+                n_ranks=point.pipeline,
+                n_microbatches=point.n_microbatches,
+                virtual=point.virtual,
+            )
+            found = compile_schedule(schedule)
+        except ScheduleError as exc:
+            found = f"schedule rule: {exc}"
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = found
+    return found
+
+
+def _stage_costs(
+    context: SweepContext,
+    sizes: tuple[int, ...],
+    microbatch_size: int,
+    inter_node: bool,
+    n_copies: int,
+) -> tuple[CostModel, list[int], list[int]]:
+    """Cost model of the stages (integer ns), static bytes and parameters per stage;
+    ``n_copies`` copies of the model's stages one after the other."""
+    key = (len(sizes), microbatch_size, n_copies)
+    found = _COSTS.get(key)
+    if found is not None:
+        return found
+    workload, accelerator = context.workload, context.accelerator
+    b = microbatch_size
+    if workload.in_flops:
+        ns_per_work = Fraction(_NS_PER_S) / (
+            Fraction(repr(accelerator.peak_flops)) * Fraction(repr(accelerator.efficiency))
+        )
+    else:
+        ns_per_work = Fraction(_NS_PER_S)
+    message_bytes = math.ceil(workload.message_bytes * b)
+    stages = []
+    static: list[int] = []
+    params: list[int] = []
+    start = 0
+    for size in sizes:
+        layers = workload.layers[start : start + size]
+        start += size
+
+        def ns(field: str, layers: Sequence[Any] = layers) -> int:
+            return round(sum((getattr(x, field) for x in layers), start=Fraction(0)) * b
+                         * ns_per_work)
+
+        stage_params = sum(x.params for x in layers)
+        act = math.ceil(sum((x.activation_bytes for x in layers), start=Fraction(0)) * b)
+        kept = math.ceil(sum((x.weight_grad_bytes for x in layers), start=Fraction(0)) * b)
+        stages.append(
+            StageCost(
+                forward=ns("forward"),
+                backward=ns("backward"),
+                input_grad=ns("input_grad"),
+                weight_grad=ns("weight_grad"),
+                activation_bytes=act,
+                weight_grad_bytes=min(kept, act),
+                output_bytes=message_bytes,
+                param_bytes=stage_params * context.bytes_per_param,
+            )
+        )
+        static.append(stage_params * context.bytes_per_param)
+        params.append(stage_params)
+    path = accelerator.link(inter_node=inter_node)
+    latency = round(Fraction(repr(path.latency_s)) * _NS_PER_S)
+    occupancy = round(Fraction(message_bytes) * _NS_PER_S
+                      / Fraction(repr(path.bandwidth_bytes_per_s)))
+    # Rounded to whole nanoseconds so that every time stays an integer.
+    link = Link(
+        latency=latency,
+        bandwidth_bytes_per_s=Fraction(message_bytes, occupancy) if occupancy else None,
+    )
+    costs = CostModel(
+        stages=tuple(stages) * n_copies,
+        link=link,
+        memory_capacity_bytes=context.memory_capacity_bytes,
+    )
+    static, params = static * n_copies, params * n_copies
+    found = (costs, static, params)
+    _COSTS[key] = found
+    return found
+
+
+def _allreduce_ns(context: SweepContext, data_parallel: int, params: int) -> int:
+    """Ring all-reduce of one rank's gradients over the data-parallel group."""
+    d = data_parallel
+    if d == 1 or params == 0:
+        return 0
+    g = context.accelerator.gpus_per_node
+    path = context.accelerator.link(inter_node=not (d <= g and g % d == 0))
+    n_bytes = params * context.workload.grad_bytes_per_param
+    seconds = Fraction(2 * (d - 1), d) * n_bytes / Fraction(repr(path.bandwidth_bytes_per_s))
+    seconds += 2 * (d - 1) * Fraction(repr(path.latency_s))
+    return round(seconds * _NS_PER_S)
+
+
+def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
+    """Simulate one configuration (see the module docstring for the model)."""
+    if _CONTEXT is not context:
+        _install(context)
+    compiled = _compiled(point)
+    if isinstance(compiled, str):
+        return Evaluation(reason=compiled)
+    schedule = compiled.schedule
+    n_stages = schedule.n_stages
+    # DualPipe keeps n_copies copies of the model: each copy is the whole model.
+    per_copy = n_stages // schedule.n_copies
+    n_layers = len(context.workload.layers)
+    if per_copy > n_layers:
+        return Evaluation(
+            reason=f"{per_copy} stages but the model has only {n_layers} layers (embedding "
+            "and head included); use fewer stages or less virtual pipelining"
+        )
+    sizes = _PARTITIONS.get(per_copy)
+    if sizes is None:
+        work = [layer.work for layer in context.workload.layers]
+        sizes = _PARTITIONS[per_copy] = partition(work, n_stages=per_copy)
+    inter_node = context.devices > context.accelerator.gpus_per_node
+    costs, static, params = _stage_costs(
+        context, sizes, point.microbatch_size, inter_node, schedule.n_copies
+    )
+    metrics: Metrics
+    if context.engine == "simpy":
+        metrics = simulate(schedule, costs=costs, check=False).metrics
+    else:
+        metrics = metrics_of(compiled, costs, evaluate(compiled, costs))
+    rank_static = [0] * schedule.n_ranks
+    rank_params = [0] * schedule.n_ranks
+    for stage, rank in enumerate(schedule.placement):
+        rank_static[rank] += static[stage]
+        rank_params[rank] += params[stage]
+    peak, peak_rank = max(
+        (rank_static[r.rank] + r.peak_activation_bytes, -r.rank) for r in metrics.ranks
+    )
+    peak_rank = -peak_rank
+    makespan = metrics.makespan
+    assert isinstance(makespan, int)  # integer nanoseconds in, integer out
+    return Evaluation(
+        n_stages=n_stages,
+        layers_per_stage=sizes,
+        makespan_ns=makespan,
+        allreduce_ns=_allreduce_ns(context, point.data_parallel, max(rank_params)),
+        bubble=metrics.bubble_ratio,
+        peak_memory_bytes=peak,
+        static_bytes=rank_static[peak_rank],
+        activation_bytes=metrics.ranks[peak_rank].peak_activation_bytes,
+    )
+
+
+def _evaluate_chunk(
+    chunk: list[tuple[int, Point]], context: SweepContext | None = None
+) -> list[tuple[int, Evaluation]]:
+    ctx = context if context is not None else _CONTEXT
+    assert ctx is not None, "worker started without a sweep context"
+    out = []
+    for index, point in chunk:
+        try:
+            out.append((index, evaluate_point(ctx, point)))
+        except PipesimError as exc:  # a generator or cost check refused this point
+            out.append((index, Evaluation(reason=f"refused: {exc}")))
+    return out
+
+
+def _cost_estimate(point: Point) -> int:
+    return point.pipeline * point.virtual * point.n_microbatches
+
+
+def evaluate_points(
+    context: SweepContext,
+    points: Sequence[Point],
+    /,
+    *,
+    workers: int | None = None,
+    timeout_s: float = 600.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Evaluation]:
+    """Evaluate ``points`` (in order) on ``workers`` processes (default: every core).
+
+    ``progress(done, total)`` is called as results come in. A sweep that is not
+    done after ``timeout_s`` seconds stops its workers and raises PlanError.
+
+    >>> from pipesim.plan.hardware import get_accelerator
+    >>> from pipesim.plan.model import ModelSpec
+    >>> from pipesim.plan.workload import workload_from_model
+    >>> spec = ModelSpec(n_layers=4, hidden=256, n_heads=4, seq_length=128, vocab_size=1000)
+    >>> ctx = SweepContext(workload=workload_from_model(spec), devices=2,
+    ...                    accelerator=get_accelerator("h100-sxm"), memory_capacity_bytes=10**10)
+    >>> point = Point(schedule="1f1b", pipeline=2, virtual=1, microbatch_size=1,
+    ...               n_microbatches=4, data_parallel=1)
+    >>> [e.layers_per_stage for e in evaluate_points(ctx, [point], workers=1)]
+    [(3, 3)]
+    """
+    total = len(points)
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise PlanError(f"workers must be a whole number >= 1, got {workers!r}")
+    if timeout_s <= 0:
+        raise PlanError(f"timeout must be positive, got {timeout_s!r} seconds")
+    deadline = time.monotonic() + timeout_s
+    # Costliest first, so that the last chunks to finish are short ones.
+    indexed = sorted(enumerate(points), key=lambda item: -_cost_estimate(item[1]))
+    results: list[Evaluation | None] = [None] * total
+    done = 0
+    workers = min(workers, max(1, total // 8))
+    if workers == 1:
+        for item in indexed:
+            if time.monotonic() > deadline:
+                raise _timed_out(timeout_s, done, total)
+            for index, evaluation in _evaluate_chunk([item], context):
+                results[index] = evaluation
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    else:
+        chunk_size = max(1, min(64, total // (workers * 16)))
+        chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        pool = multiprocessing.get_context(method).Pool(
+            workers, initializer=_install, initargs=(context,)
+        )
+        try:
+            pending = pool.imap_unordered(_evaluate_chunk, chunks)
+            for _ in chunks:
+                remaining = deadline - time.monotonic()
+                try:
+                    chunk_results = pending.next(timeout=max(remaining, 0.001))
+                except multiprocessing.TimeoutError:
+                    raise _timed_out(timeout_s, done, total) from None
+                for index, evaluation in chunk_results:
+                    results[index] = evaluation
+                done += len(chunk_results)
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            pool.terminate()
+            pool.join()
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+def _timed_out(timeout_s: float, done: int, total: int) -> PlanError:
+    return PlanError(
+        f"the sweep did not finish within {timeout_s:g} s ({done} of {total} configurations "
+        "done); narrow it (--stages, --microbatch-sizes, --virtual, --schedules) or raise "
+        "--timeout"
+    )

@@ -1,0 +1,177 @@
+"""What the planner splits into stages: a sequence of indivisible layers with costs.
+
+A :class:`Workload` comes from a :class:`~pipesim.plan.model.ModelSpec` (costs
+in FLOPs, turned into time by the accelerator) or from a pipesim cost file,
+such as the one ``pipesim verify --costs-out`` calibrates (costs in seconds as
+measured; each stage of the file becomes one indivisible layer).
+
+All costs are per sequence; a stage of micro-batch size b costs b times as much.
+
+>>> from pipesim.plan.model import get_model
+>>> w = workload_from_model(get_model("llama2-7b"))
+>>> len(w.layers), w.layers[0].name, w.layers[-1].name   # embedding, 32 blocks, head
+(34, 'embedding', 'head')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from pipesim.costs import CostModel
+from pipesim.errors import ParseError, PlanError
+from pipesim.plan.layers import model_flops_per_sequence, model_layers
+from pipesim.plan.model import DTYPE_BYTES, ModelSpec
+
+__all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
+
+Amount = int | Fraction
+
+#: Seconds per unit of the ``time_unit`` a cost file's ``meta`` may name.
+TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6),
+              "ns": Fraction(1, 10**9)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layer:
+    """One indivisible slice of the model; costs per sequence."""
+
+    name: str
+    forward: Amount
+    """F work: FLOPs (``Workload.in_flops``) or seconds."""
+    backward: Amount
+    """Full backward B work."""
+    input_grad: Amount
+    """I work."""
+    weight_grad: Amount
+    """W work."""
+    activation_bytes: Amount
+    weight_grad_bytes: Amount
+    params: int
+    """Parameter count (static memory is ``params * bytes_per_param``)."""
+
+    @property
+    def work(self) -> Amount:
+        """F + B: what the partitioner balances."""
+        return self.forward + self.backward
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """Layers in model order, plus what the metrics need."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    in_flops: bool
+    """True: layer work is in FLOPs (divided by the accelerator's achieved FLOP/s);
+    False: in seconds."""
+    message_bytes: Amount
+    """Bytes of the activation passed between stages, per sequence."""
+    grad_bytes_per_param: int
+    """Bytes per gradient element in the data-parallel all-reduce."""
+    seq_length: int | None
+    """Tokens per sequence, for tokens/s (None if unknown)."""
+    flops_per_sequence: int | None
+    """Model FLOPs of forward + backward of one sequence, for MFU (None if unknown)."""
+    spec: ModelSpec | None = None
+
+
+def workload_from_model(spec: ModelSpec, /) -> Workload:
+    """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti costs."""
+    layers = tuple(
+        Layer(
+            name=layer.name,
+            forward=layer.forward_flops,
+            backward=layer.backward_flops,
+            input_grad=layer.input_grad_flops,
+            weight_grad=layer.weight_grad_flops,
+            activation_bytes=layer.activation_bytes,
+            weight_grad_bytes=layer.weight_grad_bytes,
+            params=layer.params,
+        )
+        for layer in model_layers(spec)
+    )
+    return Workload(
+        name=spec.name,
+        layers=layers,
+        in_flops=True,
+        message_bytes=spec.seq_length * spec.hidden * spec.dtype_bytes,
+        grad_bytes_per_param=spec.dtype_bytes,
+        seq_length=spec.seq_length,
+        flops_per_sequence=model_flops_per_sequence(spec),
+        spec=spec,
+    )
+
+
+def workload_from_costs(
+    costs: CostModel,
+    /,
+    *,
+    meta: dict[str, Any] | None = None,
+    name: str = "costs",
+    microbatch_size: int | None = None,
+    repeat: int | None = None,
+) -> Workload:
+    """Each stage of a pipesim cost model becomes one layer.
+
+    ``meta`` is the cost file's ``meta`` object; the planner reads
+    ``time_unit`` (s, ms, us, ns; default s; verify writes ns),
+    ``microbatch_size`` (sequences per measured micro-batch, default 1),
+    ``dtype`` of the parameters whose bytes the file lists (default fp32, what
+    verify runs), ``seq_length`` (for tokens/s) and ``n_layers`` (how many
+    times a single uniform ``stage`` entry repeats). Keyword arguments override.
+
+    >>> from pipesim.costs import CostModel
+    >>> w = workload_from_costs(CostModel.uniform(forward=1, backward=2), repeat=4)
+    >>> len(w.layers), w.layers[0].work == 3
+    (4, True)
+    """
+    meta = dict(meta or {})
+    unit_name = meta.get("time_unit", "s")
+    if unit_name not in TIME_UNITS:
+        raise ParseError(
+            f"{name}: meta.time_unit must be one of {', '.join(TIME_UNITS)}, got {unit_name!r}"
+        )
+    seconds = TIME_UNITS[unit_name]
+    b0 = microbatch_size if microbatch_size is not None else meta.get("microbatch_size", 1)
+    if isinstance(b0, bool) or not isinstance(b0, int) or b0 < 1:
+        raise ParseError(f"{name}: microbatch_size must be a whole number >= 1, got {b0!r}")
+    dtype = meta.get("dtype", "fp32")
+    if dtype not in DTYPE_BYTES:
+        raise ParseError(f"{name}: meta.dtype must be one of {', '.join(DTYPE_BYTES)}")
+    copies = repeat if repeat is not None else meta.get("n_layers")
+    stages = costs.stages
+    if copies is not None:
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ParseError(f"{name}: n_layers must be a whole number >= 1, got {copies!r}")
+        if len(stages) != 1:
+            raise PlanError(
+                f"{name}: n_layers repeats a single uniform 'stage' entry, but the file lists "
+                f"{len(stages)} stages; drop n_layers or give one entry"
+            )
+        stages = stages * copies
+    per_time = seconds / b0
+    layers = tuple(
+        Layer(
+            name=f"unit {i}",
+            forward=Fraction(cost.forward) * per_time,
+            backward=Fraction(cost.backward) * per_time,
+            input_grad=Fraction(cost.input_grad) * per_time,
+            weight_grad=Fraction(cost.weight_grad) * per_time,
+            activation_bytes=Fraction(cost.activation_bytes, b0),
+            weight_grad_bytes=Fraction(cost.weight_grad_bytes, b0),
+            params=cost.param_bytes // DTYPE_BYTES[dtype],
+        )
+        for i, cost in enumerate(stages)
+    )
+    seq = meta.get("seq_length")
+    return Workload(
+        name=name,
+        layers=layers,
+        in_flops=False,
+        message_bytes=Fraction(max(c.output_bytes for c in stages), b0),
+        grad_bytes_per_param=DTYPE_BYTES[dtype],
+        seq_length=seq if isinstance(seq, int) and seq > 0 else None,
+        flops_per_sequence=None,
+    )
