@@ -214,3 +214,31 @@ def test_interleaved_refusal_messages() -> None:
         generate("interleaved-1f1b", n_ranks=3, n_microbatches=6, options={"group_size": 2})
     with pytest.raises(ScheduleError, match="virtual must be a whole number >= 1, got 0"):
         generate("interleaved-1f1b", n_ranks=2, n_microbatches=2, virtual=0)
+
+
+# -- every registered family, including those added after the core ---------------------------
+SIZES = [(1, 1, None), (2, 4, None), (3, 6, None), (4, 8, None), (4, 8, 2), (2, 6, 3), (4, 12, 3)]
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_every_registered_schedule_validates_and_meets_its_critical_path(name: str) -> None:
+    from pipesim.costs import CostModel
+    from pipesim.engine import simulate
+    from pipesim.graph import critical_path
+
+    costs = CostModel.uniform(forward=2, backward=3, input_grad=2, weight_grad=1)
+    made = 0
+    for p, m, v in SIZES:
+        for forward_only in (False, True) if get_spec(name).forward_only else (False,):
+            try:
+                s = generate(
+                    name, n_ranks=p, n_microbatches=m, virtual=v, forward_only=forward_only
+                )
+            except ScheduleError:
+                continue  # outside the family's rules
+            made += 1
+            validate(s)
+            assert s.name == name
+            assert (s.n_ranks, s.n_microbatches) == (p, m)
+            assert simulate(s, costs=costs).metrics.makespan == critical_path(s, costs=costs).length
+    assert made, f"none of {SIZES} suits {name!r}"
