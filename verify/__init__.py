@@ -19,6 +19,8 @@ from __future__ import annotations
 from verify.calibrate import as_run_schedule, calibrate, measured_trace, save_costs
 from verify.compare import (
     Reference,
+    build_report,
+    build_stages,
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
@@ -50,6 +52,8 @@ __all__ = [
     "VerifyReport",
     "as_run_schedule",
     "balanced_counts",
+    "build_report",
+    "build_stages",
     "calibrate",
     "even_counts",
     "exact_settings",

@@ -50,6 +50,8 @@ from verify.report import VerifyReport
 
 __all__ = [
     "Reference",
+    "build_report",
+    "build_stages",
     "reference_run",
     "schedule_accumulation_orders",
     "split_microbatches",
@@ -194,17 +196,7 @@ def verify(
     n_mb = schedule.n_microbatches
     rank_devices = parse_devices(devices or "", n_ranks=schedule.n_ranks)
     if stages is None:
-        # One model copy is cut into n_stages / n_copies stages; DualPipe's second copy
-        # (Schedule.n_copies) holds its own parameters, equal at the start.
-        base = partition(
-            model.layers,
-            n_stages=schedule.n_stages // schedule.n_copies,
-            layer_counts=layer_counts,
-            balance=balance,
-        )
-        stages = base
-        for _ in range(schedule.n_copies - 1):
-            stages = stages + tuple(copy.deepcopy(m) for m in base)
+        stages = build_stages(model, schedule, layer_counts=layer_counts, balance=balance)
     elif len(stages) != schedule.n_stages:
         raise VerifyError(
             f"{len(stages)} stage modules for a schedule of {schedule.n_stages} stages"
@@ -232,6 +224,66 @@ def verify(
             schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
         )
 
+    return build_report(
+        schedule,
+        model=model,
+        stages=stages,
+        run=run,
+        ref=ref,
+        devices=rank_devices,
+        microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
+        accumulation_orders=expected_orders,
+        as_run=as_run_schedule(schedule, executed=run.executed, devices=rank_devices),
+    )
+
+
+def build_stages(
+    model: VerifyModel,
+    schedule: Schedule,
+    /,
+    *,
+    layer_counts: Sequence[int] | None = None,
+    balance: str | Sequence[float] = "layers",
+) -> tuple[nn.Module, ...]:
+    """The stage modules ``schedule`` needs: ``model`` cut into ``n_stages / n_copies``
+    stages sharing its modules, plus independent copies of them for each further model
+    copy (DualPipe's ``Schedule.n_copies``), equal at the start.
+
+    >>> from pipesim.schedules import generate
+    >>> from verify.models import mlp
+    >>> len(build_stages(mlp(), generate("dualpipe", n_ranks=2, n_microbatches=4)))
+    4
+    """
+    base = partition(
+        model.layers,
+        n_stages=schedule.n_stages // schedule.n_copies,
+        layer_counts=layer_counts,
+        balance=balance,
+    )
+    stages: tuple[nn.Module, ...] = base
+    for _ in range(schedule.n_copies - 1):
+        stages = stages + tuple(copy.deepcopy(m) for m in base)
+    return stages
+
+
+def build_report(
+    schedule: Schedule,
+    /,
+    *,
+    model: VerifyModel,
+    stages: Sequence[nn.Module],
+    run: LocalRun,
+    ref: Reference,
+    devices: Sequence[torch.device],
+    microbatch_sizes: tuple[int, ...],
+    accumulation_orders: tuple[tuple[int, ...], ...],
+    as_run: Schedule,
+) -> VerifyReport:
+    """Compare ``run`` with ``ref`` and calibrate; ``as_run`` is the schedule whose
+    simulation predicts the measured step (see :mod:`verify.calibrate`)."""
+    n_mb = schedule.n_microbatches
+    expected_orders = accumulation_orders
+    rank_devices = devices
     mismatches: list[str] = []
     outputs_equal = True
     losses_equal = True
@@ -270,7 +322,6 @@ def verify(
     costs = calibrate(run, devices=rank_devices, param_bytes=param_sizes)
     trace = measured_trace(run)
     measured = trace.makespan
-    as_run = as_run_schedule(schedule, executed=run.executed, devices=rank_devices)
     predicted = simulate(as_run, costs=costs).metrics.makespan
     predicted_parallel = simulate(schedule, costs=costs).metrics.makespan
     losses_mean = (
@@ -283,8 +334,8 @@ def verify(
         n_stages=schedule.n_stages,
         n_microbatches=n_mb,
         devices=tuple(str(d) for d in rank_devices),
-        batch_size=rows,
-        microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
+        batch_size=sum(microbatch_sizes),
+        microbatch_sizes=microbatch_sizes,
         layer_counts=tuple(len(list(m.children())) for m in stages),
         forward_only=schedule.forward_only,
         bit_identical=outputs_equal
