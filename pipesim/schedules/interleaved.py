@@ -96,6 +96,9 @@ def interleaved_1f1b(
             return Action(stage=(v - 1 - chunk) * p + rank, op=Op.B, microbatch=mb)
 
         # Megatron: num_warmup = (p - r - 1) * 2 + (v - 1) * group size, at most m * v.
+        # This is the rule of Megatron-LM since microbatch_group_size_per_vp_stage exists;
+        # older releases also made every forward a warm-up when m == p (same makespan,
+        # more memory on the last ranks).
         # One chunk per rank is Megatron's non-interleaved 1F1B: p - r - 1 warm-up forwards.
         if v == 1:
             warmup = min(p - rank - 1, total)
