@@ -133,7 +133,9 @@ def _random_schedule(seed: int) -> Schedule:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**9), data=st.data())
-def test_random_schedules_give_the_engines_trace_and_metrics(seed: int, data: st.DataObject) -> None:
+def test_random_schedules_give_the_engines_trace_and_metrics(
+    seed: int, data: st.DataObject
+) -> None:
     schedule = _random_schedule(seed)
     try:
         validate(schedule)
@@ -167,9 +169,7 @@ def test_registered_schedules_give_the_engines_metrics(
 def test_closed_form_and_contention_hand_case() -> None:
     """Two messages on one link: the second waits for the first (hand-computed)."""
     # rank 0 runs 0F0, 0F1 (1 each); both go to rank 1 over a link that holds a message 3.
-    schedule = Schedule.from_orders(
-        [["0F0", "0F1"], ["1F0", "1F1"]], n_microbatches=2
-    )
+    schedule = Schedule.from_orders([["0F0", "0F1"], ["1F0", "1F1"]], n_microbatches=2)
     costs = CostModel.uniform(
         forward=1, output_bytes=6, link=Link(bandwidth_bytes_per_s=2, latency=1)
     )

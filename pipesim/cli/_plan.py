@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
     )
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--model", metavar="NAME|FILE",
+        "--model",
+        metavar="NAME|FILE",
         help="a preset (see --list), a model JSON file of fields, or a pipesim cost file "
         "(e.g. from `pipesim verify --costs-out`); fields below override a preset",
     )
@@ -50,7 +51,9 @@ def register(subparsers: Any) -> None:
         model.add_argument(flag, dest=dest, type=positive_int, metavar="N", help=text)
     model.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training dtype")
     model.add_argument(
-        "--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+        "--flash-attention",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="fused attention: no s x s score matrices stored",
     )
     hardware = parser.add_argument_group("hardware and batch")
@@ -65,13 +68,18 @@ def register(subparsers: Any) -> None:
         "--memory-capacity", metavar="BYTES", help="override device memory (e.g. 80e9)"
     )
     hardware.add_argument(
-        "--bytes-per-param", type=positive_int, default=16, metavar="N",
+        "--bytes-per-param",
+        type=positive_int,
+        default=16,
+        metavar="N",
         help="weights + grads + optimizer state per parameter (16: mixed-precision Adam)",
     )
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--stages", metavar="P[,P...]", help="pipeline degrees (default: all)")
     sweep.add_argument(
-        "--microbatch-sizes", metavar="B[,B...]", default="1,2,4,8",
+        "--microbatch-sizes",
+        metavar="B[,B...]",
+        default="1,2,4,8",
         help="micro-batch sizes (default 1,2,4,8)",
     )
     sweep.add_argument(
@@ -81,14 +89,19 @@ def register(subparsers: Any) -> None:
         "--schedules", metavar="NAME[,NAME...]", help="schedules (default: every registered one)"
     )
     sweep.add_argument(
-        "--engine", choices=("fast", "simpy"), default="fast",
+        "--engine",
+        choices=("fast", "simpy"),
+        default="fast",
         help="fast evaluator (default) or the reference SimPy engine (identical, slower)",
     )
     sweep.add_argument(
         "--workers", type=positive_int, metavar="N", help="processes (default: every core)"
     )
     sweep.add_argument(
-        "--timeout", type=float, default=600.0, metavar="S",
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
         help="give up after S seconds (default 600)",
     )
     out = parser.add_argument_group("output")
@@ -126,8 +139,17 @@ def _capacity(text: str | None) -> int | None:
     return int(value)
 
 
-_FIELD_FLAGS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "seq_length",
-                "vocab_size", "dtype", "flash_attention")
+_FIELD_FLAGS = (
+    "n_layers",
+    "hidden",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden",
+    "seq_length",
+    "vocab_size",
+    "dtype",
+    "flash_attention",
+)
 
 
 def _workload(args: argparse.Namespace) -> Any:
@@ -159,9 +181,7 @@ def _workload(args: argparse.Namespace) -> Any:
         if isinstance(data, dict) and ("stage" in data or "stages" in data):
             extra = sorted(set(given) - {"seq_length"})
             if extra:
-                raise PlanError(
-                    f"{source} is a cost file; model fields {extra} do not apply to it"
-                )
+                raise PlanError(f"{source} is a cost file; model fields {extra} do not apply to it")
             meta = dict(data.get("meta") or {})
             if "seq_length" in given:
                 meta["seq_length"] = given["seq_length"]
@@ -195,14 +215,18 @@ def _progress() -> Callable[[int, int], None] | None:
                 bar.close()
             return
         end = "\n" if done == total else ""
-        print(f"\rplanning: {done}/{total} configurations ({done / total:.0%})", end=end,
-              file=sys.stderr, flush=True)
+        print(
+            f"\rplanning: {done}/{total} configurations ({done / total:.0%})",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
 
     return update
 
 
 def _list() -> str:
-    from pipesim.plan.hardware import get_accelerator, accelerator_names
+    from pipesim.plan.hardware import accelerator_names, get_accelerator
     from pipesim.plan.model import get_model, model_names
 
     lines = ["models:"]
@@ -227,9 +251,15 @@ def run(args: argparse.Namespace) -> int:
     from pipesim.plan.planner import plan
     from pipesim.plan.report import format_csv, format_table, write_html
 
-    missing = [flag for flag, value in (("--devices", args.devices),
-                                        ("--accelerator", args.accelerator),
-                                        ("--global-batch", args.global_batch)) if value is None]
+    missing = [
+        flag
+        for flag, value in (
+            ("--devices", args.devices),
+            ("--accelerator", args.accelerator),
+            ("--global-batch", args.global_batch),
+        )
+        if value is None
+    ]
     if missing:
         raise PlanError(
             f"pipesim plan needs {', '.join(missing)}, e.g. `pipesim plan --model llama2-7b "
@@ -252,9 +282,9 @@ def run(args: argparse.Namespace) -> int:
         stages=_ints(args.stages, "--stages"),
         microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes") or (),
         virtual=_ints(args.virtual, "--virtual") or (),
-        schedules=None if args.schedules is None else [
-            s.strip() for s in args.schedules.split(",") if s.strip()
-        ],
+        schedules=None
+        if args.schedules is None
+        else [s.strip() for s in args.schedules.split(",") if s.strip()],
         bytes_per_param=args.bytes_per_param,
         memory_capacity_bytes=_capacity(args.memory_capacity),
         engine=args.engine,
@@ -273,4 +303,3 @@ def run(args: argparse.Namespace) -> int:
         path = write_html(result, args.output, cdn=args.cdn)
         print(f"wrote {path}", file=sys.stderr)
     return 0
-

@@ -188,8 +188,8 @@ def compile_schedule(schedule: Schedule, /) -> CompiledSchedule:
             inputs[b_node].append(n_arrivals)
             n_arrivals += 1
 
-    order = _topological_order(orders, inputs, outputs, n_arrivals)
-    if order is None:
+    topological = _topological_order(orders, inputs, outputs, n_arrivals)
+    if topological is None:
         cycle = find_deadlock(build_graph(schedule))
         detail = " -> ".join((*cycle, cycle[0])) if cycle else "no cycle found"
         raise DeadlockError(
@@ -197,7 +197,7 @@ def compile_schedule(schedule: Schedule, /) -> CompiledSchedule:
             "reorder the ranks so that each action runs after what it needs",
             cycle=cycle,
         )
-    steps = tuple([(i, rank_of[i], keys[i], inputs[i], outputs[i]) for i in order])
+    steps = tuple([(i, rank_of[i], keys[i], inputs[i], outputs[i]) for i in topological])
     rank_keys = tuple(tuple([keys[i] for i in nodes]) for nodes in orders)
     forward_only = schedule.forward_only
     effects: dict[int, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
@@ -485,8 +485,13 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
                     after = max(after, arrived)
             arrival[message] = arrived
             record = TransferRecord(
-                src_rank=src, dst_rank=dst, producer=producer, consumer=consumer,
-                n_bytes=costs.message_bytes(producer), start=begin, end=arrived,
+                src_rank=src,
+                dst_rank=dst,
+                producer=producer,
+                consumer=consumer,
+                n_bytes=costs.message_bytes(producer),
+                start=begin,
+                end=arrived,
             )
             # The engine logs a transfer when it arrives; equal keys keep that order.
             transfers.append(((begin, src, dst), message, record))
@@ -502,8 +507,11 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
                 for stage in allocs:
                     held += costs.stage(stage).activation_bytes
                     inflight += 1
-                memory.append(MemoryRecord(rank=rank, time=starts[index],
-                                           activation_bytes=held, inflight=inflight))
+                memory.append(
+                    MemoryRecord(
+                        rank=rank, time=starts[index], activation_bytes=held, inflight=inflight
+                    )
+                )
             freed_bytes = freed_count = 0
             for stage, op in frees:
                 cost = costs.stage(stage)
@@ -519,8 +527,11 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
             if freed_bytes or freed_count:
                 held -= freed_bytes
                 inflight -= freed_count
-                memory.append(MemoryRecord(rank=rank, time=ends[index],
-                                           activation_bytes=held, inflight=inflight))
+                memory.append(
+                    MemoryRecord(
+                        rank=rank, time=ends[index], activation_bytes=held, inflight=inflight
+                    )
+                )
             actions.append((starts[index], rank, index))
             index += 1
     actions.sort(key=lambda row: (row[0], row[1]))
@@ -540,4 +551,3 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
 
 def _exact(value: Fraction) -> Time:
     return value.numerator if value.denominator == 1 else value
-

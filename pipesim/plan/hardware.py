@@ -70,17 +70,23 @@ class Accelerator:
             _check_number(name, getattr(self, name), positive=True)
         for name in ("intra_node_latency", "inter_node_latency"):
             _check_number(name, getattr(self, name), positive=False)
-        memory = self.memory_bytes
+        memory: object = self.memory_bytes
         if isinstance(memory, float) and memory.is_integer():
             object.__setattr__(self, "memory_bytes", int(memory))
-        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or (
-            self.memory_bytes < 1
+        if (
+            isinstance(self.memory_bytes, bool)
+            or not isinstance(self.memory_bytes, int)
+            or (self.memory_bytes < 1)
         ):
             raise PlanError(f"memory_bytes must be a whole number >= 1, got {memory!r}")
-        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or (
-            self.gpus_per_node < 1
+        if (
+            isinstance(self.gpus_per_node, bool)
+            or not isinstance(self.gpus_per_node, int)
+            or (self.gpus_per_node < 1)
         ):
-            raise PlanError(f"gpus_per_node must be a whole number >= 1, got {self.gpus_per_node!r}")
+            raise PlanError(
+                f"gpus_per_node must be a whole number >= 1, got {self.gpus_per_node!r}"
+            )
         _check_number("efficiency", self.efficiency, positive=True)
         if self.efficiency > 1:
             raise PlanError(
@@ -132,8 +138,9 @@ def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Ac
         raise ParseError(
             f"{source}: unknown accelerator fields {unknown}; valid fields are {sorted(_FIELDS)}"
         )
-    missing = sorted(f.name for f in fields(Accelerator) if f.name not in values
-                     and f.name != "description")
+    missing = sorted(
+        f.name for f in fields(Accelerator) if f.name not in values and f.name != "description"
+    )
     if missing:
         raise ParseError(f"{source}: missing accelerator fields {missing}")
     try:
@@ -144,9 +151,7 @@ def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Ac
 
 @cache
 def _presets() -> dict[str, Accelerator]:
-    text = resources.files("pipesim").joinpath("data/accelerators.json").read_text(
-        encoding="utf-8"
-    )
+    text = resources.files("pipesim").joinpath("data/accelerators.json").read_text(encoding="utf-8")
     raw = json.loads(text)["accelerators"]
     return {
         name: accelerator_from_dict({**entry, "name": name}, source=f"accelerators.json: {name}")

@@ -41,8 +41,14 @@ from dataclasses import dataclass
 
 from pipesim.plan.model import ModelSpec
 
-__all__ = ["LayerCost", "embedding", "lm_head", "model_flops_per_sequence", "model_layers",
-           "transformer_block"]
+__all__ = [
+    "LayerCost",
+    "embedding",
+    "lm_head",
+    "model_flops_per_sequence",
+    "model_layers",
+    "transformer_block",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -75,9 +75,7 @@ class ModelSpec:
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.dtype not in DTYPE_BYTES:
-            raise PlanError(
-                f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}"
-            )
+            raise PlanError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         kv = self.kv_heads
         if self.n_heads % kv:
             raise PlanError(
@@ -89,8 +87,14 @@ class ModelSpec:
                 f"grouped-query attention needs hidden ({self.hidden}) divisible by n_heads "
                 f"({self.n_heads}) to size the key/value projections"
             )
-        for name in ("gated_mlp", "bias", "learned_positions", "tied_embeddings", "dropout",
-                     "flash_attention"):
+        for name in (
+            "gated_mlp",
+            "bias",
+            "learned_positions",
+            "tied_embeddings",
+            "dropout",
+            "flash_attention",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -147,8 +151,9 @@ def model_from_dict(data: object, /, *, source: str = "model") -> ModelSpec:
     values = {k: v for k, v in data.items() if k != "source" and not k.endswith("_source")}
     unknown = sorted(set(values) - _FIELDS)
     if unknown:
-        raise ParseError(f"{source}: unknown model fields {unknown}; valid fields are "
-                         f"{sorted(_FIELDS)}")
+        raise ParseError(
+            f"{source}: unknown model fields {unknown}; valid fields are {sorted(_FIELDS)}"
+        )
     try:
         return ModelSpec(**values)
     except TypeError as exc:  # a required field is missing

@@ -63,9 +63,7 @@ def partition(costs: Sequence[Cost], /, *, n_stages: int) -> tuple[int, ...]:
         raise PlanError(f"layer costs must be non-negative, got {list(costs)!r}")
     prefix = [0, *accumulate(costs)]
     heaviest = max(costs)  # no bound below one layer's cost is feasible
-    candidates = sorted(
-        {prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)}
-    )
+    candidates = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)})
     candidates = [c for c in candidates if c >= heaviest]
     low, high = 0, len(candidates) - 1  # the total (last candidate) always fits in 1 stage
     while low < high:

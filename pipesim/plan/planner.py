@@ -97,16 +97,26 @@ def sweep_points(
                     if remainder or m == 0:
                         refused.append(
                             PlanPoint(
-                                schedule=name, pipeline=p, virtual=v, data_parallel=d,
-                                microbatch_size=b, n_microbatches=0,
+                                schedule=name,
+                                pipeline=p,
+                                virtual=v,
+                                data_parallel=d,
+                                microbatch_size=b,
+                                n_microbatches=0,
                                 reason=f"global batch {global_batch} is not a multiple of "
                                 f"data parallel {d} x micro-batch size {b} = {d * b}",
                             )
                         )
                         continue
                     points.append(
-                        Point(schedule=name, pipeline=p, virtual=v, microbatch_size=b,
-                              n_microbatches=m, data_parallel=d)
+                        Point(
+                            schedule=name,
+                            pipeline=p,
+                            virtual=v,
+                            microbatch_size=b,
+                            n_microbatches=m,
+                            data_parallel=d,
+                        )
                     )
     if not points:
         smallest = devices // max(degrees)
@@ -156,8 +166,10 @@ def plan(
         accelerator = get_accelerator(accelerator)
     if engine not in ("fast", "simpy"):
         raise PlanError(f"engine must be 'fast' or 'simpy', got {engine!r}")
-    if isinstance(bytes_per_param, bool) or not isinstance(bytes_per_param, int) or (
-        bytes_per_param < 1
+    if (
+        isinstance(bytes_per_param, bool)
+        or not isinstance(bytes_per_param, int)
+        or (bytes_per_param < 1)
     ):
         raise PlanError(f"bytes_per_param must be a whole number >= 1, got {bytes_per_param!r}")
     capacity = accelerator.memory_bytes if memory_capacity_bytes is None else memory_capacity_bytes
@@ -185,9 +197,16 @@ def plan(
         context, points, workers=workers, timeout_s=timeout_s, progress=progress
     )
     plan_points = [
-        _plan_point(point, evaluation, workload=workload, accelerator=accelerator,
-                    devices=devices, global_batch=global_batch, capacity=capacity)
-        for point, evaluation in zip(points, evaluations)
+        _plan_point(
+            point,
+            evaluation,
+            workload=workload,
+            accelerator=accelerator,
+            devices=devices,
+            global_batch=global_batch,
+            capacity=capacity,
+        )
+        for point, evaluation in zip(points, evaluations, strict=True)
     ]
     return PlanResult(
         model=workload.name,
@@ -228,8 +247,10 @@ def _plan_point(
         tokens = global_batch * workload.seq_length / seconds
     mfu = None
     if workload.flops_per_sequence is not None and step_ns:
-        mfu = workload.flops_per_sequence * global_batch / (
-            seconds * devices * accelerator.peak_flops
+        mfu = (
+            workload.flops_per_sequence
+            * global_batch
+            / (seconds * devices * accelerator.peak_flops)
         )
     reason = None
     if not fits:

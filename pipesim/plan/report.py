@@ -20,8 +20,22 @@ from pipesim.plan.result import PlanPoint, PlanResult, explain
 
 __all__ = ["format_csv", "format_table", "plan_figure", "write_html"]
 
-_HEADERS = ("rank", "schedule", "p", "v", "d", "b", "m", "step s", "tokens/s", "MFU",
-            "bubble", "memory GB", "fits", "pareto")
+_HEADERS = (
+    "rank",
+    "schedule",
+    "p",
+    "v",
+    "d",
+    "b",
+    "m",
+    "step s",
+    "tokens/s",
+    "MFU",
+    "bubble",
+    "memory GB",
+    "fits",
+    "pareto",
+)
 
 
 def _row(point: PlanPoint) -> tuple[str, ...]:
@@ -49,9 +63,9 @@ def _row(point: PlanPoint) -> tuple[str, ...]:
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(_HEADERS, *rows)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    widths = [max(len(x) for x in col) for col in zip(_HEADERS, *rows, strict=True)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in rows]
     return lines
 
 
@@ -90,10 +104,27 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
 
 
 _CSV_FIELDS = (
-    "rank", "schedule", "pipeline", "virtual", "data_parallel", "microbatch_size",
-    "n_microbatches", "n_stages", "layers_per_stage", "step_time_s", "pipeline_time_ns",
-    "allreduce_time_ns", "tokens_per_s", "mfu", "bubble", "peak_memory_bytes",
-    "static_memory_bytes", "peak_activation_bytes", "fits", "pareto", "reason",
+    "rank",
+    "schedule",
+    "pipeline",
+    "virtual",
+    "data_parallel",
+    "microbatch_size",
+    "n_microbatches",
+    "n_stages",
+    "layers_per_stage",
+    "step_time_s",
+    "pipeline_time_ns",
+    "allreduce_time_ns",
+    "tokens_per_s",
+    "mfu",
+    "bubble",
+    "peak_memory_bytes",
+    "static_memory_bytes",
+    "peak_activation_bytes",
+    "fits",
+    "pareto",
+    "reason",
 )
 
 

@@ -211,14 +211,13 @@ def explain(result: PlanResult, /) -> str:
         f"{best.step_time_ns / 1e9:.3g} s/step, {_gb(best.peak_memory_bytes)} of {capacity}, "
         f"bubble {float(best.bubble):.1%}"
     ]
-    other = next(
-        (p for p in result.fitting if p.schedule != best.schedule), None
-    )
+    other = next((p for p in result.fitting if p.schedule != best.schedule), None)
     if other is not None and other.step_time_ns:
         gain = other.step_time_ns / best.step_time_ns - 1
         parts.append(f"{gain:.1%} faster than the best {other.schedule} ({other.label()})")
     faster = [
-        p for p in result.points
+        p
+        for p in result.points
         if p.feasible and not p.fits and (p.step_time_ns or 0) < best.step_time_ns
     ]
     if faster:

@@ -168,8 +168,9 @@ def _stage_costs(
         start += size
 
         def ns(field: str, layers: Sequence[Any] = layers) -> int:
-            return round(sum((getattr(x, field) for x in layers), start=Fraction(0)) * b
-                         * ns_per_work)
+            return round(
+                sum((getattr(x, field) for x in layers), start=Fraction(0)) * b * ns_per_work
+            )
 
         stage_params = sum(x.params for x in layers)
         act = math.ceil(sum((x.activation_bytes for x in layers), start=Fraction(0)) * b)
@@ -190,8 +191,9 @@ def _stage_costs(
         params.append(stage_params)
     path = accelerator.link(inter_node=inter_node)
     latency = round(Fraction(repr(path.latency_s)) * _NS_PER_S)
-    occupancy = round(Fraction(message_bytes) * _NS_PER_S
-                      / Fraction(repr(path.bandwidth_bytes_per_s)))
+    occupancy = round(
+        Fraction(message_bytes) * _NS_PER_S / Fraction(repr(path.bandwidth_bytes_per_s))
+    )
     # Rounded to whole nanoseconds so that every time stays an integer.
     link = Link(
         latency=latency,

@@ -29,8 +29,12 @@ __all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
 Amount = int | Fraction
 
 #: Seconds per unit of the ``time_unit`` a cost file's ``meta`` may name.
-TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6),
-              "ns": Fraction(1, 10**9)}
+TIME_UNITS = {
+    "s": Fraction(1),
+    "ms": Fraction(1, 10**3),
+    "us": Fraction(1, 10**6),
+    "ns": Fraction(1, 10**9),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

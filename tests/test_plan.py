@@ -1,0 +1,275 @@
+"""The planner: closed-form bubbles, memory verdicts, ranking, engines, bad inputs."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+
+from pipesim.costs import CostModel
+from pipesim.errors import PlanError, UnknownNameError
+from pipesim.plan import (
+    ModelSpec,
+    get_accelerator,
+    model_layers,
+    plan,
+    workload_from_costs,
+    workload_from_model,
+)
+from pipesim.plan.hardware import Accelerator
+from pipesim.plan.sweep import Point, SweepContext, evaluate_points
+
+# Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
+FREE = Accelerator(
+    name="ideal",
+    peak_flops=1e15,
+    memory_bytes=10**12,
+    gpus_per_node=64,
+    intra_node_latency=0.0,
+    intra_node_bandwidth=1e30,
+    inter_node_latency=0.0,
+    inter_node_bandwidth=1e30,
+    efficiency=1.0,
+)
+SMALL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
+
+
+def _uniform_units(n_units: int = 8) -> object:
+    # 8 identical layers, F = 1 s and B = 2 s per sequence, no messages.
+    return workload_from_costs(
+        CostModel.uniform(
+            forward=1, backward=2, input_grad=1, weight_grad=1, activation_bytes=1000
+        ),
+        repeat=n_units,
+        meta={"seq_length": 10},
+    )
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_bubble_equals_closed_forms(p: int, m: int) -> None:
+    result = plan(
+        _uniform_units(),
+        devices=p,
+        accelerator=FREE,
+        global_batch=m,
+        stages=[p],
+        microbatch_sizes=[1],
+        virtual=[1, 2],
+        schedules=["gpipe", "1f1b", "interleaved-1f1b"],
+        workers=1,
+    )
+    seen = set()
+    for point in result.points:
+        if not point.feasible:
+            continue
+        v = point.virtual
+        seen.add((point.schedule, v))
+        # GPipe / 1F1B: (p-1)/(m+p-1); interleaved: (p-1)/(v m + p - 1) (Narayanan et al. 2021)
+        assert point.bubble == Fraction(p - 1, v * m + p - 1), point.label()
+        # makespan in ns: (m + (p-1)/v) (F+B) with a rank's F+B = 3 s * 8/p layers
+        assert point.pipeline_time_ns == (m + Fraction(p - 1, v)) * 3 * Fraction(8, p) * 10**9
+        assert point.allreduce_time_ns == 0
+    assert {("gpipe", 1), ("1f1b", 1)} <= seen
+
+
+def test_gpipe_is_never_recommended_when_only_1f1b_memory_fits() -> None:
+    kwargs = dict(
+        devices=4,
+        accelerator="a100-80gb",
+        global_batch=64,
+        stages=[4],
+        microbatch_sizes=[4],
+        virtual=[1],
+        schedules=["gpipe", "1f1b"],
+        workers=1,
+    )
+    spec = ModelSpec(n_layers=16, hidden=2048, n_heads=16, seq_length=2048, vocab_size=32000)
+    roomy = plan(spec, memory_capacity_bytes=10**13, **kwargs)  # type: ignore[arg-type]
+    peak = {p.schedule: p.peak_memory_bytes for p in roomy.points}
+    assert peak["1f1b"] < peak["gpipe"]  # m = 16 in flight vs at most p = 4
+    assert peak["gpipe"] is not None and peak["1f1b"] is not None
+    capacity = (peak["1f1b"] + peak["gpipe"]) // 2
+    tight = plan(spec, memory_capacity_bytes=capacity, **kwargs)  # type: ignore[arg-type]
+    assert tight.best is not None and tight.best.schedule == "1f1b"
+    gpipe = next(p for p in tight.points if p.schedule == "gpipe")
+    assert gpipe.fits is False and gpipe.rank is None and "GB" in (gpipe.reason or "")
+    assert tight.best.peak_memory_bytes <= capacity  # type: ignore[operator]
+    # GPipe alone: nothing fits, so nothing is recommended
+    alone = plan(spec, memory_capacity_bytes=capacity, **(kwargs | {"schedules": ["gpipe"]}))  # type: ignore[arg-type]
+    assert alone.best is None and alone.fitting == ()
+
+
+def test_more_memory_never_makes_the_best_step_time_worse() -> None:
+    kwargs = dict(
+        devices=8,
+        accelerator="h100-sxm",
+        global_batch=32,
+        microbatch_sizes=[1, 2],
+        virtual=[1, 2],
+        workers=1,
+    )
+    best = math.inf
+    fitting_before: set[str] = set()
+    for gigabytes in (1, 2, 4, 8, 16, 80):
+        result = plan(SMALL, memory_capacity_bytes=gigabytes * 10**9, **kwargs)  # type: ignore[arg-type]
+        step = result.best.step_time_ns if result.best is not None else math.inf
+        assert step <= best
+        best = step
+        fitting = {p.label() for p in result.fitting}
+        assert fitting >= fitting_before
+        fitting_before = fitting
+    assert best < math.inf
+
+
+def test_ranking_and_pareto_front() -> None:
+    result = plan(
+        SMALL,
+        devices=8,
+        accelerator="h100-sxm",
+        global_batch=32,
+        memory_capacity_bytes=2 * 10**9,
+        workers=1,
+    )
+    fitting = result.fitting
+    assert [p.rank for p in fitting] == list(range(1, len(fitting) + 1))
+    assert [p.step_time_ns for p in fitting] == sorted(p.step_time_ns for p in fitting)  # type: ignore[misc]
+    assert result.best == fitting[0] and fitting[0].pareto
+    for p in fitting:
+        dominated = any(
+            q.step_time_ns <= p.step_time_ns
+            and q.peak_memory_bytes <= p.peak_memory_bytes  # type: ignore[operator]
+            and (q.step_time_ns, q.peak_memory_bytes) != (p.step_time_ns, p.peak_memory_bytes)
+            for q in fitting
+        )
+        if p.pareto:
+            assert not dominated
+        elif not any(
+            (q.step_time_ns, q.peak_memory_bytes) == (p.step_time_ns, p.peak_memory_bytes)
+            and q.pareto
+            for q in fitting
+        ):
+            assert dominated
+    for p in result.points:
+        if p.feasible and not p.fits:
+            assert p.peak_memory_bytes > result.memory_capacity_bytes  # type: ignore[operator]
+        if not p.feasible:
+            assert p.reason and p.rank is None
+
+
+def test_metrics_of_a_point_by_hand() -> None:
+    result = plan(
+        SMALL,
+        devices=2,
+        accelerator="h100-sxm",
+        global_batch=8,
+        stages=[2],
+        microbatch_sizes=[2],
+        virtual=[1],
+        schedules=["1f1b"],
+        workers=1,
+    )
+    (point,) = result.points
+    h100 = get_accelerator("h100-sxm")
+    seconds = point.step_time_ns / 1e9  # type: ignore[operator]
+    assert point.n_microbatches == 4 and point.data_parallel == 1
+    assert point.tokens_per_s == pytest.approx(8 * 512 / seconds)
+    flops = sum(layer.flops for layer in model_layers(SMALL)) * 8
+    assert point.mfu == pytest.approx(flops / (seconds * 2 * h100.peak_flops))
+    # MFU cannot beat the efficiency the durations were computed with
+    assert point.mfu < h100.efficiency
+    # static memory: 16 bytes per parameter of the stage's layers (embedding or head included)
+    layers = model_layers(SMALL)
+    sizes = point.layers_per_stage
+    per_stage = [
+        sum(x.params for x in layers[: sizes[0]]),
+        sum(x.params for x in layers[sizes[0] :]),
+    ]
+    assert point.static_memory_bytes in {16 * n for n in per_stage}
+
+
+def test_mfu_never_exceeds_efficiency_for_any_schedule() -> None:
+    # DualPipe keeps two copies of the model: each copy is the whole model, not half of it
+    result = plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, workers=1)
+    names = {p.schedule for p in result.points if p.feasible}
+    assert {"1f1b", "gpipe"} <= names
+    for p in result.points:
+        if p.feasible:
+            assert p.mfu is not None and p.mfu <= 0.4 * (1 + 1e-6), p.label()
+
+
+def test_simpy_engine_gives_the_same_plan() -> None:
+    kwargs = dict(
+        devices=4,
+        accelerator="a100-80gb",
+        global_batch=16,
+        microbatch_sizes=[1, 2],
+        virtual=[1, 2],
+        workers=1,
+    )
+    fast = plan(SMALL, **kwargs)  # type: ignore[arg-type]
+    reference = plan(SMALL, engine="simpy", **kwargs)  # type: ignore[arg-type]
+    assert sum(p.feasible for p in fast.points) > 10
+    assert fast.points == reference.points
+
+
+def test_workers_give_the_same_plan() -> None:
+    kwargs = dict(devices=8, accelerator="h100-sxm", global_batch=64, microbatch_sizes=[1, 2])
+    assert plan(SMALL, workers=2, **kwargs).points == plan(SMALL, workers=1, **kwargs).points  # type: ignore[arg-type]
+
+
+def test_a_sweep_that_runs_out_of_time_stops_with_a_clear_error() -> None:
+    context = SweepContext(
+        workload=workload_from_model(SMALL),
+        accelerator=FREE,
+        devices=2,
+        memory_capacity_bytes=10**12,
+    )
+    points = [
+        Point(
+            schedule="1f1b",
+            pipeline=2,
+            virtual=1,
+            microbatch_size=1,
+            n_microbatches=m,
+            data_parallel=1,
+        )
+        for m in range(1, 200)
+    ]
+    for workers in (1, 2):
+        with pytest.raises(PlanError, match="did not finish within"):
+            evaluate_points(context, points, workers=workers, timeout_s=1e-4)
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    with pytest.raises(PlanError, match="whole number of 8-GPU nodes"):
+        plan(SMALL, devices=12, accelerator="h100-sxm", global_batch=24)
+    with pytest.raises(PlanError, match="does not divide 8 devices"):
+        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, stages=[3])
+    with pytest.raises(PlanError, match="global batch 2 cannot be split"):
+        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=2, stages=[1, 2])
+    with pytest.raises(UnknownNameError, match="presets are"):
+        plan("gpt-7", devices=8, accelerator="h100-sxm", global_batch=64)
+    with pytest.raises(UnknownNameError, match="presets are"):
+        plan(SMALL, devices=8, accelerator="v100", global_batch=64)
+    with pytest.raises(UnknownNameError, match="valid schedules"):
+        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, schedules=["zb-h9"])
+    with pytest.raises(PlanError, match="engine"):
+        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, engine="gpu")
+
+
+def test_schedule_rules_and_layer_counts_become_reasons() -> None:
+    tiny = ModelSpec(n_layers=2, hidden=64, n_heads=2, seq_length=16, vocab_size=100)
+    result = plan(
+        tiny,
+        devices=8,
+        accelerator="h100-sxm",
+        global_batch=64,
+        microbatch_sizes=[1],
+        virtual=[1, 2],
+        workers=1,
+    )
+    reasons = [p.reason or "" for p in result.points if not p.feasible]
+    assert any(r.startswith("schedule rule:") for r in reasons)
+    assert any("only 4 layers" in r for r in reasons)  # 8 stages of a 4-layer model

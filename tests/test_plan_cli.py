@@ -1,0 +1,152 @@
+"""``pipesim plan`` on the command line: table, JSON, CSV, HTML, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.costs import CostModel, costs_to_dict
+
+BASE = [
+    "plan",
+    "--layers",
+    "8",
+    "--hidden",
+    "512",
+    "--heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--vocab",
+    "2000",
+    "--devices",
+    "8",
+    "--accelerator",
+    "h100-sxm",
+    "--global-batch",
+    "32",
+    "--workers",
+    "1",
+]
+
+
+def test_table_names_the_winner_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "custom on 8 x h100-sxm" in out
+    assert "rank" in out and "MFU" in out
+    winner = next(line for line in out.splitlines() if line.startswith("winner: "))
+    assert "is the fastest configuration that fits" in winner
+
+
+def test_json_and_csv_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["n_points"] == len(data["points"]) and data["best"] == data["points"][0]
+    assert data["best"]["rank"] == 1 and data["best"]["fits"] is True
+    assert main([*BASE, "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == data["n_points"]
+    assert rows[0]["schedule"] == data["best"]["schedule"]
+    assert float(rows[0]["step_time_s"]) == pytest.approx(data["best"]["step_time_s"])
+
+
+def test_html_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.html"
+    assert main([*BASE, "--cdn", "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "pipesim-plan" in html and "Pareto front" in html and "capacity" in html
+    assert "cdn.plot.ly" in html
+
+
+def test_preset_and_cost_file_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama2-7b",
+                "--devices",
+                "8",
+                "--accelerator",
+                "h200",
+                "--global-batch",
+                "16",
+                "--stages",
+                "2,4",
+                "--microbatch-sizes",
+                "1",
+                "--workers",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["model"] == "llama2-7b"
+    costs = costs_to_dict(
+        CostModel.uniform(
+            forward=1000, backward=2000, activation_bytes=10**6, param_bytes=4 * 10**6
+        )
+    )
+    costs["meta"] = {"time_unit": "us", "n_layers": 8}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(path),
+                "--devices",
+                "4",
+                "--accelerator",
+                "a100-80gb",
+                "--global-batch",
+                "16",
+                "--workers",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == "costs" and data["best"]["mfu"] is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--devices", "12"], "whole number of 8-GPU nodes"),
+        (["--stages", "3"], "does not divide 8 devices"),
+        (["--global-batch", "1", "--stages", "1"], "global batch 1 cannot be split"),
+        (["--accelerator", "v100"], "unknown accelerator 'v100'"),
+        (["--schedules", "nope"], "unknown schedule 'nope'"),
+        (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["--microbatch-sizes", "a"], "comma-separated whole numbers"),
+    ],
+)
+def test_bad_input_is_one_clear_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*BASE, *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_missing_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama2-7b"]) == 1
+    assert "needs --devices, --accelerator, --global-batch" in capsys.readouterr().err
+
+
+def test_list_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt3-175b" in out and "h100-sxm" in out
