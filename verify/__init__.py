@@ -5,6 +5,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.models`: the chapter's MLP, a small GPT, ``package.module:factory`` models;
 - :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules;
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
+- :mod:`verify.dist`: one process per rank with torch.distributed (gloo, CPU ranks);
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.exactness`: the settings exactness needs, set or refused.
@@ -26,6 +27,7 @@ from verify.compare import (
     split_microbatches,
     verify,
 )
+from verify.dist import verify_distributed
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
 from verify.local import (
@@ -74,4 +76,5 @@ __all__ = [
     "schedule_accumulation_orders",
     "split_microbatches",
     "verify",
+    "verify_distributed",
 ]

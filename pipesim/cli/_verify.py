@@ -92,6 +92,19 @@ def register(subparsers: Any) -> None:
         help="untimed runs before the measured one (default 1)",
     )
     group.add_argument(
+        "--dist",
+        action="store_true",
+        help="one process per rank with torch.distributed (gloo, CPU ranks): the ranks really "
+        "run at the same time, so the measured step compares with the parallel prediction",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="--dist: stop the ranks after S seconds (default 300)",
+    )
+    group.add_argument(
         "--check-settings-only",
         action="store_true",
         help="do not set the determinism settings (TF32 off, deterministic algorithms); "
@@ -119,6 +132,51 @@ def _split(text: str | None) -> list[int] | None:
     return counts
 
 
+def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
+    from verify.dist import verify_distributed
+    from verify.report import format_report
+
+    if args.devices and any(d.strip() not in ("cpu", "") for d in args.devices.split(",")):
+        raise PipesimError(
+            f"--dist runs CPU ranks with gloo; drop --devices {args.devices} or run without --dist "
+            "for CUDA devices"
+        )
+    if args.split or args.balance != "layers" or args.check_settings_only:
+        raise PipesimError(
+            "--dist cuts the model evenly by layers; drop --split / --balance / "
+            "--check-settings-only"
+        )
+    options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
+    report = verify_distributed(
+        schedule,
+        model=args.model,
+        model_options=options,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        timeout_s=args.timeout,
+        warmup=max(args.warmup, 0),
+    )
+    _write_costs(args, report, schedule)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(format_report(report))
+    return 0 if report.bit_identical else 1
+
+
+def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
+    if not args.costs_out:
+        return
+    from verify.calibrate import save_costs
+
+    try:
+        save_costs(
+            report.costs, args.costs_out, meta={"schedule": schedule.name, "model": report.model}
+        )
+    except OSError as exc:
+        raise PipesimError(f"cannot write --costs-out {args.costs_out!r}: {exc.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     # torch warns at import when numpy is absent; verify does not use numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -129,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
             f"pipesim verify needs torch, which is not importable here ({exc}); install the "
             f"extra: {_INSTALL}"
         ) from None
-    from verify.calibrate import save_costs
     from verify.compare import verify
     from verify.models import load_model
     from verify.report import format_report
@@ -137,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
     model = load_model(args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width)
     try:
+        if args.dist:
+            return _run_dist(args, schedule)
         report = verify(
             schedule,
             model=model,
@@ -150,17 +209,7 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # torch reports shape errors, CUDA failures, ... this way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PipesimError(f"the run failed inside torch: {first}") from None
-    if args.costs_out:
-        try:
-            save_costs(
-                report.costs,
-                args.costs_out,
-                meta={"schedule": schedule.name, "model": report.model},
-            )
-        except OSError as exc:
-            raise PipesimError(
-                f"cannot write --costs-out {args.costs_out!r}: {exc.strerror}"
-            ) from None
+    _write_costs(args, report, schedule)
     if args.json:
         print_json(report.to_dict())
     else:
