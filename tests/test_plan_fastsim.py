@@ -14,7 +14,14 @@ from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import run_trace, simulate
 from pipesim.errors import DeadlockError, PipesimError
 from pipesim.graph import validate
-from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, fast_trace
+from pipesim.plan.fastsim import (
+    compile_schedule,
+    evaluate,
+    fast_metrics,
+    fast_trace,
+    metrics_of,
+    quick_step,
+)
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, schedule_names
 
@@ -187,3 +194,60 @@ def test_deadlock_is_reported_like_the_engine() -> None:
     with pytest.raises(DeadlockError) as reference:
         run_trace(schedule, CostModel())
     assert fast.value.cycle == reference.value.cycle
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    name=st.sampled_from(schedule_names()),
+    n_ranks=st.integers(1, 5),
+    n_mb=st.integers(1, 10),
+    virtual=st.integers(1, 3),
+    data=st.data(),
+)
+def test_one_pass_evaluator_matches_the_engine(
+    name: str, n_ranks: int, n_mb: int, virtual: int, data: st.DataObject
+) -> None:
+    try:
+        schedule = generate(name, n_ranks=n_ranks, n_microbatches=n_mb, virtual=virtual)
+    except PipesimError:
+        assume(False)
+    costs = data.draw(cost_models(schedule.n_stages))
+    quick = quick_step(schedule, costs)
+    if schedule.orders and any(isinstance(w, Overlap) for o in schedule.orders for w in o):
+        assert quick is None  # overlapped works take the compiled path
+        return
+    assert quick is not None
+    assert quick == evaluate(compile_schedule(schedule), costs)
+    assert metrics_of(schedule, costs, quick) == simulate(schedule, costs=costs).metrics
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**9), data=st.data())
+def test_one_pass_evaluator_on_random_schedules(seed: int, data: st.DataObject) -> None:
+    schedule = _random_schedule(seed)
+    try:
+        validate(schedule)
+    except PipesimError:
+        assume(False)
+    costs = data.draw(cost_models(schedule.n_stages))
+    quick = quick_step(schedule, costs)
+    if any(isinstance(w, Overlap) for o in schedule.orders for w in o):
+        assert quick is None
+        return
+    assert quick is not None
+    assert metrics_of(schedule, costs, quick) == simulate(schedule, costs=costs).metrics
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3])
+def test_one_pass_evaluator_keeps_happens_before(n_ranks: int) -> None:
+    # forward-only sequential: rank 0 starts micro-batch k+1 only after the last stage's
+    # forward of micro-batch k (happens_before signals across ranks)
+    schedule = generate("sequential", n_ranks=n_ranks, n_microbatches=3, forward_only=True)
+    assert schedule.happens_before
+    costs = CostModel.uniform(forward=2, link=Link(latency=1))
+    quick = quick_step(schedule, costs)
+    assert quick is not None
+    reference = simulate(schedule, costs=costs).metrics
+    assert metrics_of(schedule, costs, quick) == reference
+    # 3 micro-batches one after another: p forwards of 2 and p - 1 hops of 1 each
+    assert reference.makespan == 3 * (n_ranks * 2 + (n_ranks - 1))

@@ -41,10 +41,11 @@ from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
-from pipesim.plan.fastsim import CompiledSchedule, compile_schedule, evaluate, metrics_of
+from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of, quick_step
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload
+from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
 __all__ = ["Evaluation", "Point", "SweepContext", "evaluate_point", "evaluate_points"]
@@ -103,37 +104,36 @@ class Evaluation:
 
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
-_COMPILED: dict[tuple[str, int, int, int], CompiledSchedule | str] = {}
+_SCHEDULES: dict[tuple[str, int, int, int], Schedule | str] = {}
 _PARTITIONS: dict[int, tuple[int, ...]] = {}
 _COSTS: dict[tuple[int, int, int], tuple[CostModel, list[int], list[int]]] = {}
-_MAX_COMPILED = 64
+_MAX_SCHEDULES = 64
 
 
 def _install(context: SweepContext) -> None:
     global _CONTEXT
     _CONTEXT = context
-    _COMPILED.clear()
+    _SCHEDULES.clear()
     _PARTITIONS.clear()
     _COSTS.clear()
 
 
-def _compiled(point: Point) -> CompiledSchedule | str:
+def _schedule(point: Point) -> Schedule | str:
     key = (point.schedule, point.pipeline, point.n_microbatches, point.virtual)
-    found = _COMPILED.get(key)
+    found = _SCHEDULES.get(key)
     if found is None:
         try:
-            schedule = generate(
+            found = generate(
                 point.schedule,
                 n_ranks=point.pipeline,
                 n_microbatches=point.n_microbatches,
                 virtual=point.virtual,
             )
-            found = compile_schedule(schedule)
         except ScheduleError as exc:
             found = f"schedule rule: {exc}"
-        if len(_COMPILED) >= _MAX_COMPILED:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = found
+        if len(_SCHEDULES) >= _MAX_SCHEDULES:
+            _SCHEDULES.pop(next(iter(_SCHEDULES)))
+        _SCHEDULES[key] = found
     return found
 
 
@@ -227,10 +227,9 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     """Simulate one configuration (see the module docstring for the model)."""
     if _CONTEXT is not context:
         _install(context)
-    compiled = _compiled(point)
-    if isinstance(compiled, str):
-        return Evaluation(reason=compiled)
-    schedule = compiled.schedule
+    schedule = _schedule(point)
+    if isinstance(schedule, str):
+        return Evaluation(reason=schedule)
     n_stages = schedule.n_stages
     # DualPipe keeps n_copies copies of the model: each copy is the whole model.
     per_copy = n_stages // schedule.n_copies
@@ -252,7 +251,10 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     if context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
     else:
-        metrics = metrics_of(compiled, costs, evaluate(compiled, costs))
+        step = quick_step(schedule, costs)
+        if step is None:  # overlapped works (DualPipe): the compiled path
+            step = evaluate(compile_schedule(schedule), costs)
+        metrics = metrics_of(schedule, costs, step)
     rank_static = [0] * schedule.n_ranks
     rank_params = [0] * schedule.n_ranks
     for stage, rank in enumerate(schedule.placement):

@@ -1,0 +1,138 @@
+"""How fast the planner sweeps: configurations per second.
+
+Goal (issue 6): 10,000 configurations of up to 16 stages and 128 micro-batches
+in under a minute on a 2-core machine.
+
+1. The goal's sweep: every registered schedule x pipeline degree p in
+   {2, 4, 8, 16} x micro-batches m in 1..128 x virtual v in {1, 2}, for
+   Llama 2 13B on 16 H100s (d = 16 / p, micro-batch size 1). Configurations a
+   schedule refuses (its rules) cost a generator call and are counted apart.
+2. A realistic ``plan`` call, as the CLI runs it.
+3. One large configuration, fast evaluator vs the SimPy engine (same result).
+
+Run: ``python benchmarks/bench_plan.py [--workers N] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from pipesim.engine import simulate
+from pipesim.plan import get_accelerator, get_model, plan, workload_from_model
+from pipesim.plan.fastsim import compile_schedule, evaluate, quick_step
+from pipesim.plan.sweep import Point, SweepContext, evaluate_points
+from pipesim.schedules import generate, schedule_names
+
+
+def goal_sweep(workers: int, quick: bool) -> None:
+    model = get_model("llama2-13b")
+    accelerator = get_accelerator("h100-sxm")
+    context = SweepContext(
+        workload=workload_from_model(model),
+        accelerator=accelerator,
+        devices=16,
+        memory_capacity_bytes=accelerator.memory_bytes,
+    )
+    micro = range(1, 129, 8 if quick else 1)
+    points = [
+        Point(
+            schedule=name,
+            pipeline=p,
+            virtual=v,
+            microbatch_size=1,
+            n_microbatches=m,
+            data_parallel=16 // p,
+        )
+        for name in schedule_names()
+        for p in (2, 4, 8, 16)
+        for m in micro
+        for v in (1, 2)
+    ]
+    start = time.perf_counter()
+    results = evaluate_points(context, points, workers=workers, timeout_s=3600)
+    wall = time.perf_counter() - start
+    simulated = sum(r.reason is None for r in results)
+    actions = sum(
+        2 * p.pipeline * p.virtual * p.n_microbatches
+        for p, r in zip(points, results, strict=True)
+        if r.reason is None
+    )
+    print(
+        f"1. goal sweep ({'quick' if quick else 'full'}): {len(points)} configurations "
+        f"({simulated} simulated, {len(points) - simulated} refused by schedule rules), "
+        f"p <= 16, m <= 128, {workers} workers"
+    )
+    print(
+        f"   {wall:.1f} s wall: {simulated / wall:,.0f} simulated configurations/s, "
+        f"{len(points) / wall:,.0f} configurations/s; ~{actions / 1e6:.1f} M F/B actions; "
+        f"10,000 simulated would take {10_000 / (simulated / wall):.1f} s"
+    )
+
+
+def realistic_plan(workers: int) -> None:
+    start = time.perf_counter()
+    result = plan(
+        "llama2-13b", devices=32, accelerator="h100-sxm", global_batch=256, workers=workers
+    )
+    wall = time.perf_counter() - start
+    simulated = sum(p.feasible for p in result.points)
+    print(
+        f"2. pipesim plan --model llama2-13b --devices 32 --accelerator h100-sxm "
+        f"--global-batch 256: {len(result.points)} configurations ({simulated} simulated) "
+        f"in {wall:.1f} s = {simulated / wall:,.0f} simulated/s; best: "
+        f"{result.best.label() if result.best else None}"
+    )
+
+
+def one_large(name: str = "1f1b") -> None:
+    from pipesim.plan import sweep
+
+    context = SweepContext(
+        workload=workload_from_model(get_model("llama2-13b")),
+        accelerator=get_accelerator("h100-sxm"),
+        devices=16,
+        memory_capacity_bytes=80 * 10**9,
+    )
+    point = Point(
+        schedule=name,
+        pipeline=16,
+        virtual=1,
+        microbatch_size=1,
+        n_microbatches=128,
+        data_parallel=1,
+    )
+    sweep.evaluate_point(context, point)  # fills the cost cache
+    costs = sweep._COSTS[next(iter(sweep._COSTS))][0]
+    timings = {}
+    start = time.perf_counter()
+    schedule = generate(name, n_ranks=16, n_microbatches=128)
+    timings["generate"] = time.perf_counter() - start
+    start = time.perf_counter()
+    one_pass = quick_step(schedule, costs)
+    timings["one pass"] = time.perf_counter() - start
+    start = time.perf_counter()
+    compiled = evaluate(compile_schedule(schedule), costs)
+    timings["compile + evaluate"] = time.perf_counter() - start
+    start = time.perf_counter()
+    reference = simulate(schedule, costs=costs, check=False).metrics.makespan
+    timings["SimPy engine"] = time.perf_counter() - start
+    assert one_pass is not None and one_pass.makespan == compiled.makespan == reference
+    shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
+    print(f"3. {name} p=16 m=128 ({2 * 16 * 128} actions): {shown}; same makespan {reference} ns")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--quick", action="store_true", help="every 8th m only")
+    args = parser.parse_args()
+    print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
+    goal_sweep(args.workers, args.quick)
+    realistic_plan(args.workers)
+    one_large()
+
+
+if __name__ == "__main__":
+    main()
