@@ -273,3 +273,19 @@ def test_schedule_rules_and_layer_counts_become_reasons() -> None:
     reasons = [p.reason or "" for p in result.points if not p.feasible]
     assert any(r.startswith("schedule rule:") for r in reasons)
     assert any("only 4 layers" in r for r in reasons)  # 8 stages of a 4-layer model
+
+
+def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
+    from pipesim.engine import simulate
+    from pipesim.plan import configuration
+
+    result = plan(SMALL, devices=4, accelerator="h100-sxm", global_batch=16, workers=1)
+    best = result.best
+    assert best is not None
+    schedule, costs = configuration(result, best, model=SMALL)
+    metrics = simulate(schedule, costs=costs).metrics
+    assert metrics.makespan == best.pipeline_time_ns
+    assert metrics.bubble_ratio == best.bubble
+    assert max(r.param_bytes + r.peak_activation_bytes for r in metrics.ranks) == (
+        best.peak_memory_bytes
+    )

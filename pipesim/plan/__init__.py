@@ -33,7 +33,7 @@ from pipesim.plan.hardware import (
 from pipesim.plan.layers import LayerCost, model_flops_per_sequence, model_layers
 from pipesim.plan.model import ModelSpec, get_model, load_model, model_from_dict, model_names
 from pipesim.plan.partition import partition, stage_sums
-from pipesim.plan.planner import plan, sweep_points
+from pipesim.plan.planner import configuration, plan, sweep_points
 from pipesim.plan.result import PlanPoint, PlanResult, explain, rank_points
 from pipesim.plan.workload import Layer, Workload, workload_from_costs, workload_from_model
 
@@ -49,6 +49,7 @@ __all__ = [
     "accelerator_from_dict",
     "accelerator_names",
     "compile_schedule",
+    "configuration",
     "evaluate",
     "explain",
     "fast_metrics",

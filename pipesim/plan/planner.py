@@ -20,15 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pipesim.costs import CostModel
 from pipesim.errors import PlanError
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
-from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
+from pipesim.plan.sweep import (
+    Evaluation,
+    Point,
+    SweepContext,
+    build_configuration,
+    evaluate_points,
+)
 from pipesim.plan.workload import Workload, workload_from_model
+from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec, schedule_names
 
-__all__ = ["DEFAULT_MICROBATCH_SIZES", "DEFAULT_VIRTUAL", "plan", "sweep_points"]
+__all__ = [
+    "DEFAULT_MICROBATCH_SIZES",
+    "DEFAULT_VIRTUAL",
+    "configuration",
+    "plan",
+    "sweep_points",
+]
 
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (1, 2, 4)
@@ -282,3 +296,41 @@ def _replace(point: PlanPoint, **changes: object) -> PlanPoint:
     from dataclasses import replace
 
     return replace(point, **changes)  # type: ignore[arg-type]
+
+
+def configuration(
+    result: PlanResult,
+    point: PlanPoint,
+    /,
+    *,
+    model: ModelSpec | Workload | str,
+    bytes_per_param: int = 16,
+) -> tuple[Schedule, CostModel]:
+    """The schedule and cost model (times in integer nanoseconds) behind ``point`` of
+    ``result``: simulate it with :func:`pipesim.simulate`, plot it with ``pipesim.plot``.
+
+    ``model`` (and ``bytes_per_param``) must be those the plan was made with.
+    """
+    if isinstance(model, str):
+        model = get_model(model)
+    workload = workload_from_model(model) if isinstance(model, ModelSpec) else model
+    if not point.feasible:
+        raise PlanError(f"{point.label()} was not simulated: {point.reason}")
+    context = SweepContext(
+        workload=workload,
+        accelerator=result.accelerator,
+        devices=result.devices,
+        bytes_per_param=bytes_per_param,
+        memory_capacity_bytes=result.memory_capacity_bytes,
+    )
+    return build_configuration(
+        context,
+        Point(
+            schedule=point.schedule,
+            pipeline=point.pipeline,
+            virtual=point.virtual,
+            microbatch_size=point.microbatch_size,
+            n_microbatches=point.n_microbatches,
+            data_parallel=point.data_parallel,
+        ),
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,14 +92,18 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
     if pareto_more:
         lines += ["", "more of the Pareto front (step time vs memory):"]
         lines += _table([_row(p) for p in pareto_more[:top]])[1:]
-    reasons: dict[str, int] = {}
+    groups: dict[str, list[str]] = {}
     for point in infeasible:
-        key = (point.reason or "?").split(";")[0]
-        reasons[key] = reasons.get(key, 0) + 1
-    if reasons:
-        lines += ["", f"{len(infeasible)} configurations not simulated:"]
-        for text, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:6]:
-            lines.append(f"  {count:5d} x {text}")
+        text = (point.reason or "?").split(";")[0]
+        # one line per kind of reason: the same rule with other numbers is the same kind
+        groups.setdefault(re.sub(r"(?<![\w'-])\d+", "#", text), []).append(text)
+    if groups:
+        lines += ["", f"{len(infeasible)} configurations not simulated, for example:"]
+        ranked = sorted(groups.values(), key=lambda texts: -len(texts))
+        for texts in ranked[:8]:
+            lines.append(f"  {len(texts):5d} x {texts[0]}")
+        if len(ranked) > 8:
+            lines.append(f"  ... and {len(ranked) - 8} more kinds (see --json or --csv)")
     lines += ["", "winner: " + explain(result)]
     return "\n".join(lines)
 

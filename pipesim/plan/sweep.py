@@ -48,7 +48,14 @@ from pipesim.plan.workload import Workload
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
-__all__ = ["Evaluation", "Point", "SweepContext", "evaluate_point", "evaluate_points"]
+__all__ = [
+    "Evaluation",
+    "Point",
+    "SweepContext",
+    "build_configuration",
+    "evaluate_point",
+    "evaluate_points",
+]
 
 _NS_PER_S = 10**9
 
@@ -276,6 +283,24 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         static_bytes=rank_static[peak_rank],
         activation_bytes=metrics.ranks[peak_rank].peak_activation_bytes,
     )
+
+
+def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
+    """The schedule and cost model (integer nanoseconds) that ``point`` is simulated with,
+    e.g. to simulate it with the SimPy engine or plot it; ScheduleError if refused."""
+    schedule = generate(
+        point.schedule,
+        n_ranks=point.pipeline,
+        n_microbatches=point.n_microbatches,
+        virtual=point.virtual,
+    )
+    per_copy = schedule.n_stages // schedule.n_copies
+    work = [layer.work for layer in context.workload.layers]
+    sizes = partition(work, n_stages=per_copy)
+    _install(context)  # fresh caches for this context
+    inter_node = context.devices > context.accelerator.gpus_per_node
+    costs, _, _ = _stage_costs(context, sizes, point.microbatch_size, inter_node, schedule.n_copies)
+    return schedule, costs
 
 
 def _evaluate_chunk(
