@@ -21,7 +21,8 @@ import time
 
 from pipesim.engine import simulate
 from pipesim.plan import get_accelerator, get_model, plan, workload_from_model
-from pipesim.plan.fastsim import compile_schedule, evaluate, quick_step
+from pipesim.plan.fastsim import compile_schedule, evaluate
+from pipesim.plan.onepass import quick_step
 from pipesim.plan.sweep import Point, SweepContext, evaluate_points
 from pipesim.schedules import generate, schedule_names
 

@@ -14,14 +14,9 @@ from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import run_trace, simulate
 from pipesim.errors import DeadlockError, PipesimError
 from pipesim.graph import validate
-from pipesim.plan.fastsim import (
-    compile_schedule,
-    evaluate,
-    fast_metrics,
-    fast_trace,
-    metrics_of,
-    quick_step,
-)
+from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, metrics_of
+from pipesim.plan.fasttrace import fast_trace
+from pipesim.plan.onepass import quick_step
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, schedule_names
 

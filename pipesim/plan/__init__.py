@@ -9,7 +9,8 @@ front of step time versus memory.
   per-layer FLOP / activation formulas (Narayanan et al. 2021; Korthikanti et al. 2023);
 - :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
 - :mod:`~pipesim.plan.partition`: layers -> stages, minimising the slowest stage;
-- :mod:`~pipesim.plan.fastsim`: a fast evaluator identical to the SimPy engine;
+- :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
+  :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep, on all cores;
 - :mod:`~pipesim.plan.result`, :mod:`~pipesim.plan.report`: ranking, tables, JSON, CSV, HTML.
 
@@ -21,7 +22,8 @@ True
 
 from __future__ import annotations
 
-from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, fast_trace
+from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, metrics_of
+from pipesim.plan.fasttrace import fast_trace
 from pipesim.plan.hardware import (
     Accelerator,
     Interconnect,
@@ -32,6 +34,7 @@ from pipesim.plan.hardware import (
 )
 from pipesim.plan.layers import LayerCost, model_flops_per_sequence, model_layers
 from pipesim.plan.model import ModelSpec, get_model, load_model, model_from_dict, model_names
+from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition, stage_sums
 from pipesim.plan.planner import configuration, plan, sweep_points
 from pipesim.plan.result import PlanPoint, PlanResult, explain, rank_points
@@ -58,12 +61,14 @@ __all__ = [
     "get_model",
     "load_accelerator",
     "load_model",
+    "metrics_of",
     "model_flops_per_sequence",
     "model_from_dict",
     "model_layers",
     "model_names",
     "partition",
     "plan",
+    "quick_step",
     "rank_points",
     "stage_sums",
     "sweep_points",

@@ -41,8 +41,9 @@ from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
-from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of, quick_step
+from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.hardware import Accelerator
+from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload
 from pipesim.schedule import Schedule
