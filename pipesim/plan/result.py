@@ -175,6 +175,7 @@ class PlanResult:
         return {
             "model": self.model,
             "accelerator": self.accelerator.name,
+            "accelerator_spec": self.accelerator.to_dict(),
             "devices": self.devices,
             "global_batch": self.global_batch,
             "memory_capacity_bytes": self.memory_capacity_bytes,
