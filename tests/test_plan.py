@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from fractions import Fraction
 
 import pytest
@@ -18,7 +19,7 @@ from pipesim.plan import (
     workload_from_model,
 )
 from pipesim.plan.hardware import Accelerator
-from pipesim.plan.sweep import Point, SweepContext, evaluate_points
+from pipesim.plan.sweep import Point, SweepContext, _start_method, evaluate_points
 
 # Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
 FREE = Accelerator(
@@ -216,7 +217,18 @@ def test_simpy_engine_gives_the_same_plan() -> None:
 
 def test_workers_give_the_same_plan() -> None:
     kwargs = dict(devices=8, accelerator="h100-sxm", global_batch=64, microbatch_sizes=[1, 2])
-    assert plan(SMALL, workers=2, **kwargs).points == plan(SMALL, workers=1, **kwargs).points  # type: ignore[arg-type]
+    alone = plan(SMALL, workers=1, **kwargs).points  # type: ignore[arg-type]
+    assert plan(SMALL, workers=2, **kwargs).points == alone  # type: ignore[arg-type]
+    # with another thread running (as in a Jupyter kernel) the pool is not forked
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert _start_method() != "fork"
+        assert plan(SMALL, workers=2, **kwargs).points == alone  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_a_sweep_that_runs_out_of_time_stops_with_a_clear_error() -> None:

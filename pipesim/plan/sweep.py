@@ -21,7 +21,8 @@ Hardware model (documented assumptions):
   and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
   workstations", JPDC 2009), not overlapped with the pipeline.
 
-Workers: a ``multiprocessing`` pool (fork where available) evaluates chunks
+Workers: a ``multiprocessing`` pool (fork from a single-threaded process,
+else forkserver) evaluates chunks
 of points; every wait has a deadline, so a sweep never hangs, and one worker
 evaluates in this process.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -372,8 +374,7 @@ def evaluate_points(
     else:
         chunk_size = max(1, min(64, total // (workers * 16)))
         chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        pool = multiprocessing.get_context(method).Pool(
+        pool = multiprocessing.get_context(_start_method()).Pool(
             workers, initializer=_install, initargs=(context,)
         )
         try:
@@ -394,6 +395,16 @@ def evaluate_points(
             pool.join()
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+def _start_method() -> str:
+    """``fork`` (workers start at once) from a single-threaded process; otherwise
+    (a Jupyter kernel runs threads, and forking them can deadlock a child)
+    ``forkserver``, or ``spawn`` where neither exists."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
 
 def _timed_out(timeout_s: float, done: int, total: int) -> PlanError:
