@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from pipesim.costs import CostModel
-from pipesim.errors import PlanError, UnknownNameError
+from pipesim.costs import CostModel, StageCost
+from pipesim.errors import ParseError, PlanError, UnknownNameError
 from pipesim.plan import (
     ModelSpec,
     get_accelerator,
@@ -301,3 +301,55 @@ def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
     assert max(r.param_bytes + r.peak_activation_bytes for r in metrics.ranks) == (
         best.peak_memory_bytes
     )
+
+
+def test_cost_file_units_and_microbatch_scaling() -> None:
+    # a calibrated file: 2 stages measured with micro-batches of 2 sequences, times in ns
+    costs = CostModel(
+        stages=(
+            StageCost(forward=4000, backward=8000, activation_bytes=600, param_bytes=400),
+            StageCost(forward=2000, backward=4000, activation_bytes=200, param_bytes=400),
+        )
+    )
+    workload = workload_from_costs(costs, meta={"time_unit": "ns", "microbatch_size": 2})
+    assert workload.layers[0].forward == Fraction(2000, 10**9)  # seconds per sequence
+    assert workload.layers[0].activation_bytes == 300
+    assert workload.layers[0].params == 100  # fp32 parameters (verify's default)
+    result = plan(
+        workload,
+        devices=2,
+        accelerator=FREE,
+        global_batch=8,
+        stages=[2],
+        microbatch_sizes=[4],
+        virtual=[1],
+        schedules=["gpipe"],
+        workers=1,
+    )
+    (point,) = result.points
+    # b = 4 sequences: stage 0 runs F in 8000 ns and B in 16000, stage 1 F 4000, B 8000.
+    # GPipe, m = 2, by hand: rank 0 F0 0-8000, F1 8000-16000; rank 1 F0 8000-12000,
+    # F1 16000-20000, B0 20000-28000, B1 28000-36000; rank 0 B0 28000-44000, B1 44000-60000
+    assert point.pipeline_time_ns == 60000
+    assert point.static_memory_bytes == 100 * 16
+    assert point.peak_activation_bytes == 2 * 4 * 300
+    with pytest.raises(ParseError, match="time_unit"):
+        workload_from_costs(costs, meta={"time_unit": "h"})
+
+
+def test_batch_that_does_not_divide_is_a_reason_not_an_error() -> None:
+    result = plan(
+        SMALL,
+        devices=4,
+        accelerator="h100-sxm",
+        global_batch=8,
+        stages=[1, 2],
+        microbatch_sizes=[1, 4],
+        virtual=[1],
+        schedules=["1f1b"],
+        workers=1,
+    )
+    refused = [p for p in result.points if not p.feasible]
+    assert [p.reason for p in refused] == [
+        "global batch 8 is not a multiple of data parallel 4 x micro-batch size 4 = 16"
+    ]
