@@ -23,7 +23,6 @@ rank waits for its send to arrive before it runs its next action.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.errors import CostError, ParseError
 from pipesim.exact import Time, to_count, to_time
+from pipesim.files import read_json
 
 __all__ = ["CostModel", "Link", "StageCost", "costs_from_dict", "costs_to_dict", "load_costs"]
 
@@ -269,15 +269,4 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
 
 def load_costs(path: str | Path, /) -> CostModel:
     """Read a cost model from a JSON file (see :func:`costs_from_dict` for the shape)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ParseError(f"cannot read cost file {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(
-            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    return costs_from_dict(data, source=str(path))
+    return costs_from_dict(read_json(path, what="cost"), source=str(path))

@@ -50,8 +50,9 @@ from typing import Any
 
 from pipesim.actions import Action, Work
 from pipesim.engine import Simulation
-from pipesim.errors import PipesimError, UnknownNameError
+from pipesim.errors import UnknownNameError
 from pipesim.exact import Time, as_number
+from pipesim.files import write_text
 from pipesim.trace import ActionRecord, TransferRecord
 
 __all__ = [
@@ -208,16 +209,7 @@ def write_chrome_trace(
 
     An unwritable path is a PipesimError naming the path and the reason.
     """
-    path = Path(path)
-    text = chrome_trace_json(simulation, time_unit=time_unit)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise PipesimError(
-            f"cannot write {str(path)!r}: {exc.strerror or exc}; give an -o path in an "
-            "existing, writable directory"
-        ) from None
-    return path
+    return write_text(path, chrome_trace_json(simulation, time_unit=time_unit))
 
 
 # -- helpers ---------------------------------------------------------------------------

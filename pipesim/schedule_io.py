@@ -29,6 +29,7 @@ from typing import Any
 
 from pipesim.actions import Action, parse_action
 from pipesim.errors import ParseError, PipesimError
+from pipesim.files import parse_json, read_text, write_text
 from pipesim.schedule import Schedule
 
 __all__ = [
@@ -115,13 +116,7 @@ def schedule_from_dict(data: object, /, *, source: str = "schedule") -> Schedule
 
 def schedule_from_json(text: str, /, *, source: str = "schedule") -> Schedule:
     """Parse pipesim JSON text; a syntax error names the line and column."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(
-            f"{source}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    return schedule_from_dict(data, source=source)
+    return schedule_from_dict(parse_json(text, source=source), source=source)
 
 
 def schedule_to_csv(schedule: Schedule, /) -> str:
@@ -175,12 +170,7 @@ def schedule_from_csv(
 def load_schedule(path: str | Path, /) -> Schedule:
     """Read a schedule from a ``.json`` or ``.csv`` file (chosen by suffix)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ParseError(f"cannot read schedule file {str(path)!r}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ParseError(f"schedule file {str(path)!r} is not UTF-8 text") from None
+    text = read_text(path, what="schedule")
     suffix = path.suffix.lower()
     if suffix == ".json":
         return schedule_from_json(text, source=str(path))
@@ -199,8 +189,4 @@ def save_schedule(schedule: Schedule, path: str | Path, /) -> Path:
         text = schedule_to_csv(schedule)
     else:
         raise ParseError(f"cannot save to {str(path)!r}: use a .json or .csv suffix")
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise PipesimError(f"cannot write {str(path)!r}: {exc.strerror}") from None
-    return path
+    return write_text(path, text)

@@ -9,14 +9,14 @@ the table says so), 1 on bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import positive_int, print_json
-from pipesim.errors import ParseError, PlanError
+from pipesim.errors import PlanError
+from pipesim.files import read_json
 
 
 def register(subparsers: Any) -> None:
@@ -172,12 +172,7 @@ def _workload(args: argparse.Namespace) -> Any:
         path = Path(source)
         if not path.exists():
             get_model(source)  # UnknownNameError listing the presets
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ParseError(f"cannot read model file {source!r}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ParseError(f"{source}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+        data = read_json(path, what="model")
         if isinstance(data, dict) and ("stage" in data or "stages" in data):
             extra = sorted(set(given) - {"seq_length"})
             if extra:

@@ -12,15 +12,14 @@ public source; :func:`accelerator_from_dict` builds a custom one.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
+from pipesim.files import read_json, read_package_json
 
 __all__ = [
     "Accelerator",
@@ -151,8 +150,7 @@ def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Ac
 
 @cache
 def _presets() -> dict[str, Accelerator]:
-    text = resources.files("pipesim").joinpath("data/accelerators.json").read_text(encoding="utf-8")
-    raw = json.loads(text)["accelerators"]
+    raw = read_package_json("accelerators.json")["accelerators"]
     return {
         name: accelerator_from_dict({**entry, "name": name}, source=f"accelerators.json: {name}")
         for name, entry in raw.items()
@@ -181,11 +179,4 @@ def get_accelerator(name: str, /) -> Accelerator:
 
 def load_accelerator(path: str | Path, /) -> Accelerator:
     """Read an Accelerator from a JSON file of its fields."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ParseError(f"cannot read accelerator file {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
-    return accelerator_from_dict(data, source=str(path))
+    return accelerator_from_dict(read_json(path, what="accelerator"), source=str(path))

@@ -15,14 +15,13 @@ each with the public source of its numbers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
+from pipesim.files import read_json, read_package_json
 
 __all__ = ["DTYPE_BYTES", "ModelSpec", "get_model", "load_model", "model_from_dict", "model_names"]
 
@@ -166,8 +165,7 @@ def model_from_dict(data: object, /, *, source: str = "model") -> ModelSpec:
 
 @cache
 def _presets() -> dict[str, ModelSpec]:
-    text = resources.files("pipesim").joinpath("data/models.json").read_text(encoding="utf-8")
-    raw = json.loads(text)["models"]
+    raw = read_package_json("models.json")["models"]
     return {
         name: model_from_dict({**entry, "name": name}, source=f"models.json: {name}")
         for name, entry in raw.items()
@@ -196,11 +194,4 @@ def get_model(name: str, /) -> ModelSpec:
 
 def load_model(path: str | Path, /) -> ModelSpec:
     """Read a ModelSpec from a JSON file of its fields."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ParseError(f"cannot read model file {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
-    return model_from_dict(data, source=str(path))
+    return model_from_dict(read_json(path, what="model"), source=str(path))

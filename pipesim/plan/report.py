@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipesim.errors import PipesimError
+from pipesim.files import write_text
 from pipesim.plan.result import PlanPoint, PlanResult, explain
 
 __all__ = ["format_csv", "format_table", "plan_figure", "write_html"]
@@ -234,11 +234,4 @@ def write_html(result: PlanResult, path: str | Path, /, *, cdn: bool = False) ->
         div_id="pipesim-plan",
         config={"displaylogo": False, "responsive": True},
     )
-    try:
-        path.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise PipesimError(
-            f"cannot write {str(path)!r}: {exc.strerror or exc}; give an -o path in an "
-            "existing, writable directory"
-        ) from None
-    return path
+    return write_text(path, html)

@@ -21,7 +21,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from pipesim.errors import PipesimError
+from pipesim.files import write_text
 
 __all__ = ["DIV_ID", "to_html", "write_html"]
 
@@ -49,14 +49,4 @@ def write_html(fig: go.Figure, path: str | Path, /, *, cdn: bool = False) -> Pat
 
     An unwritable path is a PipesimError naming the path and the reason.
     """
-    path = Path(path)
-    html = to_html(fig, cdn=cdn)
-    try:
-        path.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise PipesimError(
-            f"cannot write {str(path)!r}: {reason}; give an -o path in an existing, "
-            "writable directory"
-        ) from None
-    return path
+    return write_text(path, to_html(fig, cdn=cdn))
