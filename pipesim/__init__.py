@@ -29,7 +29,13 @@ from pipesim.graph import (
     find_deadlock,
     validate,
 )
-from pipesim.metrics import Metrics, RankMetrics, compute_metrics, idle_intervals
+from pipesim.metrics import (
+    Metrics,
+    RankMetrics,
+    compute_metrics,
+    idle_intervals,
+    metrics_from_totals,
+)
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import (
     load_schedule,
@@ -108,6 +114,7 @@ __all__ = [
     "load_costs",
     "load_schedule",
     "looped_bfs",
+    "metrics_from_totals",
     "one_f_one_b",
     "parse_action",
     "register",

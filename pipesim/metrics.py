@@ -15,6 +15,7 @@ All are exact (ints or Fractions) when the trace's times are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -24,7 +25,7 @@ from pipesim.exact import Time, as_number
 from pipesim.schedule import Schedule
 from pipesim.trace import Trace
 
-__all__ = ["Metrics", "RankMetrics", "compute_metrics", "idle_intervals"]
+__all__ = ["Metrics", "RankMetrics", "compute_metrics", "idle_intervals", "metrics_from_totals"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,8 +112,6 @@ class Metrics:
 
 def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) -> Metrics:
     """Metrics of ``trace``, a step of ``schedule`` under ``costs``."""
-    costs = costs.for_stages(schedule.n_stages)
-    makespan = trace.makespan
     busy: list[Time] = [0] * trace.n_ranks
     for record in trace.actions:
         busy[record.rank] += record.end - record.start
@@ -121,26 +120,48 @@ def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) ->
     for sample in trace.memory:
         peak_bytes[sample.rank] = max(peak_bytes[sample.rank], sample.activation_bytes)
         peak_inflight[sample.rank] = max(peak_inflight[sample.rank], sample.inflight)
+    return metrics_from_totals(
+        schedule=schedule,
+        costs=costs,
+        makespan=trace.makespan,
+        busy=busy,
+        peak_activation_bytes=peak_bytes,
+        peak_inflight=peak_inflight,
+    )
+
+
+def metrics_from_totals(
+    *,
+    schedule: Schedule,
+    costs: CostModel,
+    makespan: Time,
+    busy: Sequence[Time],
+    peak_activation_bytes: Sequence[int],
+    peak_inflight: Sequence[int],
+) -> Metrics:
+    """Metrics from per-rank totals; every evaluator (trace or fast path) ends here."""
+    costs = costs.for_stages(schedule.n_stages)
+    n_ranks = schedule.n_ranks
     ranks = tuple(
         RankMetrics(
             rank=rank,
             busy=busy[rank],
             idle=makespan - busy[rank],
-            peak_activation_bytes=peak_bytes[rank],
+            peak_activation_bytes=peak_activation_bytes[rank],
             peak_inflight=peak_inflight[rank],
             param_bytes=sum(costs.stage(s).param_bytes for s in schedule.stages_of(rank)),
         )
-        for rank in range(trace.n_ranks)
+        for rank in range(n_ranks)
     )
-    total_busy = sum(busy)
-    total_idle = trace.n_ranks * makespan - total_busy
-    capacity = Fraction(trace.n_ranks * makespan)
+    total_busy = sum(busy, start=0)
+    total_idle = n_ranks * makespan - total_busy
+    capacity = Fraction(n_ranks * makespan)
     slot = _exact(
         Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)), schedule.n_stages)
     )
     return Metrics(
         schedule=schedule.name,
-        n_ranks=schedule.n_ranks,
+        n_ranks=n_ranks,
         n_stages=schedule.n_stages,
         n_microbatches=schedule.n_microbatches,
         makespan=makespan,

@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.costs import CostModel
 from pipesim.errors import DeadlockError
 from pipesim.exact import Time
 from pipesim.graph import build_graph, find_deadlock, validate
-from pipesim.metrics import Metrics, RankMetrics
+from pipesim.metrics import Metrics, metrics_from_totals
 from pipesim.schedule import Schedule
 
 __all__ = [
@@ -390,38 +389,13 @@ def _memory_peaks(
 
 def metrics_of(schedule: Schedule, costs: CostModel, result: StepResult, /) -> Metrics:
     """The :class:`~pipesim.metrics.Metrics` that ``compute_metrics`` gives for this step."""
-    costs = costs.for_stages(schedule.n_stages)
-    makespan = result.makespan
-    ranks = tuple(
-        RankMetrics(
-            rank=rank,
-            busy=result.busy[rank],
-            idle=makespan - result.busy[rank],
-            peak_activation_bytes=result.peak_activation_bytes[rank],
-            peak_inflight=result.peak_inflight[rank],
-            param_bytes=sum(costs.stage(s).param_bytes for s in schedule.stages_of(rank)),
-        )
-        for rank in range(schedule.n_ranks)
-    )
-    total_busy = sum(result.busy, start=0)
-    total_idle = schedule.n_ranks * makespan - total_busy
-    capacity = Fraction(schedule.n_ranks * makespan)
-    slot = _exact(
-        Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)), schedule.n_stages)
-    )
-    return Metrics(
-        schedule=schedule.name,
-        n_ranks=schedule.n_ranks,
-        n_stages=schedule.n_stages,
-        n_microbatches=schedule.n_microbatches,
-        makespan=makespan,
-        busy=total_busy,
-        idle=total_idle,
-        bubble_ratio=Fraction(total_idle) / capacity if capacity else Fraction(0),
-        slot=slot,
-        idle_slots=_exact(Fraction(total_idle) / slot) if slot else 0,
-        ranks=ranks,
-        memory_capacity_bytes=costs.memory_capacity_bytes,
+    return metrics_from_totals(
+        schedule=schedule,
+        costs=costs,
+        makespan=result.makespan,
+        busy=result.busy,
+        peak_activation_bytes=result.peak_activation_bytes,
+        peak_inflight=result.peak_inflight,
     )
 
 
@@ -439,7 +413,3 @@ def fast_metrics(
         validate(schedule)
     compiled = compile_schedule(schedule)
     return metrics_of(schedule, costs, evaluate(compiled, costs))
-
-
-def _exact(value: Fraction) -> Time:
-    return value.numerator if value.denominator == 1 else value
