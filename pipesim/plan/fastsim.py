@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.costs import CostModel
+from pipesim.dependencies import index_schedule
 from pipesim.errors import DeadlockError
 from pipesim.exact import Time
 from pipesim.graph import build_graph, find_deadlock, validate
@@ -56,7 +57,6 @@ __all__ = [
 
 _OP_INDEX = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
 _SIGNAL = -1  # pair id of a happens_before signal: arrives when its work ends, no link
-_KEY_WIDTH = 1 << 40  # action key: (4 * stage + op) * _KEY_WIDTH + micro-batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,98 +89,46 @@ class CompiledSchedule:
 def compile_schedule(schedule: Schedule, /) -> CompiledSchedule:
     """The cost-independent part of evaluating ``schedule`` (no validation).
 
-    The dependency rules and the order in which messages are wired are those
-    of :func:`pipesim.dependencies.index_schedule`, which the engine uses;
-    this is the same derivation on integer keys (several times faster, which
-    matters in a sweep). A schedule whose waits form a cycle is a
-    DeadlockError showing the cycle.
+    The dependency rules and the order in which messages are wired come from
+    :func:`pipesim.dependencies.index_schedule`, exactly as the engine takes
+    them. A schedule whose waits form a cycle is a DeadlockError showing the
+    cycle.
     """
     n_stages = schedule.n_stages
-    f_op, b_op, i_op = Op.F, Op.B, Op.I
-    works: list[Work] = []
-    rank_of: list[int] = []
-    orders: list[list[int]] = []
-    node_of: dict[int, int] = {}  # action key -> first work holding it
-    firsts: list[tuple[int, int, int, int, Action]] = []  # (key, stage, op, mb, action)
+    index = index_schedule(schedule)
+    works, rank_of, orders = index.works, index.ranks, index.orders
     overlaps: list[Overlap] = []
-    keys: list[int] = []
-    wide = _KEY_WIDTH
-    for rank, order in enumerate(schedule.orders):
-        ids = []
-        for work in order:
-            node = len(works)
-            works.append(work)
-            rank_of.append(rank)
-            ids.append(node)
-            parts = (work,) if isinstance(work, Action) else work.parts
-            for action in parts:
-                op = action.op
-                code = 0 if op is f_op else 1 if op is b_op else 2 if op is i_op else 3
-                stage = action.stage
-                key = (stage * 4 + code) * wide + action.microbatch
-                if key not in node_of:
-                    node_of[key] = node
-                    firsts.append((key, stage, code, action.microbatch, action))
-            if isinstance(work, Action):
-                keys.append(4 * work.stage + code)
-            else:
-                keys.append(4 * n_stages + len(overlaps))
-                overlaps.append(work)
-        orders.append(ids)
-    action_of = {first[0]: first[4] for first in firsts}
+    keys: list[int] = []  # duration key per work: 4 * stage + op, or an overlap's slot
+    for work in works:
+        if isinstance(work, Action):
+            keys.append(4 * work.stage + _OP_INDEX[work.op])
+        else:
+            keys.append(4 * n_stages + len(overlaps))
+            overlaps.append(work)
 
     # Cross-rank data messages, in index_schedule's edge order (the engine's send order).
+    # Only cross-rank edges carry messages: the engine relies on program order in a rank.
     inputs: list[list[int]] = [[] for _ in works]
     outputs: list[list[tuple[int, int, int]]] = [[] for _ in works]
     messages: list[tuple[Action, Action, int, int]] = []
     pair_ids: dict[tuple[int, int], int] = {}
-    per_copy = n_stages // schedule.n_copies  # stage s feeds s + 1 within one model copy
-    get = node_of.get
-
-    def wire(producer_key: int, consumer_key: int, c_node: int) -> None:
-        # Only cross-rank edges carry messages: the engine relies on program order
-        # within a rank.
-        p_node = node_of[producer_key]
+    for p_node, c_node, producer, consumer in index.data_edges:
         src, dst = rank_of[p_node], rank_of[c_node]
-        producer = action_of[producer_key]
+        if src == dst:
+            continue
         pair = pair_ids.setdefault((src, dst), len(pair_ids))
         # CostModel.message_bytes: F sends its stage's output, B / I the previous stage's.
-        if producer.op is f_op:
+        if producer.op is Op.F:
             size_key = producer.stage
         else:
             size_key = producer.stage - 1 if producer.stage > 0 else n_stages
         message = len(messages)
-        messages.append((producer, action_of[consumer_key], src, dst))
+        messages.append((producer, consumer, src, dst))
         outputs[p_node].append((message, pair, size_key))
         inputs[c_node].append(message)
-
-    for key, stage, code, mb, _ in firsts:
-        node = node_of[key]
-        rank = rank_of[node]
-        if code == 0:  # F needs F of the previous stage
-            if stage % per_copy:
-                needs: tuple[int, ...] = (((stage - 1) * 4) * wide + mb,)
-            else:
-                continue
-        elif code == 3:  # W needs I
-            needs = ((stage * 4 + 2) * wide + mb,)
-        elif (stage + 1) % per_copy:  # B or I: its own F, then the next stage's B, then I
-            needs = (
-                (stage * 4) * wide + mb,
-                ((stage + 1) * 4 + 1) * wide + mb,
-                ((stage + 1) * 4 + 2) * wide + mb,
-            )
-        else:
-            needs = ((stage * 4) * wide + mb,)
-        for need in needs:
-            p_node = get(need)
-            if p_node is not None and rank_of[p_node] != rank:
-                wire(need, key, node)
     n_arrivals = len(messages)
-    for a, b in schedule.happens_before:
-        a_node = get((a.stage * 4 + _OP_INDEX[a.op]) * wide + a.microbatch)
-        b_node = get((b.stage * 4 + _OP_INDEX[b.op]) * wide + b.microbatch)
-        if a_node is not None and b_node is not None and rank_of[a_node] != rank_of[b_node]:
+    for a_node, b_node in index.extra_edges:
+        if rank_of[a_node] != rank_of[b_node]:
             outputs[a_node].append((n_arrivals, _SIGNAL, 0))
             inputs[b_node].append(n_arrivals)
             n_arrivals += 1
