@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from fractions import Fraction
 
@@ -15,6 +16,7 @@ from pipesim.plan import (
     get_accelerator,
     model_layers,
     plan,
+    sweep,
     workload_from_costs,
     workload_from_model,
 )
@@ -252,6 +254,36 @@ def test_a_sweep_that_runs_out_of_time_stops_with_a_clear_error() -> None:
     for workers in (1, 2):
         with pytest.raises(PlanError, match="did not finish within"):
             evaluate_points(context, points, workers=workers, timeout_s=1e-4)
+
+
+def _die(chunk: object, context: object = None) -> object:
+    os._exit(3)  # a worker killed mid-sweep (OOM killer, kill -9)
+
+
+def test_a_dying_worker_is_a_clear_error_not_a_wait_for_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    context = SweepContext(
+        workload=workload_from_model(SMALL),
+        accelerator=FREE,
+        devices=2,
+        memory_capacity_bytes=10**12,
+    )
+    points = [
+        Point(
+            schedule="1f1b",
+            pipeline=2,
+            virtual=1,
+            microbatch_size=1,
+            n_microbatches=m,
+            data_parallel=1,
+        )
+        for m in range(1, 40)
+    ]
+    monkeypatch.setattr(sweep, "_evaluate_chunk", _die)  # forked workers inherit it
+    # Reported when the worker dies: waiting for the deadline would say "did not finish".
+    with pytest.raises(PlanError, match=r"worker process died.*--workers 1"):
+        evaluate_points(context, points, workers=2, timeout_s=120)
 
 
 def test_bad_inputs_are_clear_errors() -> None:

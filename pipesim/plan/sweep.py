@@ -21,7 +21,7 @@ Hardware model (documented assumptions):
   and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
   workstations", JPDC 2009), not overlapped with the pipeline.
 
-Workers: a ``multiprocessing`` pool (fork from a single-threaded process,
+Workers: a process pool (fork from a single-threaded process,
 else forkserver) evaluates chunks
 of points; every wait has a deadline, so a sweep never hangs, and one worker
 evaluates in this process.
@@ -35,6 +35,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -374,25 +377,35 @@ def evaluate_points(
     else:
         chunk_size = max(1, min(64, total // (workers * 16)))
         chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
-        pool = multiprocessing.get_context(_start_method()).Pool(
-            workers, initializer=_install, initargs=(context,)
+        # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
+        # memory) the executor fails every pending future at once, where a Pool would
+        # silently wait for the lost chunk until the deadline.
+        executor = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context(_start_method()),
+            initializer=_install,
+            initargs=(context,),
         )
         try:
-            pending = pool.imap_unordered(_evaluate_chunk, chunks)
-            for _ in chunks:
-                remaining = deadline - time.monotonic()
-                try:
-                    chunk_results = pending.next(timeout=max(remaining, 0.001))
-                except multiprocessing.TimeoutError:
-                    raise _timed_out(timeout_s, done, total) from None
-                for index, evaluation in chunk_results:
-                    results[index] = evaluation
-                done += len(chunk_results)
-                if progress is not None:
-                    progress(done, total)
+            futures = [executor.submit(_evaluate_chunk, chunk) for chunk in chunks]
+            try:
+                for future in as_completed(futures, timeout=max(deadline - time.monotonic(), 0)):
+                    chunk_results = future.result()
+                    for index, evaluation in chunk_results:
+                        results[index] = evaluation
+                    done += len(chunk_results)
+                    if progress is not None:
+                        progress(done, total)
+            except FuturesTimeout:
+                raise _timed_out(timeout_s, done, total) from None
+            except BrokenProcessPool:
+                raise PlanError(
+                    f"a sweep worker process died (killed, or out of memory?) after {done} of "
+                    f"{total} configurations; rerun with --workers 1 to evaluate in this "
+                    "process and see the cause"
+                ) from None
         finally:
-            pool.terminate()
-            pool.join()
+            executor.shutdown(wait=False, cancel_futures=True)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 
