@@ -24,11 +24,13 @@ $(VENV)/.installed-dev: pyproject.toml constraints/ci.txt | $(BIN)/python
 demo: $(VENV)/.installed
 	@mkdir -p $(OUT)
 	$(BIN)/pipesim simulate gpipe --stages 2 --microbatches 4 --forward-only --grid
-	$(BIN)/pipesim simulate 1f1b --stages 4 --microbatches 8 --activation-bytes 1000
-	$(BIN)/pipesim simulate interleaved-1f1b --stages 4 --microbatches 8 --virtual 2 --json
-	$(BIN)/pipesim plot 1f1b --stages 4 --microbatches 8 --activation-bytes 1000 -o $(OUT)/1f1b.html
-	$(BIN)/pipesim plot gpipe 1f1b --compare --stages 4 --microbatches 8 -o $(OUT)/compare.html
+	$(BIN)/pipesim simulate 1f1b --stages 4 --microbatches 8 --activation-bytes 1e6
+	$(BIN)/pipesim plot gpipe 1f1b interleaved-1f1b:virtual=2:forward-time=0.5:backward-time=1 \
+		--compare --stages 4 --microbatches 8 --activation-bytes 1e6 -o $(OUT)/compare.html
 	$(BIN)/pipesim trace 1f1b --stages 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
+	$(BIN)/pipesim plan --model llama2-7b --devices 16 --accelerator h100-sxm --global-batch 128 \
+		--top 5 -o $(OUT)/plan.html
+	@echo "open $(OUT)/compare.html and $(OUT)/plan.html in a browser; $(OUT)/1f1b-trace.json in ui.perfetto.dev"
 
 test: browser-deps $(VENV)/.installed-dev
 	$(BIN)/python -m pytest

@@ -98,8 +98,7 @@ def sweep_points(
     names = tuple(schedule_names()) if schedules is None else tuple(schedules)
     if not names:
         raise PlanError("no schedules to sweep; give at least one (see `pipesim schedules`)")
-    for name in names:
-        get_spec(name)  # UnknownNameError listing the valid names
+    specs = {name: get_spec(name) for name in names}  # UnknownNameError for a bad name
     points: list[Point] = []
     refused: list[PlanPoint] = []
     for p in degrees:
@@ -108,6 +107,9 @@ def sweep_points(
             m, remainder = divmod(global_batch, d * b)
             for v in virtuals:
                 for name in names:
+                    allowed = specs[name].virtual_values
+                    if allowed is not None and v not in allowed:
+                        continue  # not a configuration of this schedule at all
                     if remainder or m == 0:
                         refused.append(
                             PlanPoint(
@@ -132,6 +134,11 @@ def sweep_points(
                             data_parallel=d,
                         )
                     )
+    if not points and not refused:
+        raise PlanError(
+            f"no schedule among {list(names)} takes {list(virtuals)} stages per rank; "
+            "see `pipesim schedules` for each schedule's rules, or change --virtual"
+        )
     if not points:
         smallest = devices // max(degrees)
         raise PlanError(

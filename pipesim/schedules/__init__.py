@@ -48,6 +48,7 @@ __all__ = [
 register(
     ScheduleSpec(
         name="sequential",
+        virtual_values=(1,),
         generator=sequential,
         summary="plain model parallelism: one micro-batch through every stage before the next",
         rules="ranks >= 1, micro-batches >= 1, virtual = 1; --forward-only allowed",
@@ -58,6 +59,7 @@ register(
 register(
     ScheduleSpec(
         name="gpipe",
+        virtual_values=(1,),
         generator=gpipe,
         summary="fill-drain: all forwards, then all backwards",
         rules="ranks >= 1, micro-batches >= 1, virtual = 1; --forward-only allowed",
@@ -68,6 +70,7 @@ register(
 register(
     ScheduleSpec(
         name="1f1b",
+        virtual_values=(1,),
         generator=one_f_one_b,
         summary="PipeDream-Flush: p-r-1 warm-up forwards on rank r, then one forward one backward",
         rules="ranks >= 1, micro-batches >= 1, virtual = 1; training only",
@@ -103,6 +106,7 @@ register(
 register(
     ScheduleSpec(
         name="zb-h1",
+        virtual_values=(1,),
         generator=zb_h1,
         summary="zero bubble H1: 1F1B with I and W split, rank r deferring r W passes into "
         "the cool-down; 1F1B's memory",
@@ -113,6 +117,7 @@ register(
 register(
     ScheduleSpec(
         name="zb-h2",
+        virtual_values=(1,),
         generator=zb_h2,
         summary="zero bubble H2: 2(p-r)-1 warm-up forwards, W moved to the tail, up to 2p "
         "micro-batches held; no gap on any rank when F=I=W and m >= 2p-1",
@@ -134,6 +139,7 @@ register(
 register(
     ScheduleSpec(
         name="zbv",
+        virtual_values=(2,),
         generator=zbv,
         summary="zero bubble V: two stages per rank in a V (rank r holds r and 2p-1-r), "
         "I and W split; 1F1B's memory",
@@ -146,6 +152,7 @@ register(
 register(
     ScheduleSpec(
         name="dualpipe",
+        virtual_values=(2,),
         generator=dualpipe,
         summary="DeepSeek's bidirectional pipeline: two model copies (n_copies=2), half the "
         "micro-batches from each end, overlapped F&B pairs",
@@ -158,6 +165,7 @@ register(
 register(
     ScheduleSpec(
         name="dualpipev",
+        virtual_values=(2,),
         generator=dualpipev,
         summary="DualPipe cut in half: one 2P-stage model in a V on P ranks, overlapped F&B pairs",
         rules="virtual = 2 (2P stages on P ranks); micro-batches >= 2P; training only",

@@ -33,6 +33,8 @@ class ScheduleSpec:
     """Where the schedule comes from (paper, code)."""
     default_virtual: int = 1
     """Stages per rank when ``virtual`` is not given."""
+    virtual_values: tuple[int, ...] | None = None
+    """The only stages-per-rank values the schedule accepts; None for any (interleaved)."""
     forward_only: bool = False
     """Whether a forward-only (inference) variant exists."""
     options: tuple[str, ...] = ()
