@@ -385,3 +385,31 @@ def test_batch_that_does_not_divide_is_a_reason_not_an_error() -> None:
     assert [p.reason for p in refused] == [
         "global batch 8 is not a multiple of data parallel 4 x micro-batch size 4 = 16"
     ]
+
+
+def test_schedules_meet_only_the_virtual_values_they_take() -> None:
+    # 1f1b holds one stage per rank and zbv two; interleaved-1f1b takes any. Pairing a
+    # schedule with a value it never takes is not a configuration, so it is not listed.
+    result = plan(
+        SMALL,
+        devices=4,
+        accelerator="h100-sxm",
+        global_batch=16,
+        stages=[2],
+        microbatch_sizes=[1],
+        virtual=[1, 2],
+        schedules=["1f1b", "zbv", "interleaved-1f1b"],
+        workers=1,
+    )
+    pairs = sorted((p.schedule, p.virtual) for p in result.points)
+    assert pairs == [("1f1b", 1), ("interleaved-1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2)]
+    with pytest.raises(PlanError, match=r"no schedule among \['1f1b'\] takes \[2\] stages"):
+        plan(
+            SMALL,
+            devices=4,
+            accelerator="h100-sxm",
+            global_batch=16,
+            virtual=[2],
+            schedules=["1f1b"],
+            workers=1,
+        )
