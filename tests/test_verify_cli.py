@@ -127,6 +127,8 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: i
     status, data = _json(capsys, ["verify", str(path), "--costs-out", str(costs_path)])
     assert status == 0 and data["bit_identical"] is True
     assert load_costs(costs_path).stage(0).input_grad > 0
+    meta = json.loads(costs_path.read_text())["meta"]
+    assert meta["microbatch_size"] == data["microbatch_sizes"][0] == data["batch_size"] // 2
 
 
 @pytest.fixture

@@ -169,10 +169,12 @@ def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
         return
     from verify.calibrate import save_costs
 
+    meta = {"schedule": schedule.name, "model": report.model}
+    if len(set(report.microbatch_sizes)) == 1:
+        # Rows per measured micro-batch: `pipesim plan --model costs.json` scales from it.
+        meta["microbatch_size"] = report.microbatch_sizes[0]
     try:
-        save_costs(
-            report.costs, args.costs_out, meta={"schedule": schedule.name, "model": report.model}
-        )
+        save_costs(report.costs, args.costs_out, meta=meta)
     except OSError as exc:
         raise PipesimError(f"cannot write --costs-out {args.costs_out!r}: {exc.strerror}") from None
 
