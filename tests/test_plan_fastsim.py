@@ -148,22 +148,26 @@ def test_random_schedules_give_the_engines_trace_and_metrics(
     assert fast_metrics(schedule, costs=costs) == simulate(schedule, costs=costs).metrics
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    name=st.sampled_from(schedule_names()),
-    n_ranks=st.integers(1, 5),
-    n_mb=st.integers(1, 10),
-    virtual=st.integers(1, 3),
-    data=st.data(),
-)
-def test_registered_schedules_give_the_engines_metrics(
-    name: str, n_ranks: int, n_mb: int, virtual: int, data: st.DataObject
-) -> None:
+@st.composite
+def registered_steps(draw: st.DrawFn) -> tuple[Schedule, CostModel]:
+    """A registered schedule at a size its rules accept, and random costs for it."""
+    name = draw(st.sampled_from(schedule_names()))
+    n_ranks, n_mb, virtual = (
+        draw(st.integers(1, 5)),
+        draw(st.integers(1, 10)),
+        draw(st.integers(1, 3)),
+    )
     try:
         schedule = generate(name, n_ranks=n_ranks, n_microbatches=n_mb, virtual=virtual)
     except PipesimError:
         assume(False)
-    costs = data.draw(cost_models(schedule.n_stages))
+    return schedule, draw(cost_models(schedule.n_stages))
+
+
+@settings(max_examples=60, deadline=None)
+@given(step=registered_steps())
+def test_registered_schedules_give_the_engines_metrics(step: tuple[Schedule, CostModel]) -> None:
+    schedule, costs = step
     assert fast_metrics(schedule, costs=costs) == simulate(schedule, costs=costs).metrics
     assert fast_trace(schedule, costs) == run_trace(schedule, costs)
 
@@ -192,21 +196,9 @@ def test_deadlock_is_reported_like_the_engine() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    name=st.sampled_from(schedule_names()),
-    n_ranks=st.integers(1, 5),
-    n_mb=st.integers(1, 10),
-    virtual=st.integers(1, 3),
-    data=st.data(),
-)
-def test_one_pass_evaluator_matches_the_engine(
-    name: str, n_ranks: int, n_mb: int, virtual: int, data: st.DataObject
-) -> None:
-    try:
-        schedule = generate(name, n_ranks=n_ranks, n_microbatches=n_mb, virtual=virtual)
-    except PipesimError:
-        assume(False)
-    costs = data.draw(cost_models(schedule.n_stages))
+@given(step=registered_steps())
+def test_one_pass_evaluator_matches_the_engine(step: tuple[Schedule, CostModel]) -> None:
+    schedule, costs = step
     quick = quick_step(schedule, costs)
     if schedule.orders and any(isinstance(w, Overlap) for o in schedule.orders for w in o):
         assert quick is None  # overlapped works take the compiled path
