@@ -53,6 +53,10 @@ class Op(enum.Enum):
         return self is not Op.F
 
 
+#: Column of each op in per-stage tables (durations, memory effects): F, B, I, W.
+OP_INDEX: dict[Op, int] = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Action:
     """One unit of work: ``op`` of ``stage`` on ``microbatch``.

@@ -190,13 +190,6 @@ class CostModel:
             return first.overlap
         return sum((self.stage(a.stage).duration(a.op) for a in work.parts), start=0)
 
-    def message_bytes(self, producer: Action) -> int:
-        """Bytes ``producer`` sends to the next (F) or previous (B, I) stage."""
-        if producer.op is Op.F:
-            return self.stage(producer.stage).output_bytes
-        # A gradient w.r.t. stage s's input has the shape of stage s-1's output.
-        return self.stage(producer.stage - 1).output_bytes if producer.stage > 0 else 0
-
 
 # -- files ----------------------------------------------------------------------------
 _STAGE_FIELDS = {f.name for f in fields(StageCost)}

@@ -31,10 +31,10 @@ import networkx as nx
 
 from pipesim.actions import Action, Op, Work
 from pipesim.costs import CostModel
-from pipesim.dependencies import DependencyIndex, index_schedule
-from pipesim.errors import DeadlockError, ScheduleError
+from pipesim.errors import ScheduleError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
+from pipesim.step import StepStructure, compile_step, deadlock_error, step_structure
 
 __all__ = [
     "CriticalPath",
@@ -59,8 +59,8 @@ class DataDependency:
 
 def data_dependencies(schedule: Schedule, /) -> Iterator[DataDependency]:
     """Every data dependency between the actions the schedule actually contains
-    (rules in :mod:`pipesim.dependencies`)."""
-    for _, _, producer, consumer in index_schedule(schedule).data_edges:
+    (rules in :mod:`pipesim.step`)."""
+    for _, _, producer, consumer in step_structure(schedule).data_edges:
         yield DataDependency(producer=producer, consumer=consumer)
 
 
@@ -71,25 +71,27 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
     ``n_bytes`` and ``transfer_time``. The schedule is not validated here; a
     cyclic graph is returned as is (see :func:`find_deadlock`).
     """
-    if costs is not None:
-        costs = costs.for_stages(schedule.n_stages)
-    index = index_schedule(schedule)
+    index = step_structure(schedule)
+    step = compile_step(index, costs) if costs is not None else None
     works, ranks = index.works, index.ranks
     graph = nx.DiGraph(n_ranks=schedule.n_ranks, n_stages=schedule.n_stages)
     for node, work in enumerate(works):
         attrs: dict[str, object] = {"rank": ranks[node]}
-        if costs is not None:
-            attrs["duration"] = costs.duration(work)
+        if step is not None:
+            attrs["duration"] = step.durations[node]
         graph.add_node(work, **attrs)
     for order in index.orders:
         for a, b in itertools.pairwise(order):
             graph.add_edge(works[a], works[b], kind="order", n_bytes=0, transfer_time=0)
+    message = 0  # cross-rank data edges are the messages, in the same order
     for p_node, c_node, producer, consumer in index.data_edges:
         n_bytes = 0
         transfer: Time = 0
-        if ranks[p_node] != ranks[c_node] and costs is not None:
-            n_bytes = costs.message_bytes(producer)
-            transfer = costs.link.transfer_time(n_bytes)
+        if ranks[p_node] != ranks[c_node]:
+            if step is not None:
+                n_bytes = step.message_bytes[message]
+                transfer = step.latency[message] + step.occupancy[message]
+            message += 1
         old = graph.get_edge_data(works[p_node], works[c_node])
         if old is not None and old["kind"] == "data" and old["transfer_time"] >= transfer:
             continue  # two messages between one pair of works: keep the slower
@@ -106,41 +108,6 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
         if not graph.has_edge(works[a], works[b]):  # never erase a data edge's transfer time
             graph.add_edge(works[a], works[b], kind="extra", n_bytes=0, transfer_time=0)
     return graph
-
-
-def _cycle_nodes(index: DependencyIndex) -> list[int]:
-    """Nodes left after Kahn's algorithm: empty iff the graph is acyclic."""
-    succ = index.successors()
-    indegree = [0] * index.n_nodes
-    for targets in succ:
-        for t in targets:
-            indegree[t] += 1
-    ready = [n for n, d in enumerate(indegree) if d == 0]
-    done = 0
-    while ready:
-        node = ready.pop()
-        done += 1
-        for t in succ[node]:
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
-    if done == index.n_nodes:
-        return []
-    return [n for n, d in enumerate(indegree) if d > 0]
-
-
-def _find_cycle(index: DependencyIndex) -> tuple[str, ...]:
-    left = set(_cycle_nodes(index))
-    if not left:
-        return ()
-    # Only the nodes Kahn could not order can be on a cycle; hand that (small) part to
-    # networkx; its find_cycle names one cycle among them.
-    sub = nx.DiGraph()
-    succ = index.successors()
-    for node in left:
-        sub.add_edges_from((node, t) for t in succ[node] if t in left)
-    cycle = nx.find_cycle(sub)
-    return tuple(str(index.works[u]) for u, _ in cycle)
 
 
 def find_deadlock(graph: nx.DiGraph, /) -> tuple[str, ...]:
@@ -171,22 +138,17 @@ def validate(schedule: Schedule, /) -> None:
     pipesim.errors.ScheduleError: invalid schedule: backward before forward on rank 0: 0B0 \
 at position 0 runs before 0F0 at position 1; move the backward after its forward
     """
-    check_index(schedule, index_schedule(schedule))
+    check_structure(schedule, step_structure(schedule))
 
 
-def check_index(schedule: Schedule, index: DependencyIndex, /) -> None:
-    """:func:`validate`, reusing an index the caller already built (the engine does)."""
+def check_structure(schedule: Schedule, structure: StepStructure, /) -> None:
+    """:func:`validate`, reusing the step structure the caller already built (the engine
+    does): the structural checks, then a cycle of waits (no topological order)."""
     problems = _structural_problems(schedule)
     if problems:
         raise ScheduleError(_summarise("invalid schedule", problems))
-    cycle = _find_cycle(index)
-    if cycle:
-        raise DeadlockError(
-            "schedule deadlocks: these actions wait on each other in a cycle: "
-            + " -> ".join((*cycle, cycle[0]))
-            + "; reorder the ranks so that each action runs after what it needs",
-            cycle=cycle,
-        )
+    if structure.topological is None:
+        raise deadlock_error(structure)
 
 
 _Key = tuple[int, Op, int]
@@ -258,7 +220,7 @@ def _dependent_parts(work: Work) -> list[str]:
     return [
         f"overlapped unit {work} holds {producer} and {consumer}, which needs it; "
         "an overlapped pair must be independent work"
-        for _, _, producer, consumer in index_schedule(inner).data_edges
+        for _, _, producer, consumer in step_structure(inner).data_edges
     ]
 
 

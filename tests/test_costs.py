@@ -111,18 +111,6 @@ def test_duration_of_overlapped_work() -> None:
     assert explicit.duration(pair) == 4
 
 
-def test_message_bytes() -> None:
-    costs = CostModel(
-        stages=(StageCost(output_bytes=100), StageCost(output_bytes=30), StageCost(output_bytes=7))
-    )
-    # An activation has the producer's output size.
-    assert costs.message_bytes(parse_action("1F0")) == 30  # type: ignore[arg-type]
-    # The gradient w.r.t. stage s's input has the shape of stage s-1's output.
-    assert costs.message_bytes(parse_action("2B0")) == 30  # type: ignore[arg-type]
-    assert costs.message_bytes(parse_action("1I0")) == 100  # type: ignore[arg-type]
-    assert costs.message_bytes(parse_action("0B0")) == 0  # type: ignore[arg-type]
-
-
 # -- files ---------------------------------------------------------------------------------
 def test_dict_round_trip() -> None:
     costs = CostModel(

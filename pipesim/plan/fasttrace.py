@@ -12,8 +12,9 @@ import heapq
 
 from pipesim.costs import CostModel
 from pipesim.exact import Time
-from pipesim.plan.fastsim import _SIGNAL, _tables, compile_schedule
+from pipesim.plan.fastsim import compile_schedule
 from pipesim.schedule import Schedule
+from pipesim.step import compile_step
 from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
 
 __all__ = ["fast_trace"]
@@ -28,87 +29,71 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     >>> fast_trace(generate("1f1b", n_ranks=2, n_microbatches=2), CostModel()).makespan
     9
     """
-    costs = costs.for_stages(schedule.n_stages)
-    compiled = compile_schedule(schedule)
-    durations, occupancy = _tables(compiled, costs)
-    link = costs.link
-    arrival: list[Time] = [0] * compiled.n_arrivals
+    step = compile_step(compile_schedule(schedule), costs)
+    structure = step.structure
+    messages = structure.messages
+    n_messages = len(messages)
+    pair_of = structure.pair_of
+    arrival: list[Time] = [0] * structure.n_arrivals
     ready: list[Time] = [0] * schedule.n_ranks
-    slots: list[list[Time]] = [[0] * link.max_concurrent for _ in compiled.pairs]
-    starts: list[Time] = [0] * len(compiled.works)
-    ends: list[Time] = [0] * len(compiled.works)
+    slots: list[list[Time]] = [[0] * link.max_concurrent for link in step.pair_links]
+    starts: list[Time] = [0] * structure.n_nodes
+    ends: list[Time] = [0] * structure.n_nodes
     transfers: list[tuple[tuple[Time, int, int], int, TransferRecord]] = []
-    for index, rank, key, ins, outs in compiled.steps:
+    assert structure.topological is not None
+    for node in structure.topological:
+        rank = structure.ranks[node]
         t = ready[rank]
-        for message in ins:
+        for message in structure.inputs[node]:
             t = max(t, arrival[message])
-        end = t + durations[key]
-        starts[index], ends[index] = t, end
+        end = t + step.durations[node]
+        starts[node], ends[node] = t, end
         after = end
-        for message, pair, size in outs:
-            if pair == _SIGNAL:
+        for message in structure.outputs[node]:
+            if message >= n_messages:  # a happens_before signal
                 arrival[message] = end
                 continue
-            producer, consumer, src, dst = compiled.messages[message]
-            if link.is_free:
+            pair = pair_of[message]
+            m = messages[message]
+            if step.pair_links[pair].is_free:
                 begin, arrived = end, end
             else:
                 begin = max(slots[pair][0], end)
-                heapq.heapreplace(slots[pair], begin + occupancy[size])
-                arrived = begin + occupancy[size] + link.latency
-                if not costs.overlap_comm:
+                heapq.heapreplace(slots[pair], begin + step.occupancy[message])
+                arrived = begin + step.occupancy[message] + step.latency[message]
+                if not step.costs.overlap_comm:
                     after = max(after, arrived)
             arrival[message] = arrived
             record = TransferRecord(
-                src_rank=src,
-                dst_rank=dst,
-                producer=producer,
-                consumer=consumer,
-                n_bytes=costs.message_bytes(producer),
+                src_rank=m.src_rank,
+                dst_rank=m.dst_rank,
+                producer=m.producer,
+                consumer=m.consumer,
+                n_bytes=step.message_bytes[message],
                 start=begin,
                 end=arrived,
             )
             # The engine logs a transfer when it arrives; equal keys keep that order.
-            transfers.append(((begin, src, dst), message, record))
+            transfers.append(((begin, m.src_rank, m.dst_rank), message, record))
         ready[rank] = after
     actions: list[tuple[Time, int, int]] = []
     memory: list[MemoryRecord] = []
-    index = 0
-    for rank in range(schedule.n_ranks):
+    for rank, order in enumerate(structure.orders):
         held = inflight = 0
-        for allocs, frees in compiled.memory[rank]:
-            # The engine records a change only when there is one (see its effect tables).
-            if allocs:
-                for stage in allocs:
-                    held += costs.stage(stage).activation_bytes
-                    inflight += 1
-                memory.append(
-                    MemoryRecord(
-                        rank=rank, time=starts[index], activation_bytes=held, inflight=inflight
+        for node in order:
+            # The engine records a change only when there is one (pipesim.memory's effects).
+            start_bytes, start_count, end_bytes, end_count = step.effects[node]
+            for time, d_bytes, d_count in (
+                (starts[node], start_bytes, start_count),
+                (ends[node], end_bytes, end_count),
+            ):
+                if d_bytes or d_count:
+                    held += d_bytes
+                    inflight += d_count
+                    memory.append(
+                        MemoryRecord(rank=rank, time=time, activation_bytes=held, inflight=inflight)
                     )
-                )
-            freed_bytes = freed_count = 0
-            for stage, op in frees:
-                cost = costs.stage(stage)
-                if op in (0, 1):
-                    freed_bytes += cost.activation_bytes
-                    freed_count += 1
-                elif op == 2:
-                    freed_bytes += cost.activation_bytes - cost.weight_grad_bytes
-                    freed_count += cost.weight_grad_bytes == 0
-                else:
-                    freed_bytes += cost.weight_grad_bytes
-                    freed_count += cost.weight_grad_bytes > 0
-            if freed_bytes or freed_count:
-                held -= freed_bytes
-                inflight -= freed_count
-                memory.append(
-                    MemoryRecord(
-                        rank=rank, time=ends[index], activation_bytes=held, inflight=inflight
-                    )
-                )
-            actions.append((starts[index], rank, index))
-            index += 1
+            actions.append((starts[node], rank, node))
     actions.sort(key=lambda row: (row[0], row[1]))
     # The engine sorts transfers by (start, source, destination); ties keep message order.
     transfers.sort(key=lambda row: (row[0], row[1]))
@@ -116,7 +101,7 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     return Trace(
         n_ranks=schedule.n_ranks,
         actions=tuple(
-            ActionRecord(rank=rank, work=compiled.works[i], start=start, end=ends[i])
+            ActionRecord(rank=rank, work=structure.works[i], start=start, end=ends[i])
             for start, rank, i in actions
         ),
         transfers=tuple(row[2] for row in transfers),

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import heapq
 
-from pipesim.actions import Action, Op
+from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import CostModel
 from pipesim.exact import Time
-from pipesim.plan.fastsim import _OP_INDEX, StepResult
+from pipesim.plan.fastsim import StepResult
 from pipesim.schedule import Schedule
+from pipesim.step import cost_tables, forward_source, gradient_source
 
 __all__ = ["quick_step"]
 
@@ -40,30 +41,30 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     """
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
-    stage_costs = costs.stages
+    # Durations, memory effects and message sizes: the shared tables (pipesim.step).
+    tables = cost_tables(costs, n_stages=n_stages, forward_only=schedule.forward_only)
+    durations, effects = tables.durations, tables.effects
     placement = schedule.placement
     per_copy = n_stages // schedule.n_copies
-    forward_only = schedule.forward_only
-    fwd = [c.forward for c in stage_costs]
-    bwd = [c.backward for c in stage_costs]
-    igr = [c.input_grad for c in stage_costs]
-    wgr = [c.weight_grad for c in stage_costs]
-    act = [c.activation_bytes for c in stage_costs]
-    kept = [c.weight_grad_bytes for c in stage_costs]
     link = costs.link
     free = link.is_free
     latency = link.latency
     overlap_comm = costs.overlap_comm
-    # F of s waits for F of s-1, B / I of s for the input gradient of s+1 (within a copy);
-    # a message exists only between two ranks.
-    f_waits = [s % per_copy != 0 and placement[s - 1] != placement[s] for s in range(n_stages)]
-    g_waits = [
-        (s + 1) % per_copy != 0 and placement[s + 1] != placement[s] for s in range(n_stages)
-    ]
-    f_pair = [placement[s + 1] if f_waits[s + 1] else -1 for s in range(n_stages - 1)] + [-1]
-    g_pair = [-1] + [placement[s - 1] if g_waits[s - 1] else -1 for s in range(1, n_stages)]
-    occ_f = [link.occupancy(c.output_bytes) for c in stage_costs]  # F sends its output
-    occ_g = [0, *occ_f[:-1]]  # B / I of s send a gradient shaped like s-1's output
+    # Which stage's F output F of s reads, and whose gradient B / I of s reads
+    # (pipesim.step's rules); a message exists only between two ranks.
+    f_src = [forward_source(s, per_copy=per_copy) for s in range(n_stages)]
+    g_src = [gradient_source(s, per_copy=per_copy) for s in range(n_stages)]
+    f_waits = [src is not None and placement[src] != placement[s] for s, src in enumerate(f_src)]
+    g_waits = [src is not None and placement[src] != placement[s] for s, src in enumerate(g_src)]
+    f_pair = [-1] * n_stages  # per producing stage: the rank its F message goes to
+    g_pair = [-1] * n_stages  # per producing stage: the rank its gradient goes to
+    for s in range(n_stages):
+        if f_waits[s]:
+            f_pair[f_src[s]] = placement[s]  # type: ignore[index]
+        if g_waits[s]:
+            g_pair[g_src[s]] = placement[s]  # type: ignore[index]
+    occ_f = [link.occupancy(n) for n in tables.forward_bytes]
+    occ_g = [link.occupancy(n) for n in tables.gradient_bytes]
     width = schedule.n_microbatches
     g_base = n_stages * width  # key of a gradient message: g_base + s * width + mb
     signal_of: dict[int, list[int]] = {}  # happens_before: key of b -> keys of a
@@ -71,8 +72,8 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     s_base = 2 * g_base
     for a, b in schedule.happens_before:
         if placement[a.stage] != placement[b.stage]:
-            a_key = s_base + (a.stage * 4 + _OP_INDEX[a.op]) * width + a.microbatch
-            b_key = s_base + (b.stage * 4 + _OP_INDEX[b.op]) * width + b.microbatch
+            a_key = s_base + (a.stage * 4 + OP_INDEX[a.op]) * width + a.microbatch
+            b_key = s_base + (b.stage * 4 + OP_INDEX[b.op]) * width + b.microbatch
             signal_of.setdefault(b_key, []).append(a_key)
             signal_src.add(a_key)
     orders = schedule.orders
@@ -89,7 +90,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     peak_counts = [0] * n_ranks
     busy: list[Time] = [0] * n_ranks
     makespan: Time = 0
-    f_op, b_op, w_op = Op.F, Op.B, Op.W
+    f_op, w_op = Op.F, Op.W
     runnable = list(range(n_ranks - 1, -1, -1))
     while runnable:
         rank = runnable.pop()
@@ -108,31 +109,27 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
             if type(work) is not Action:
                 return None
             stage, op, mb = work.stage, work.op, work.microbatch
+            cost_key = 4 * stage + OP_INDEX[op]
             t = t_free
             if op is f_op:
                 if f_waits[stage]:
-                    key = (stage - 1) * width + mb
+                    key = f_src[stage] * width + mb  # type: ignore[operator]
                     arrival = avail.get(key)
                     if arrival is None:
                         sleeping[key] = rank
                         break
                     if arrival > t:
                         t = arrival
-                duration = fwd[stage]
-            elif op is w_op:
-                duration = wgr[stage]
-            else:
-                if g_waits[stage]:
-                    key = g_base + (stage + 1) * width + mb
-                    arrival = avail.get(key)
-                    if arrival is None:
-                        sleeping[key] = rank
-                        break
-                    if arrival > t:
-                        t = arrival
-                duration = bwd[stage] if op is b_op else igr[stage]
+            elif op is not w_op and g_waits[stage]:
+                key = g_base + g_src[stage] * width + mb  # type: ignore[operator]
+                arrival = avail.get(key)
+                if arrival is None:
+                    sleeping[key] = rank
+                    break
+                if arrival > t:
+                    t = arrival
             if signal_of:
-                own = s_base + (stage * 4 + _OP_INDEX[op]) * width + mb
+                own = s_base + cost_key * width + mb
                 blocked = False
                 for a_key in signal_of.get(own, ()):
                     arrival = avail.get(a_key)
@@ -144,35 +141,32 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
                         t = arrival
                 if blocked:
                     break
+            duration = durations[cost_key]
             end = t + duration
             spent += duration
             if end > makespan:
                 makespan = end
-            # memory, as the engine's effect tables
+            # memory: the work's effect at its start, then at its end (pipesim.memory)
+            start_bytes, start_count, end_bytes, end_count = effects[cost_key]
+            h += start_bytes
+            c += start_count
+            if h > peak:
+                peak = h
+            if c > peak_c:
+                peak_c = c
+            h += end_bytes
+            c += end_count
+            if h > peak:
+                peak = h
+            if c > peak_c:
+                peak_c = c
             if op is f_op:
-                h += act[stage]
-                c += 1
-                if h > peak:
-                    peak = h
-                if c > peak_c:
-                    peak_c = c
-                if forward_only:
-                    h -= act[stage]
-                    c -= 1
                 dst = f_pair[stage]
                 key = stage * width + mb
                 occupancy = occ_f[stage]
             elif op is w_op:
-                h -= kept[stage]
-                c -= kept[stage] > 0
                 dst = -1
             else:
-                if op is b_op:
-                    h -= act[stage]
-                    c -= 1
-                else:
-                    h -= act[stage] - kept[stage]
-                    c -= kept[stage] == 0
                 dst = g_pair[stage]
                 key = g_base + stage * width + mb
                 occupancy = occ_g[stage]
@@ -194,7 +188,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
                 if waiter is not None:
                     runnable.append(waiter)
             if signal_src:
-                own = s_base + (stage * 4 + _OP_INDEX[op]) * width + mb
+                own = s_base + cost_key * width + mb
                 if own in signal_src:
                     avail[own] = end
                     waiter = sleeping.pop(own, None)

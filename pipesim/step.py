@@ -1,0 +1,558 @@
+"""The compiled step: one pipeline step as tables every evaluator, view and executor reads.
+
+This module holds the model's rules, each written once:
+
+- **dependencies** (torch.distributed.pipelining's stage semantics): F of stage
+  s needs F of stage s-1 (same micro-batch); B or I of stage s needs F of
+  stage s (its saved activations) and, below the last stage, the input
+  gradient of stage s+1 (its B or I); W of stage s needs I of stage s. With
+  ``Schedule.n_copies > 1`` "s-1" and "s+1" stay inside one model copy: a
+  copy's first stage reads the input, its last computes the loss
+  (:func:`forward_source`, :func:`gradient_source`, :func:`prerequisites`);
+- **message sizes**: F sends its stage's ``output_bytes``; the gradient B or I
+  of stage s sends back has the shape of stage s-1's output
+  (:func:`message_bytes`);
+- **memory**: :mod:`pipesim.memory`;
+- **the deadlock error** (:func:`deadlock_error`).
+
+Two layers, so that the planner builds the first once per schedule and
+reuses it for many cost models:
+
+- :func:`step_structure` -> :class:`StepStructure`, independent of costs: the
+  units of work as integer nodes (rank, position, per-rank orders), every data
+  edge, the cross-rank messages in the order their producers send them, the
+  cross-rank ``happens_before`` signals, per node the arrivals it waits for
+  and produces, and a topological order (None when the waits form a cycle);
+- :func:`compile_step` -> :class:`CompiledStep`, one row per unit of work:
+  duration and memory effect, and per message its bytes, link, occupancy and
+  latency.
+
+>>> from pipesim.costs import CostModel
+>>> from pipesim.schedules import generate
+>>> structure = step_structure(generate("1f1b", n_ranks=2, n_microbatches=2))
+>>> [str(structure.works[n]) for n in structure.orders[1]]
+['1F0', '1B0', '1F1', '1B1']
+>>> [(str(m.producer), str(m.consumer), m.src_rank, m.dst_rank) for m in structure.messages]
+[('1B0', '0B0', 1, 0), ('1B1', '0B1', 1, 0), ('0F0', '1F0', 0, 1), ('0F1', '1F1', 0, 1)]
+>>> step = compile_step(structure, CostModel.uniform(output_bytes=8))
+>>> step.row(structure.messages[2].producer_node)
+StepRow(node=0, rank=0, position=0, duration=1, waits_for=(), sends=(2,), \
+effect=Effect(start_bytes=0, start_count=1, end_bytes=0, end_count=0))
+>>> step.message_bytes[2], step.message_bytes[0]  # 0F0's output; 1B0's gradient, shaped alike
+(8, 8)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import networkx as nx
+
+from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
+from pipesim.costs import CostModel, Link
+from pipesim.errors import DeadlockError
+from pipesim.exact import Time
+from pipesim.memory import Effect, stage_effects, work_effect
+from pipesim.schedule import Schedule
+
+__all__ = [
+    "CompiledStep",
+    "CostTables",
+    "Message",
+    "StepRow",
+    "StepStructure",
+    "compile_step",
+    "cost_tables",
+    "deadlock_error",
+    "find_cycle",
+    "forward_source",
+    "gradient_source",
+    "message_bytes",
+    "message_columns",
+    "prerequisites",
+    "step_structure",
+]
+
+_Key = tuple[int, Op, int]
+_F, _B, _I, _W = Op.F, Op.B, Op.I, Op.W
+
+
+# -- the dependency rules --------------------------------------------------------------
+def forward_source(stage: int, /, *, per_copy: int) -> int | None:
+    """The stage whose output F of ``stage`` reads; None for a copy's first stage
+    (it reads the input micro-batch).
+
+    >>> forward_source(0, per_copy=4), forward_source(5, per_copy=4), forward_source(4, per_copy=4)
+    (None, 4, None)
+    """
+    return stage - 1 if stage % per_copy else None
+
+
+def gradient_source(stage: int, /, *, per_copy: int) -> int | None:
+    """The stage whose input gradient B or I of ``stage`` reads; None for a copy's last
+    stage (it computes the loss).
+
+    >>> gradient_source(2, per_copy=4), gradient_source(3, per_copy=4)
+    (3, None)
+    """
+    return stage + 1 if (stage + 1) % per_copy else None
+
+
+def prerequisites(stage: int, op: Op, microbatch: int, /, *, per_copy: int) -> tuple[_Key, ...]:
+    """The actions ``(stage, op, microbatch)`` waits for, as ``(stage, op, microbatch)``
+    keys; a gradient is named both as B and I of the next stage (a schedule runs one).
+
+    >>> prerequisites(1, Op.I, 0, per_copy=3)
+    ((1, <Op.F: 'F'>, 0), (2, <Op.B: 'B'>, 0), (2, <Op.I: 'I'>, 0))
+    """
+    if op is _F:
+        source = forward_source(stage, per_copy=per_copy)
+        return () if source is None else ((source, _F, microbatch),)
+    if op is _W:
+        return ((stage, _I, microbatch),)
+    grad = gradient_source(stage, per_copy=per_copy)
+    if grad is None:
+        return ((stage, _F, microbatch),)
+    return ((stage, _F, microbatch), (grad, _B, microbatch), (grad, _I, microbatch))
+
+
+# -- the message-size rule -------------------------------------------------------------
+def message_bytes(costs: CostModel, producer: Action, /) -> int:
+    """Bytes ``producer`` sends: F its stage's ``output_bytes``; B or I of stage s a
+    gradient shaped like stage s-1's output (0 for the first stage).
+
+    >>> from pipesim.costs import StageCost
+    >>> costs = CostModel(stages=(StageCost(output_bytes=3), StageCost(output_bytes=5)))
+    >>> message_bytes(costs, Action(stage=1, op=Op.F, microbatch=0))
+    5
+    >>> message_bytes(costs, Action(stage=1, op=Op.I, microbatch=0))
+    3
+    """
+    if producer.op is _F:
+        return costs.stage(producer.stage).output_bytes
+    return costs.stage(producer.stage - 1).output_bytes if producer.stage > 0 else 0
+
+
+# -- the structure ---------------------------------------------------------------------
+class Message(NamedTuple):
+    """A cross-rank data message: ``consumer`` (on ``dst_rank``) needs ``producer``'s
+    output (on ``src_rank``). Its id is its index in ``StepStructure.messages``."""
+
+    producer: Action
+    consumer: Action
+    producer_node: int
+    consumer_node: int
+    src_rank: int
+    dst_rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStructure:
+    """The cost-independent part of a step (see the module docstring).
+
+    Nodes are integers: node ``n`` is ``works[n]``, at ``positions[n]`` in the
+    order of rank ``ranks[n]``. Arrivals are what a node can wait for: ids
+    ``0 .. len(messages) - 1`` are the messages, the next ``len(signals)`` the
+    cross-rank ``happens_before`` signals (they arrive when their work ends).
+    """
+
+    schedule: Schedule
+    works: tuple[Work, ...]
+    ranks: tuple[int, ...]
+    positions: tuple[int, ...]
+    orders: tuple[tuple[int, ...], ...]
+    """Per rank, its node ids in program order."""
+    node_of: Mapping[_Key, int]
+    """``(stage, op, microbatch)`` -> the node running that action (the first if duplicated)."""
+    data_edges: tuple[tuple[int, int, Action, Action], ...]
+    """Every data dependency present, same rank or not: (producer node, consumer node,
+    producer, consumer)."""
+    extra_edges: tuple[tuple[int, int], ...]
+    """``happens_before`` constraints between nodes (actions no rank runs are skipped)."""
+    messages: tuple[Message, ...]
+    """Cross-rank data edges, in ``data_edges`` order (grouped by consumer); a producer
+    sends its messages in increasing id."""
+    signals: tuple[tuple[int, int], ...]
+    """Cross-rank ``happens_before`` edges (node, node); arrival id ``len(messages) + j``."""
+    inputs: tuple[tuple[int, ...], ...]
+    """Per node, the arrival ids it waits for before it starts."""
+    outputs: tuple[tuple[int, ...], ...]
+    """Per node, the arrival ids it produces when it ends (messages first, in send order)."""
+    keys: tuple[int, ...]
+    """Per node, its cost key: ``4 * stage + OP_INDEX[op]`` for an action,
+    ``4 * n_stages + j`` for ``overlaps[j]`` (see :class:`CostTables`)."""
+    overlaps: tuple[Overlap, ...]
+    pairs: tuple[tuple[int, int], ...]
+    """The ordered rank pairs (source, destination) that carry messages, by pair id."""
+    pair_of: tuple[int, ...]
+    """Per message, the id of its rank pair."""
+    topological: tuple[int, ...] | None
+    """Every node after everything it waits for; None when the waits form a cycle."""
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of units of work."""
+        return len(self.works)
+
+    @property
+    def n_arrivals(self) -> int:
+        """Messages plus signals."""
+        return len(self.messages) + len(self.signals)
+
+    @property
+    def per_copy(self) -> int:
+        """Stages per model copy (``n_stages`` unless ``Schedule.n_copies > 1``)."""
+        return self.schedule.n_stages // self.schedule.n_copies
+
+    def reads_input(self, stage: int, /) -> bool:
+        """Whether F of ``stage`` reads the input micro-batch (a copy's first stage)."""
+        return forward_source(stage, per_copy=self.per_copy) is None
+
+    def computes_loss(self, stage: int, /) -> bool:
+        """Whether ``stage`` computes the loss (a copy's last stage)."""
+        return gradient_source(stage, per_copy=self.per_copy) is None
+
+    def successors(self) -> list[list[int]]:
+        """Adjacency lists over order, data and extra edges (may repeat an edge)."""
+        succ: list[list[int]] = [[] for _ in self.works]
+        for order in self.orders:
+            for a, b in itertools.pairwise(order):
+                succ[a].append(b)
+        for producer, consumer, _, _ in self.data_edges:
+            if producer != consumer:
+                succ[producer].append(consumer)
+        for a, b in self.extra_edges:
+            succ[a].append(b)
+        return succ
+
+
+def step_structure(schedule: Schedule, /) -> StepStructure:
+    """Number the schedule's work, derive every dependency and message, and order the
+    nodes topologically (no validation: see :func:`pipesim.graph.validate`)."""
+    works: list[Work] = []
+    ranks: list[int] = []
+    positions: list[int] = []
+    orders: list[tuple[int, ...]] = []
+    node_of: dict[_Key, int] = {}
+    action_of: dict[_Key, Action] = {}
+    keys: list[int] = []
+    overlaps: list[Overlap] = []
+    overlap_base = 4 * schedule.n_stages
+    for rank, order in enumerate(schedule.orders):
+        first = len(works)
+        for position, work in enumerate(order):
+            node = len(works)
+            works.append(work)
+            ranks.append(rank)
+            positions.append(position)
+            if type(work) is Action:
+                keys.append(4 * work.stage + OP_INDEX[work.op])
+            else:
+                keys.append(overlap_base + len(overlaps))
+                overlaps.append(work)  # type: ignore[arg-type]
+            for action in work.parts:
+                key = (action.stage, action.op, action.microbatch)
+                if key not in node_of:
+                    node_of[key] = node
+                    action_of[key] = action
+        orders.append(tuple(range(first, len(works))))
+
+    per_copy = schedule.n_stages // schedule.n_copies
+    data_edges: list[tuple[int, int, Action, Action]] = []
+    get = node_of.get
+    for key, node in node_of.items():
+        for need in prerequisites(*key, per_copy=per_copy):
+            source = get(need)
+            if source is not None:
+                data_edges.append((source, node, action_of[need], action_of[key]))
+    extra_edges: list[tuple[int, int]] = []
+    for a, b in schedule.happens_before:
+        ka, kb = (a.stage, a.op, a.microbatch), (b.stage, b.op, b.microbatch)
+        if ka in node_of and kb in node_of:
+            extra_edges.append((node_of[ka], node_of[kb]))
+
+    n_nodes = len(works)
+    empty: tuple[int, ...] = ()
+    inputs: list[tuple[int, ...]] = [empty] * n_nodes
+    outputs: list[tuple[int, ...]] = [empty] * n_nodes
+    messages: list[Message] = []
+    pair_ids: dict[tuple[int, int], int] = {}
+    pair_of: list[int] = []
+    back_edge = False  # a same-rank wait on later work: a cycle through program order
+    for p_node, c_node, producer, consumer in data_edges:
+        src, dst = ranks[p_node], ranks[c_node]
+        if src == dst:
+            back_edge = back_edge or positions[p_node] > positions[c_node]
+            continue  # program order covers it
+        arrival = len(messages)
+        messages.append(Message(producer, consumer, p_node, c_node, src, dst))
+        pair_of.append(pair_ids.setdefault((src, dst), len(pair_ids)))
+        outputs[p_node] += (arrival,)
+        inputs[c_node] += (arrival,)
+    signals: list[tuple[int, int]] = []
+    for a_node, b_node in extra_edges:
+        if ranks[a_node] == ranks[b_node]:
+            back_edge = back_edge or positions[a_node] > positions[b_node]
+            continue
+        arrival = len(messages) + len(signals)
+        signals.append((a_node, b_node))
+        outputs[a_node] += (arrival,)
+        inputs[b_node] += (arrival,)
+    topological = None
+    if not back_edge:
+        topological = _topological_order(orders, inputs, outputs, len(messages) + len(signals))
+    return StepStructure(
+        schedule=schedule,
+        works=tuple(works),
+        ranks=tuple(ranks),
+        positions=tuple(positions),
+        orders=tuple(orders),
+        node_of=node_of,
+        data_edges=tuple(data_edges),
+        extra_edges=tuple(extra_edges),
+        messages=tuple(messages),
+        signals=tuple(signals),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        keys=tuple(keys),
+        overlaps=tuple(overlaps),
+        pairs=tuple(pair_ids),
+        pair_of=tuple(pair_of),
+        topological=topological,
+    )
+
+
+def _topological_order(
+    orders: Sequence[Sequence[int]],
+    inputs: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+    n_arrivals: int,
+) -> tuple[int, ...] | None:
+    """Sweep the ranks, advancing each as far as its next work's arrivals have been
+    produced, until all work is placed; None when a sweep makes no progress."""
+    produced = bytearray(n_arrivals)
+    positions = [0] * len(orders)
+    order: list[int] = []
+    progress = True
+    while progress:
+        progress = False
+        for rank, nodes in enumerate(orders):
+            k = start = positions[rank]
+            end = len(nodes)
+            while k < end:
+                node = nodes[k]
+                for arrival in inputs[node]:
+                    if not produced[arrival]:
+                        break
+                else:
+                    order.append(node)
+                    for arrival in outputs[node]:
+                        produced[arrival] = 1
+                    k += 1
+                    continue
+                break
+            if k != start:
+                positions[rank] = k
+                progress = True
+    return tuple(order) if len(order) == len(inputs) else None
+
+
+# -- deadlocks -------------------------------------------------------------------------
+def find_cycle(structure: StepStructure, /) -> tuple[str, ...]:
+    """One wait cycle as action strings, each a prerequisite of the next (empty if none).
+
+    Kahn's algorithm leaves exactly the nodes on or behind a cycle; networkx's
+    ``find_cycle`` names one cycle among them.
+    """
+    succ = structure.successors()
+    indegree = [0] * structure.n_nodes
+    for targets in succ:
+        for t in targets:
+            indegree[t] += 1
+    ready = [n for n, d in enumerate(indegree) if d == 0]
+    while ready:
+        node = ready.pop()
+        for t in succ[node]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                ready.append(t)
+    left = {n for n, d in enumerate(indegree) if d > 0}
+    if not left:
+        return ()
+    sub = nx.DiGraph()
+    for node in left:
+        sub.add_edges_from((node, t) for t in succ[node] if t in left)
+    return tuple(str(structure.works[u]) for u, _ in nx.find_cycle(sub))
+
+
+def deadlock_error(structure: StepStructure, /, *, blocked: Sequence[int] = ()) -> DeadlockError:
+    """The one error for a step that cannot finish: the wait cycle, and where ranks
+    stopped when an engine ran into it (``blocked``: the node each stuck rank waits at).
+    """
+    cycle = find_cycle(structure)
+    detail = " -> ".join((*cycle, cycle[0])) if cycle else "no cycle found"
+    stuck = ""
+    if blocked:
+        stuck_ranks = [structure.ranks[n] for n in blocked]
+        stuck = f"; ranks {stuck_ranks} blocked at {[str(structure.works[n]) for n in blocked]}"
+    return DeadlockError(
+        f"schedule deadlocks: these actions wait on each other in a cycle: {detail}{stuck}; "
+        "reorder the ranks so that each action runs after what it needs",
+        cycle=cycle,
+    )
+
+
+# -- costs -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostTables:
+    """A cost model as small tables indexed by cost key (``StepStructure.keys``) and stage."""
+
+    durations: list[Time]
+    """Per cost key: how long that work runs."""
+    effects: list[Effect]
+    """Per cost key: its memory effect (:mod:`pipesim.memory`)."""
+    forward_bytes: list[int]
+    """Per stage: bytes its F sends (:func:`message_bytes`)."""
+    gradient_bytes: list[int]
+    """Per stage: bytes its B or I sends."""
+
+
+def cost_tables(
+    costs: CostModel,
+    /,
+    *,
+    n_stages: int,
+    forward_only: bool,
+    overlaps: Sequence[Overlap] = (),
+) -> CostTables:
+    """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps).
+
+    >>> tables = cost_tables(CostModel.uniform(backward=3), n_stages=2, forward_only=False)
+    >>> tables.durations  # F, B, I, W of stage 0, then of stage 1
+    [1, 3, 1, 1, 1, 3, 1, 1]
+    """
+    costs = costs.for_stages(n_stages)
+    durations: list[Time] = []
+    for cost in costs.stages:
+        durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
+    durations += [costs.duration(work) for work in overlaps]
+    per_stage = stage_effects(costs, n_stages=n_stages, forward_only=forward_only)
+    effects = [effect for row in per_stage for effect in row]
+    effects += [work_effect(per_stage, work) for work in overlaps]
+    forward_bytes, gradient_bytes = [], []
+    for s in range(n_stages):
+        forward_bytes.append(message_bytes(costs, Action(stage=s, op=_F, microbatch=0)))
+        gradient_bytes.append(message_bytes(costs, Action(stage=s, op=_B, microbatch=0)))
+    return CostTables(
+        durations=durations,
+        effects=effects,
+        forward_bytes=forward_bytes,
+        gradient_bytes=gradient_bytes,
+    )
+
+
+class StepRow(NamedTuple):
+    """One unit of work of a compiled step (see :meth:`CompiledStep.row`)."""
+
+    node: int
+    rank: int
+    position: int
+    duration: Time
+    waits_for: tuple[int, ...]
+    """Arrival ids (messages, then signals) it needs before it starts."""
+    sends: tuple[int, ...]
+    """Arrival ids it produces when it ends."""
+    effect: Effect
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompiledStep:
+    """A step under one cost model: per node and per message, everything an engine needs.
+
+    Columns are indexed by node (``durations``, ``effects``), by message id
+    (``message_bytes``, ``occupancy``, ``latency``) or by rank pair id
+    (``pair_links``); :meth:`row` reads one node as a :class:`StepRow`.
+    """
+
+    structure: StepStructure
+    costs: CostModel
+    """The cost model, one entry per stage."""
+    tables: CostTables
+    durations: tuple[Time, ...]
+    effects: tuple[Effect, ...]
+    message_bytes: tuple[int, ...]
+    pair_links: tuple[Link, ...]
+    """Per rank pair id (``structure.pairs``): the link between the two ranks."""
+    occupancy: tuple[Time, ...]
+    """Per message: how long it holds its link (bytes / bandwidth)."""
+    latency: tuple[Time, ...]
+    """Per message: from leaving the link to arrival."""
+
+    def row(self, node: int, /) -> StepRow:
+        """Everything about ``node``."""
+        s = self.structure
+        return StepRow(
+            node=node,
+            rank=s.ranks[node],
+            position=s.positions[node],
+            duration=self.durations[node],
+            waits_for=s.inputs[node],
+            sends=s.outputs[node],
+            effect=self.effects[node],
+        )
+
+
+def message_columns(
+    structure: StepStructure, costs: CostModel, tables: CostTables, /
+) -> tuple[tuple[int, ...], tuple[Time, ...], tuple[Time, ...], tuple[Link, ...]]:
+    """Per message its bytes, link occupancy and latency; per rank pair its link."""
+    forward_bytes, gradient_bytes = tables.forward_bytes, tables.gradient_bytes
+    sizes = tuple(
+        [
+            forward_bytes[m.producer.stage]
+            if m.producer.op is _F
+            else gradient_bytes[m.producer.stage]
+            for m in structure.messages
+        ]
+    )
+    pair_links = tuple(costs.link for _ in structure.pairs)
+    known: dict[tuple[int, int], Time] = {}
+    occupancy = []
+    latency = []
+    for n_bytes, pair in zip(sizes, structure.pair_of, strict=True):
+        link = pair_links[pair]
+        time = known.get((pair, n_bytes))
+        if time is None:
+            time = known[(pair, n_bytes)] = link.occupancy(n_bytes)
+        occupancy.append(time)
+        latency.append(link.latency)
+    return sizes, tuple(occupancy), tuple(latency), pair_links
+
+
+def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> CompiledStep:
+    """The step of ``schedule`` (or of an already built structure) under ``costs``."""
+    structure = schedule if isinstance(schedule, StepStructure) else step_structure(schedule)
+    sched = structure.schedule
+    costs = costs.for_stages(sched.n_stages)
+    tables = cost_tables(
+        costs,
+        n_stages=sched.n_stages,
+        forward_only=sched.forward_only,
+        overlaps=structure.overlaps,
+    )
+    durations, effects = tables.durations, tables.effects
+    sizes, occupancy, latency, pair_links = message_columns(structure, costs, tables)
+    return CompiledStep(
+        structure=structure,
+        costs=costs,
+        tables=tables,
+        durations=tuple([durations[k] for k in structure.keys]),
+        effects=tuple([effects[k] for k in structure.keys]),
+        message_bytes=sizes,
+        pair_links=pair_links,
+        occupancy=occupancy,
+        latency=latency,
+    )
