@@ -126,8 +126,37 @@ def test_zb_h2_no_gap_on_any_rank_when_f_i_w_equal_and_m_at_least_2p_minus_1(p: 
         # whole-step idle is the ramp p(p-1) that no schedule avoids.
         assert sim.metrics.makespan == 3 * m + p - 1
         assert sim.metrics.idle == p * (p - 1)
-        # Up to 2p micro-batches held: twice 1F1B's p.
-        assert max(r.peak_inflight for r in sim.metrics.ranks) == min(m, 2 * p)
+        # Up to 2p - 1 micro-batches held (the paper's (2p - 1) M_B, Table 2).
+        assert max(r.peak_inflight for r in sim.metrics.ranks) == min(m, 2 * p - 1)
+
+
+def test_zb_h2_matches_the_hand_drawn_parallelogram() -> None:
+    # p = 3, m = 6, one slot per action, drawn by hand from the paper's rules (sec. 3.1):
+    # a ready I first, else a forward while fewer than 2p - 1 = 5 micro-batches are held,
+    # else the oldest W. Rank r starts at slot r and never waits.
+    drawn = [
+        "F0 F1 F2 F3 F4 I0 W0 I1 F5 I2 W1 I3 W2 I4 W3 W4 I5 W5",
+        "F0 F1 F2 I0 F3 I1 F4 I2 W0 I3 F5 I4 W1 W2 I5 W3 W4 W5",
+        "F0 I0 F1 I1 F2 I2 F3 I3 F4 I4 W0 F5 I5 W1 W2 W3 W4 W5",
+    ]
+    schedule = generate("zb-h2", n_ranks=3, n_microbatches=6)
+    assert [" ".join(str(a)[1:] for a in order) for order in schedule.orders] == drawn
+    sim = simulate(schedule, costs=split_costs(1, 1, 1))
+    starts = [sorted(r.start for r in sim.trace.rank_actions(rank)) for rank in range(3)]
+    assert starts == [list(range(rank, rank + 18)) for rank in range(3)]
+
+
+@pytest.mark.parametrize(("f", "i", "w"), [(10, 10, 7), (10, 12, 7), (10, 8, 5), (4, 4, 4)])
+def test_zb_h2_bubble_is_the_papers_formula_under_unequal_costs(f: int, i: int, w: int) -> None:
+    # Qi et al. 2024, Table 2: ZB-H2's bubble is (p - 1)(T_F + T_B - 2 T_W) (T_B is I here)
+    # for W <= min(F, I); rank r, p - 1 - r hops from the end of the chain, idles
+    # (p - 1 - r) of that share between its first and last action.
+    p, m = 4, 12
+    sim = simulate(generate("zb-h2", n_ranks=p, n_microbatches=m), costs=split_costs(f, i, w))
+    assert gapless_ranks(sim) == [(p - 1 - r) * (f + i - 2 * w) for r in range(p)]
+    # Rank p - 1 starts after p - 1 forwards and never waits: the makespan is that
+    # rank's start plus its work, the lower bound no schedule beats.
+    assert sim.metrics.makespan == (p - 1) * f + m * (f + i + w)
 
 
 def test_zb_h2_warmup_is_2_p_minus_r_minus_1_forwards() -> None:

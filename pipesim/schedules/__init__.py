@@ -119,7 +119,7 @@ register(
         name="zb-h2",
         virtual_values=(1,),
         generator=zb_h2,
-        summary="zero bubble H2: 2(p-r)-1 warm-up forwards, W moved to the tail, up to 2p "
+        summary="zero bubble H2: 2(p-r)-1 warm-up forwards, W moved to the tail, up to 2p-1 "
         "micro-batches held; no gap on any rank when F=I=W and m >= 2p-1",
         rules="ranks >= 1, micro-batches >= 1, virtual = 1; training only",
         source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, sec. 3.1",

@@ -14,17 +14,27 @@ most ``p`` micro-batches (the paper's ``p M_B``). It is torch's
 ``ScheduleInterleavedZeroBubble`` with one stage per rank (see
 :mod:`pipesim.schedules.interleaved_zb`).
 
-**ZB-H2** spends up to ``2p`` micro-batches of memory to remove the bubble:
-more warm-up forwards fill the wait for the first ``I``, and ``W`` passes move
-to the tail, turning the trapezoid into a parallelogram. pipesim builds the
-order as the paper draws it, on unit times ``F = I = W = 1``: at every slot a
-rank runs an ``I`` whose gradient has arrived, else a forward whose input has
-arrived while it holds fewer than ``2p`` micro-batches, else its oldest
-pending ``W``. Rank ``r`` so runs ``2 (p - r) - 1`` warm-up forwards. With
-``F = I = W`` and ``m >= 2p - 1`` every rank then works without a gap from its
-first action to its last (the paper's "bubble 0": its cost is the longest
-per-stage execution time); the ramp of ``r`` slots before rank ``r`` can start
-remains in pipesim's ``bubble_ratio``, which counts the whole step.
+**ZB-H2** spends up to ``2p - 1`` micro-batches of memory to remove the bubble
+(Qi et al. 2024, sec. 3.1 and fig. 3): extra warm-up forwards fill the wait
+for the first ``I`` and ``W`` passes move to the tail, turning the trapezoid
+into a parallelogram. The paper draws the schedule for ``F = I = W`` and gives
+its rules in words; pipesim builds the order from exactly those rules on unit
+times: at every slot a rank runs an ``I`` whose gradient has arrived, else a
+forward whose input has arrived while it holds fewer than ``2p - 1``
+micro-batches (the paper's peak ``(2p - 1) M_B``, Table 2), else its oldest
+pending ``W``. Rank ``r`` so runs ``2 (p - r) - 1`` warm-up forwards. The
+order is kept for any costs; then each rank idles ``(p - 1 - r)(F + I - 2W)``
+between its first and last action when ``W <= min(F, I)`` and links are free:
+the paper's bubble ``(p - 1)(T_F + T_B - 2 T_W)`` on rank 0 (Table 2). With
+``F = I = W`` and ``m >= 2p - 1`` every rank works without a gap ("bubble
+0": the paper counts each rank's span, since its optimizer post-validation
+lets the next step's parallelogram start early); the ramp of ``r`` slots
+before rank ``r`` starts remains in pipesim's ``bubble_ratio``, which counts
+the whole step. For ``p = 3, m = 6`` and unit times (one slot per action)::
+
+    rank 0  F0 F1 F2 F3 F4 I0 W0 I1 F5 I2 W1 I3 W2 I4 W3 W4 I5 W5
+    rank 1     F0 F1 F2 I0 F3 I1 F4 I2 W0 I3 F5 I4 W1 W2 I5 W3 W4 W5
+    rank 2        F0 I0 F1 I1 F2 I2 F3 I3 F4 I4 W0 F5 I5 W1 W2 W3 W4 W5
 
 Rules: ranks >= 1, micro-batches >= 1, one stage per rank, training only.
 """
@@ -59,7 +69,7 @@ def zb_h1(
 def zb_h2(
     *, n_ranks: int, n_microbatches: int, virtual: int = 1, forward_only: bool = False
 ) -> Schedule:
-    """ZB-H2: the parallelogram, up to ``2p`` micro-batches held per rank.
+    """ZB-H2: the parallelogram, up to ``2p - 1`` micro-batches held per rank.
 
     >>> s = zb_h2(n_ranks=2, n_microbatches=3)
     >>> [str(a) for a in s.orders[0]]
@@ -71,7 +81,7 @@ def zb_h2(
     m = check_count("n_microbatches", n_microbatches)
     refuse_virtual("zb-h2", virtual)
     refuse_forward_only("zb-h2", forward_only)
-    orders = _unit_time_greedy(p, m, cap=2 * p)
+    orders = _unit_time_greedy(p, m, cap=2 * p - 1)
     return Schedule.from_orders(orders, placement=tuple(range(p)), n_microbatches=m, name="zb-h2")
 
 
