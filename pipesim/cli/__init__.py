@@ -21,7 +21,15 @@ __all__ = ["build_parser", "main"]
 
 # Verb modules under pipesim.cli, in the order `pipesim --help` lists them. Each has
 # register(subparsers) and imports its heavy dependencies (plotly, torch) only when run.
-_VERB_MODULES = ("_schedules", "_simulate", "_plot", "_trace", "_verify", "_plan")
+_VERB_MODULES = (
+    "_schedules",
+    "_simulate",
+    "_synthesize",
+    "_plot",
+    "_trace",
+    "_verify",
+    "_plan",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -23,6 +23,7 @@ from pipesim.schedules import generate, schedule_names
 __all__ = [
     "add_cost_arguments",
     "add_schedule_arguments",
+    "costs_for_stages",
     "costs_from_args",
     "positive_int",
     "print_json",
@@ -189,6 +190,11 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
 
 def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:
     """The cost model of the flags (or ``--costs``), sized for ``schedule``."""
+    return costs_for_stages(args, schedule.n_stages)
+
+
+def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
+    """The cost model of the flags (or ``--costs``), sized for ``n_stages`` stages."""
     flag_names = [
         *_STAGE_FLAGS,
         "link_latency",
@@ -205,8 +211,7 @@ def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:
             raise PipesimError(
                 f"give either --costs or cost flags, not both (got --costs and {flags})"
             )
-        return load_costs(args.costs).for_stages(schedule.n_stages)
-    n_stages = schedule.n_stages
+        return load_costs(args.costs).for_stages(n_stages)
     per_stage: list[dict[str, Any]] = [{} for _ in range(n_stages)]
     for flag, (field_name, _) in _STAGE_FLAGS.items():
         raw = getattr(args, flag, None)

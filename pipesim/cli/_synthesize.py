@@ -1,0 +1,157 @@
+"""``pipesim synthesize``: make a schedule for these costs under a memory limit."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from pipesim.cli._common import add_cost_arguments, costs_for_stages, positive_int, print_json
+from pipesim.exact import as_number
+from pipesim.schedule_io import save_schedule
+from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
+from pipesim.text_table import format_table
+
+
+def register(subparsers: Any) -> None:
+    """Add ``synthesize``."""
+    parser = subparsers.add_parser(
+        "synthesize",
+        help="make a schedule for the given costs and memory limit",
+        description=(
+            "Build per-rank orders of F, I and W for the given per-stage costs so that no "
+            "rank holds more than --memory-limit of activations, evaluate them with the exact "
+            "simulator next to every built-in schedule that fits the same limit, and keep the "
+            "fastest. Prints its makespan and bubble beside the best built-in schedule and a "
+            "lower bound; -o writes it as JSON or torch CSV."
+        ),
+    )
+    size = parser.add_argument_group("problem")
+    size.add_argument(
+        "--stages",
+        "-p",
+        type=positive_int,
+        required=True,
+        metavar="P",
+        help="pipeline depth p: ranks (devices)",
+    )
+    size.add_argument(
+        "--microbatches",
+        "-m",
+        type=positive_int,
+        required=True,
+        metavar="M",
+        help="micro-batches per step",
+    )
+    size.add_argument(
+        "--virtual",
+        "-v",
+        type=positive_int,
+        metavar="V",
+        help="stages per rank (default 1; 2 with --placement v)",
+    )
+    size.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="looped",
+        help="stage -> rank: looped (stage s on rank s mod p, the default) or v "
+        "(rank r holds stages r and 2p-1-r, needs V = 2)",
+    )
+    size.add_argument(
+        "--memory-limit",
+        required=True,
+        metavar="LIMIT",
+        help="activation memory per rank: micro-batches of the rank's own activations "
+        "(e.g. 8, 2.5, 16/3) or bytes with a unit (e.g. 20GiB)",
+    )
+    add_cost_arguments(parser)
+    search = parser.add_argument_group("search")
+    search.add_argument(
+        "--exact",
+        action="store_true",
+        help="also run the CP-SAT solver (small problems; pip install "
+        "'pipesim[exact]'): a proven lower bound and often a better schedule",
+    )
+    search.add_argument(
+        "--time-limit",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds the exact solver may run (default 10)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("-o", "--output", metavar="FILE", help="write the schedule (.json or .csv)")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print simulate --json's object plus lower_bound, gap, winner, ...",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    virtual = args.virtual or (2 if args.placement == "v" else 1)
+    costs = costs_for_stages(args, args.stages * virtual)
+    if args.costs is None and args.backward_time is None:
+        # Built-ins with a full backward B are compared at B = I + W, what splitting it costs.
+        costs = replace(
+            costs,
+            stages=tuple(replace(s, backward=s.input_grad + s.weight_grad) for s in costs.stages),
+        )
+    result = synthesize(
+        n_ranks=args.stages,
+        n_microbatches=args.microbatches,
+        memory_limit=args.memory_limit,
+        costs=costs,
+        virtual=virtual,
+        placement=args.placement,
+        exact=args.exact,
+        exact_time_limit_s=args.time_limit,
+    )
+    if args.output:
+        save_schedule(result.schedule, args.output)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(format_result(result))
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def format_result(result: SynthesisResult) -> str:
+    """The synthesized schedule beside the best built-in one and the bound."""
+    pb, m = result.problem, result.metrics
+    lines = [
+        f"synthesized for p={pb.n_ranks}, v={pb.virtual} ({pb.placement_name}), "
+        f"m={pb.n_microbatches}, memory limit {pb.limit} per rank; winner: {result.winner}",
+    ]
+    rows = [
+        (
+            "synthesized",
+            _fmt(m.makespan),
+            f"{float(m.bubble_ratio):.1%}",
+            f"{max(result.peak_activation_bytes):,}",
+        )
+    ]
+    best, best_metrics = result.best_builtin, result.best_builtin_metrics
+    if best is not None and best_metrics is not None:
+        rows.append(
+            (
+                f"best built-in ({best.name})",
+                _fmt(best.makespan),
+                f"{float(best_metrics.bubble_ratio):.1%}",
+                f"{max(best.peak_activation_bytes):,}",
+            )
+        )
+    lines.append(format_table(("schedule", "makespan", "bubble", "peak bytes"), rows))
+    if best is None:
+        lines.append("no built-in schedule fits this memory limit")
+    proof = " (proven optimal)" if result.optimal else ""
+    lines.append(f"lower bound {_fmt(result.lower_bound)}: gap {float(result.gap):.1%}{proof}")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    number = as_number(value)
+    return f"{number:g}" if isinstance(number, float) else str(number)

@@ -1,0 +1,257 @@
+"""The greedy list scheduler: F, I and W placed one at a time from the costs.
+
+After Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3 and
+appendix G (the heuristic that seeds their ILP; the zero-bubble repository's
+``manual_order``): the input gradient ``I`` is on the critical path and runs
+as soon as it can; forwards run while the memory limit allows; ``W`` fills
+the gaps and is forced when memory must be freed.
+
+The scheduler is a discrete-event simulation of the engine's model (per-stage
+durations, message latency and bytes / bandwidth, F allocating its stage's
+activations at its start, I freeing all but ``weight_grad_bytes`` at its end,
+W the rest). Each rank, when it is free, picks among the actions whose inputs
+have arrived:
+
+1. a ready ``I`` (the latest stage first: the longest chain still ahead);
+2. else a ready ``F`` (the latest stage first, finishing micro-batches it
+   already holds), if the rank's memory and in-flight cap allow it; a
+   micro-batch new to the rank is admitted only while the bytes of all its
+   stages on the rank still fit (``reserve``), so a V placement cannot fill
+   its memory with first-chunk forwards and starve the second chunk;
+3. else the oldest pending ``W``.
+
+With ``patient`` the rank also looks ahead: it starts an F or a W only if it
+ends before a gradient it already knows is on its way arrives, and otherwise
+waits for that gradient (the heuristic's "fill a bubble only if it fits").
+Each policy is one candidate; :func:`pipesim.synth.synthesize` evaluates them
+all with the exact evaluator and keeps the best. Orders come from an
+execution, so they are complete and cannot deadlock; memory peaks depend on
+the order only, so the limit this scheduler respects is the one the engine
+measures.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from pipesim.actions import Action, Op
+from pipesim.exact import Time
+from pipesim.synth.problem import Problem
+
+__all__ = ["Policy", "greedy_orders", "policies"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """One setting of the greedy scheduler."""
+
+    caps: tuple[int, ...] | None = None
+    """Per rank: the most stage-micro-batches between F and I (1F1B's warm-up depth);
+    None: memory only. Deferred W passes are limited by memory alone."""
+    defer: tuple[int, ...] | None = None
+    """Per rank: the most W passes held back; past it W goes before F (ZB-H1: r on rank r)."""
+    patient: str = ""
+    """Ops (``"W"``, ``"FW"``) started only if they end before a gradient known to be on its way."""
+    reserve: bool = True
+    """Admit a micro-batch new to a rank only while all its stages there still fit."""
+    name: str = "greedy"
+    """How the candidate is reported."""
+
+
+def policies(problem: Problem) -> tuple[Policy, ...]:
+    """The candidate policies tried for ``problem``.
+
+    In-flight caps follow the published patterns: ``p - r`` per rank (1F1B and
+    ZB-H1's warm-up), ``2 (p - r) - 1`` (ZB-H2's), scaled by the stages per rank;
+    a uniform cap (ZB-V holds about the same on every rank); none (memory only).
+    """
+    p, v = problem.n_ranks, problem.virtual
+    cap_sets: list[tuple[str, tuple[int, ...] | None]] = [("memory", None)]
+    cap_sets.append(("1f1b-warmup", tuple(v * (p - r) for r in range(p))))
+    cap_sets.append(("1f1b-warmup+1", tuple(v * (p - r) + 1 for r in range(p))))
+    cap_sets.append(("zb-h2-warmup", tuple(v * (2 * (p - r) - 1) for r in range(p))))
+    if v > 1:
+        cap_sets.append(("uniform", tuple(v * p for _ in range(p))))
+    # Deferred W passes: as many as memory allows, or v r on rank r (ZB-H1).
+    defers: list[tuple[str, tuple[int, ...] | None]] = [("", None)]
+    defers.append((",defer-r", tuple(v * r for r in range(p))))
+    out = []
+    for cap_name, caps in cap_sets:
+        for defer_name, defer in defers:
+            for patient in ("", "W", "FW"):
+                for reserve in (True, False) if v > 1 else (True,):
+                    label = (
+                        f"greedy[{cap_name}{defer_name}{',patient-' + patient if patient else ''}"
+                    )
+                    label += "]" if reserve else ",no-reserve]"
+                    out.append(
+                        Policy(caps=caps, defer=defer, patient=patient, reserve=reserve, name=label)
+                    )
+    return tuple(out)
+
+
+def greedy_orders(problem: Problem, policy: Policy) -> list[list[Action]] | None:
+    """Per-rank orders built by ``policy``; None if the policy gets stuck (memory)."""
+    return _Greedy(problem, policy).run()
+
+
+class _Greedy:
+    """State of one greedy run (plain class: this is the hot loop)."""
+
+    def __init__(self, problem: Problem, policy: Policy) -> None:
+        self.pb = problem
+        self.policy = policy
+        n_stages, m = problem.n_stages, problem.n_microbatches
+        costs, mem = problem.costs, problem.memory_costs
+        self.f = [costs.stage(s).forward for s in range(n_stages)]
+        self.i = [costs.stage(s).input_grad for s in range(n_stages)]
+        self.w = [costs.stage(s).weight_grad for s in range(n_stages)]
+        self.act = [mem.stage(s).activation_bytes for s in range(n_stages)]
+        self.kept = [mem.stage(s).weight_grad_bytes for s in range(n_stages)]
+        # Message delay from stage s to s + 1 (F) and from s + 1 to s (I); 0 on one rank.
+        place = problem.placement
+        self.f_delay: list[Time] = []
+        self.i_delay: list[Time] = []
+        for s in range(n_stages - 1):
+            same = place[s] == place[s + 1]
+            out_f = Action(stage=s, op=Op.F, microbatch=0)
+            out_i = Action(stage=s + 1, op=Op.I, microbatch=0)
+            self.f_delay.append(0 if same else costs.link.transfer_time(costs.message_bytes(out_f)))
+            self.i_delay.append(0 if same else costs.link.transfer_time(costs.message_bytes(out_i)))
+        self.stages = [problem.stages_of(r) for r in range(problem.n_ranks)]
+        self.down = [tuple(sorted(st, reverse=True)) for st in self.stages]
+        self.first = [min(st) for st in self.stages]
+        self.mb_bytes = [sum(self.act[s] for s in st) for st in self.stages]
+        self.f_next = [0] * n_stages
+        self.i_next = [0] * n_stages
+        self.f_end: list[list[Time | None]] = [[None] * m for _ in range(n_stages)]
+        self.i_end: list[list[Time | None]] = [[None] * m for _ in range(n_stages)]
+        self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in self.stages]
+        self.held = [0] * problem.n_ranks
+        self.reserved = [0] * problem.n_ranks
+        self.inflight = [0] * problem.n_ranks
+        self.free_at: list[Time] = [0] * problem.n_ranks
+        self.left = [3 * m * len(st) for st in self.stages]
+        self.orders: list[list[Action]] = [[] for _ in self.stages]
+
+    # -- arrivals -------------------------------------------------------------------------
+    def _f_arrival(self, s: int, k: int) -> Time | None:
+        if s == 0:
+            return 0
+        end = self.f_end[s - 1][k]
+        return None if end is None else end + self.f_delay[s - 1]
+
+    def _i_arrival(self, s: int, k: int) -> Time | None:
+        if self.f_end[s][k] is None:
+            return None
+        if s == self.pb.n_stages - 1:
+            return self.f_end[s][k]
+        end = self.i_end[s + 1][k]
+        return None if end is None else end + self.i_delay[s]
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> list[list[Action]] | None:
+        heap: list[tuple[Time, int]] = [(0, r) for r in range(self.pb.n_ranks)]
+        while heap:
+            t, r = heapq.heappop(heap)
+            if t < self.free_at[r] or not self.left[r]:
+                continue
+            wake = self._step(r, t, heap)
+            if wake is not None:
+                heapq.heappush(heap, (wake, r))
+        return self.orders if not any(self.left) else None
+
+    def _step(self, r: int, t: Time, heap: list[tuple[Time, int]]) -> Time | None:
+        """Run one action on rank ``r`` at ``t`` if the policy allows; the next wake-up."""
+        m = self.pb.n_microbatches
+        next_grad: Time | None = None
+        for s in self.down[r]:
+            k = self.i_next[s]
+            if k < m:
+                arrival = self._i_arrival(s, k)
+                if arrival is not None:
+                    if arrival <= t:
+                        return self._run(r, t, Action(stage=s, op=Op.I, microbatch=k), heap)
+                    next_grad = arrival if next_grad is None else min(next_grad, arrival)
+        patient_f = next_grad is not None and "F" in self.policy.patient
+        patient_w = next_grad is not None and "W" in self.policy.patient
+        defer = self.policy.defer
+        if defer is not None and len(self.pending_w[r]) > defer[r]:
+            s, k = self.pending_w[r].popleft()
+            return self._run(r, t, Action(stage=s, op=Op.W, microbatch=k), heap)
+        next_input: Time | None = None
+        blocked_by_memory = False
+        for s in self.down[r]:
+            k = self.f_next[s]
+            if k >= m:
+                continue
+            arrival = self._f_arrival(s, k)
+            if arrival is None:
+                continue
+            if arrival > t:
+                next_input = arrival if next_input is None else min(next_input, arrival)
+                continue
+            if not self._admits(r, s):
+                blocked_by_memory = True
+                continue
+            if patient_f and t + self.f[s] > next_grad:  # type: ignore[operator]
+                continue
+            return self._run(r, t, Action(stage=s, op=Op.F, microbatch=k), heap)
+        if self.pending_w[r]:
+            s, k = self.pending_w[r][0]
+            if not patient_w or blocked_by_memory or t + self.w[s] <= next_grad:  # type: ignore[operator]
+                self.pending_w[r].popleft()
+                return self._run(r, t, Action(stage=s, op=Op.W, microbatch=k), heap)
+        wakes = [x for x in (next_grad, next_input) if x is not None and x > t]
+        return min(wakes) if wakes else None
+
+    def _admits(self, r: int, s: int) -> bool:
+        limit = self.pb.limit_bytes[r]
+        if s != self.first[r]:  # a later stage of a micro-batch the rank already holds
+            if self.policy.reserve:
+                return True  # its bytes were reserved when the micro-batch was admitted
+            return self.held[r] + self.act[s] <= limit
+        caps = self.policy.caps
+        if caps is not None and self.inflight[r] >= caps[r]:
+            return False
+        if self.policy.reserve:
+            return self.held[r] + self.reserved[r] + self.mb_bytes[r] <= limit
+        return self.held[r] + self.act[s] <= limit
+
+    def _run(self, r: int, t: Time, action: Action, heap: list[tuple[Time, int]]) -> Time:
+        s, k, op = action.stage, action.microbatch, action.op
+        self.orders[r].append(action)
+        self.left[r] -= 1
+        pb = self.pb
+        if op is Op.F:
+            end = t + self.f[s]
+            self.f_end[s][k] = end
+            self.f_next[s] += 1
+            self.held[r] += self.act[s]
+            self.inflight[r] += 1
+            if s == self.first[r]:
+                self.reserved[r] += self.mb_bytes[r] - self.act[s]
+            else:
+                self.reserved[r] -= self.act[s]
+            if s + 1 < pb.n_stages and pb.placement[s + 1] != r:
+                heapq.heappush(heap, (end + self.f_delay[s], pb.placement[s + 1]))
+            sent = end + self.f_delay[s] if s + 1 < pb.n_stages else end
+        elif op is Op.I:
+            end = t + self.i[s]
+            self.i_end[s][k] = end
+            self.i_next[s] += 1
+            self.held[r] -= self.act[s] - self.kept[s]
+            self.inflight[r] -= 1
+            self.pending_w[r].append((s, k))
+            if s > 0 and pb.placement[s - 1] != r:
+                heapq.heappush(heap, (end + self.i_delay[s - 1], pb.placement[s - 1]))
+            sent = end + self.i_delay[s - 1] if s > 0 else end
+        else:
+            end = t + self.w[s]
+            self.held[r] -= self.kept[s]
+            sent = end
+        # Without overlapped communication the sender waits for its message (costs.py).
+        self.free_at[r] = end if pb.costs.overlap_comm else max(end, sent)
+        return self.free_at[r]

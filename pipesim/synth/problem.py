@@ -1,0 +1,219 @@
+"""What a synthesis is asked: ranks, placement, micro-batches, costs and a memory limit.
+
+A :class:`Problem` fixes everything a schedule of split backwards (F, I, W)
+depends on; every method of :mod:`pipesim.synth` (the greedy heuristic, the
+lower bound, the exact solver) reads the same object, so the rules are
+written once.
+
+Memory limit (``memory_limit``): a per-rank ceiling on activation bytes, in
+the engine's model (:mod:`pipesim.costs`: F allocates its stage's
+``activation_bytes`` at its start, I frees all but ``weight_grad_bytes`` at
+its end, W the rest). :func:`parse_memory_limit` reads it as
+
+- a number of micro-batches (``8``, ``2.5``, ``16/3``): that many micro-batches
+  of the activations *each rank* holds for one micro-batch (the sum over the
+  stages it holds; with ``virtual = 2`` one micro-batch is both chunks), the
+  unit of Qi et al.'s ``p M_B`` and ``2p M_B``;
+- bytes with a unit (``512MiB``, ``20GB``, ``1e9B``).
+
+When the cost model gives no activation bytes at all, pipesim counts each
+stage's activations as 1 byte held from F to W (``weight_grad_bytes`` 1), so a
+limit in micro-batches still means what it says.
+
+>>> parse_memory_limit("8")
+MemoryLimit(microbatches=Fraction(8, 1), n_bytes=None)
+>>> parse_memory_limit("1.5GiB").n_bytes
+1610612736
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from pipesim.costs import CostModel
+from pipesim.errors import CostError, PipesimError, ScheduleError
+from pipesim.schedules.zbv import v_placement
+
+__all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
+
+#: Stage -> rank layouts the synthesizer knows (``--placement``).
+PLACEMENTS = ("looped", "v")
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_LIMIT = re.compile(r"\s*([0-9.eE+/_]+)\s*([A-Za-z]*)\s*")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryLimit:
+    """A per-rank activation-memory ceiling: micro-batches or bytes (exactly one)."""
+
+    microbatches: Fraction | None = None
+    """Micro-batches of the rank's own activations."""
+    n_bytes: int | None = None
+    """Bytes."""
+
+    def __post_init__(self) -> None:
+        if (self.microbatches is None) == (self.n_bytes is None):
+            raise CostError("a memory limit is either micro-batches or bytes, give exactly one")
+        if self.microbatches is not None and self.microbatches <= 0:
+            raise CostError(f"the memory limit must be positive, got {self.microbatches}")
+        if self.n_bytes is not None and self.n_bytes <= 0:
+            raise CostError(f"the memory limit must be positive, got {self.n_bytes} bytes")
+
+    def __str__(self) -> str:
+        if self.microbatches is not None:
+            return f"{self.microbatches} micro-batches"
+        return f"{self.n_bytes:,} bytes"
+
+
+def parse_memory_limit(text: str | int | Fraction | MemoryLimit, /) -> MemoryLimit:
+    """Read ``8``, ``2.5``, ``16/3`` (micro-batches) or ``512MiB`` / ``2e9B`` (bytes)."""
+    if isinstance(text, MemoryLimit):
+        return text
+    if isinstance(text, int | Fraction) and not isinstance(text, bool):
+        return MemoryLimit(microbatches=Fraction(text))
+    match = _LIMIT.fullmatch(str(text))
+    hint = "give micro-batches (8, 2.5, 16/3) or bytes with a unit (512MiB, 20GB, 1e9B)"
+    if match is None:
+        raise CostError(f"cannot read the memory limit {text!r}; {hint}")
+    number, unit = match.groups()
+    try:
+        value = Fraction(number.replace("_", "")) if "e" not in number.lower() else None
+        if value is None:
+            value = Fraction(repr(float(number)))
+    except (ValueError, ZeroDivisionError):
+        raise CostError(f"cannot read the memory limit {text!r}; {hint}") from None
+    if not unit:
+        return MemoryLimit(microbatches=value)
+    scale = _UNITS.get(unit.lower())
+    if scale is None:
+        raise CostError(
+            f"unknown unit {unit!r} in memory limit {text!r}; units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+        )
+    return MemoryLimit(n_bytes=math.floor(value * scale))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    """One synthesis problem, sized and checked (use :func:`make_problem`)."""
+
+    n_ranks: int
+    virtual: int
+    placement: tuple[int, ...]
+    """``placement[stage]`` is its rank."""
+    placement_name: str
+    n_microbatches: int
+    costs: CostModel
+    """The user's costs, one entry per stage."""
+    memory_costs: CostModel
+    """``costs``, or with 1-byte activations when the user gave none (see the module)."""
+    limit: MemoryLimit
+    limit_bytes: tuple[int, ...]
+    """Per rank: the most activation bytes it may hold (in ``memory_costs``)."""
+
+    @property
+    def n_stages(self) -> int:
+        """``n_ranks * virtual``."""
+        return len(self.placement)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages ``rank`` holds, ascending."""
+        return tuple(s for s, r in enumerate(self.placement) if r == rank)
+
+    def microbatch_bytes(self, rank: int) -> int:
+        """Activation bytes one micro-batch holds on ``rank`` (all its stages)."""
+        return sum(self.memory_costs.stage(s).activation_bytes for s in self.stages_of(rank))
+
+
+def make_problem(
+    *,
+    n_ranks: int,
+    n_microbatches: int,
+    costs: CostModel | None = None,
+    memory_limit: str | int | Fraction | MemoryLimit,
+    virtual: int = 1,
+    placement: str = "looped",
+) -> Problem:
+    """Check and size a synthesis problem.
+
+    >>> pb = make_problem(n_ranks=4, n_microbatches=8, memory_limit=4)
+    >>> pb.limit_bytes
+    (4, 4, 4, 4)
+    >>> make_problem(n_ranks=2, n_microbatches=4, memory_limit=2, virtual=2, placement="v").placement
+    (0, 1, 1, 0)
+    """
+    for name, value in (
+        ("n_ranks", n_ranks),
+        ("n_microbatches", n_microbatches),
+        ("virtual", virtual),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"{name} must be a whole number >= 1, got {value!r}")
+    if placement not in PLACEMENTS:
+        raise ScheduleError(
+            f"unknown placement {placement!r}; valid placements are: {', '.join(PLACEMENTS)}"
+        )
+    if placement == "v":
+        if virtual != 2:
+            raise ScheduleError(
+                f"the v placement holds two stages per rank (rank r holds r and 2p-1-r), got "
+                f"virtual={virtual}; pass --virtual 2"
+            )
+        stage_ranks = v_placement(n_ranks)
+    else:
+        stage_ranks = tuple(stage % n_ranks for stage in range(n_ranks * virtual))
+    costs = (costs or CostModel()).for_stages(len(stage_ranks))
+    memory_costs = costs
+    if all(s.activation_bytes == 0 for s in costs.stages):
+        memory_costs = replace(
+            costs,
+            stages=tuple(replace(s, activation_bytes=1, weight_grad_bytes=1) for s in costs.stages),
+        )
+    limit = parse_memory_limit(memory_limit)
+    per_rank = []
+    for rank in range(n_ranks):
+        one = sum(
+            memory_costs.stage(s).activation_bytes for s, r in enumerate(stage_ranks) if r == rank
+        )
+        if limit.n_bytes is not None:
+            if memory_costs is not costs:
+                raise PipesimError(
+                    f"a memory limit in bytes ({limit}) needs activation bytes in the cost "
+                    "model; give --activation-bytes (and --weight-grad-bytes), or a limit in "
+                    "micro-batches"
+                )
+            allowed = limit.n_bytes
+        else:
+            assert limit.microbatches is not None
+            allowed = math.floor(limit.microbatches * one)
+        if allowed < one:
+            raise PipesimError(
+                f"the memory limit {limit} is below one micro-batch's activations on rank "
+                f"{rank} ({one:,} bytes): no schedule fits; raise --memory-limit to at least "
+                "1 micro-batch"
+            )
+        per_rank.append(allowed)
+    return Problem(
+        n_ranks=n_ranks,
+        virtual=virtual,
+        placement=stage_ranks,
+        placement_name=placement,
+        n_microbatches=n_microbatches,
+        costs=costs,
+        memory_costs=memory_costs,
+        limit=limit,
+        limit_bytes=tuple(per_rank),
+    )

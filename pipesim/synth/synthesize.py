@@ -1,0 +1,234 @@
+"""``synthesize``: the fastest schedule pipesim can make for these costs and this memory.
+
+Every greedy policy of :mod:`pipesim.synth.heuristic` proposes an order; so do
+the built-in schedules that fit the placement (``zb-h1``, ``zb-h2``, ``1f1b``,
+``zbv``, ...) and, on request, the exact solver. Each candidate is evaluated
+with pipesim's exact evaluator (:mod:`pipesim.plan.fastsim`, identical to the
+SimPy engine), candidates whose peak activation bytes exceed the limit on any
+rank are dropped, and the fastest one left wins. So by construction the
+result is never slower than a built-in schedule that fits the same limit, and
+:attr:`SynthesisResult.winner` says honestly which candidate it was.
+
+>>> from pipesim import generate, simulate
+>>> result = synthesize(n_ranks=4, n_microbatches=8, memory_limit=4,
+...                     costs=CostModel.uniform(forward=2, input_grad=2, weight_grad=1,
+...                                             backward=3, activation_bytes=4,
+...                                             weight_grad_bytes=1))
+>>> result.metrics.makespan <= simulate(generate("zb-h1", n_ranks=4, n_microbatches=8),
+...     costs=result.problem.costs).metrics.makespan
+True
+>>> max(result.peak_activation_bytes) <= 16
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+from pipesim.costs import CostModel
+from pipesim.errors import PipesimError, ScheduleError
+from pipesim.exact import Time, as_number
+from pipesim.graph import validate
+from pipesim.metrics import Metrics
+from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
+from pipesim.schedule import Schedule
+from pipesim.schedules import generate, get_spec, schedule_names
+from pipesim.synth.bound import lower_bound
+from pipesim.synth.heuristic import greedy_orders, policies
+from pipesim.synth.problem import MemoryLimit, Problem, make_problem
+
+__all__ = ["Candidate", "SynthesisResult", "builtin_candidates", "synthesize"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One schedule tried, with its makespan and memory under the problem's costs."""
+
+    name: str
+    """``greedy[...]`` for a heuristic policy, ``exact`` for the solver, else the built-in name."""
+    builtin: bool
+    schedule: Schedule
+    makespan: Time
+    peak_activation_bytes: tuple[int, ...]
+    fits: bool
+    """Whether every rank's peak is within the limit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SynthesisResult:
+    """The synthesized schedule, its metrics, and how it compares."""
+
+    problem: Problem
+    schedule: Schedule
+    """The winner, renamed ``synthesized``."""
+    metrics: Metrics
+    """Under the problem's costs (identical to ``simulate(schedule, costs=...)``)."""
+    peak_activation_bytes: tuple[int, ...]
+    """Per rank, in the memory model the limit is checked in."""
+    winner: str
+    """Which candidate won (a greedy policy, ``exact``, or a built-in's name)."""
+    lower_bound: Time
+    """No schedule of this problem is faster (closed form, or the solver's bound)."""
+    optimal: bool
+    """True when the exact solver proved the winner optimal."""
+    candidates: tuple[Candidate, ...]
+    best_builtin: Candidate | None
+    """The fastest built-in schedule that fits the limit (None if none does)."""
+    best_builtin_metrics: Metrics | None
+    """Its metrics under the problem's costs."""
+
+    @property
+    def gap(self) -> Fraction:
+        """``makespan / lower_bound - 1``: how far from the bound, at most."""
+        if not self.lower_bound:
+            return Fraction(0)
+        return Fraction(self.metrics.makespan) / Fraction(self.lower_bound) - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """``simulate --json``'s object plus the synthesis fields."""
+        data = self.metrics.to_dict()
+        data.update(
+            {
+                "lower_bound": as_number(self.lower_bound),
+                "gap": float(self.gap),
+                "optimal": self.optimal,
+                "winner": self.winner,
+                "placement": self.problem.placement_name,
+                "virtual": self.problem.virtual,
+                "memory_limit": str(self.problem.limit),
+                "memory_limit_bytes": list(self.problem.limit_bytes),
+                "limit_peak_bytes": list(self.peak_activation_bytes),
+                "best_builtin": None
+                if self.best_builtin_metrics is None
+                else self.best_builtin_metrics.to_dict(),
+                "candidates": [
+                    {"name": c.name, "makespan": as_number(c.makespan), "fits": c.fits}
+                    for c in self.candidates
+                ],
+            }
+        )
+        return data
+
+
+def synthesize(
+    *,
+    n_ranks: int,
+    n_microbatches: int,
+    memory_limit: str | int | Fraction | MemoryLimit,
+    costs: CostModel | None = None,
+    virtual: int = 1,
+    placement: str = "looped",
+    exact: bool = False,
+    exact_time_limit_s: float = 10.0,
+    builtins: bool = True,
+) -> SynthesisResult:
+    """Make a schedule for these costs that holds at most ``memory_limit`` per rank.
+
+    ``memory_limit``: micro-batches of each rank's activations (``8``, ``"16/3"``) or
+    bytes with a unit (``"20GiB"``), see :mod:`pipesim.synth.problem`. ``exact`` adds the
+    CP-SAT solver (needs ``pip install 'pipesim[exact]'``; small problems only), whose
+    proven bound tightens :attr:`SynthesisResult.lower_bound`.
+    """
+    problem = make_problem(
+        n_ranks=n_ranks,
+        n_microbatches=n_microbatches,
+        costs=costs,
+        memory_limit=memory_limit,
+        virtual=virtual,
+        placement=placement,
+    )
+    candidates: list[Candidate] = []
+    for policy in policies(problem):
+        orders = greedy_orders(problem, policy)
+        if orders is not None:
+            schedule = Schedule.from_orders(
+                orders, placement=problem.placement, n_microbatches=n_microbatches
+            )
+            candidates.append(evaluate_candidate(problem, schedule, name=policy.name))
+    if builtins:
+        candidates += builtin_candidates(problem)
+    bound = lower_bound(problem)
+    optimal = False
+    if exact:
+        from pipesim.synth.exact import solve_exact
+
+        best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
+        solution = solve_exact(problem, time_limit_s=exact_time_limit_s, horizon=best_so_far)
+        bound = max(bound, solution.bound)
+        if solution.schedule is not None:
+            candidates.append(evaluate_candidate(problem, solution.schedule, name="exact"))
+        optimal = solution.optimal
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        raise PipesimError(
+            f"no schedule found within the memory limit {problem.limit} "
+            f"({', '.join(f'{b:,}' for b in problem.limit_bytes)} bytes per rank); raise "
+            "--memory-limit"
+        )
+    best = min(fitting, key=_rank)
+    schedule = replace(best.schedule, name="synthesized")
+    validate(schedule)
+    result = evaluate(compile_schedule(schedule), problem.costs)
+    metrics = metrics_of(schedule, problem.costs, result)
+    if optimal:  # the solver's optimum ignores link contention: proven only if met here
+        optimal = metrics.makespan == bound
+    builtin = [c for c in fitting if c.builtin]
+    best_builtin = min(builtin, key=_rank) if builtin else None
+    builtin_metrics = None
+    if best_builtin is not None:
+        step = evaluate(compile_schedule(best_builtin.schedule), problem.costs)
+        builtin_metrics = metrics_of(best_builtin.schedule, problem.costs, step)
+    return SynthesisResult(
+        problem=problem,
+        schedule=schedule,
+        metrics=metrics,
+        peak_activation_bytes=best.peak_activation_bytes,
+        winner=best.name,
+        lower_bound=bound,
+        optimal=optimal,
+        candidates=tuple(candidates),
+        best_builtin=best_builtin,
+        best_builtin_metrics=builtin_metrics,
+    )
+
+
+def _rank(candidate: Candidate) -> tuple[Time, int, bool]:
+    return (candidate.makespan, max(candidate.peak_activation_bytes), candidate.builtin)
+
+
+def evaluate_candidate(problem: Problem, schedule: Schedule, *, name: str) -> Candidate:
+    """Makespan and memory peaks of ``schedule`` under the problem's costs."""
+    step = evaluate(compile_schedule(schedule), problem.memory_costs)
+    peaks = step.peak_activation_bytes
+    return Candidate(
+        name=name,
+        builtin=name in schedule_names(),
+        schedule=schedule,
+        makespan=step.makespan,
+        peak_activation_bytes=peaks,
+        fits=all(b <= limit for b, limit in zip(peaks, problem.limit_bytes, strict=True)),
+    )
+
+
+def builtin_candidates(problem: Problem) -> list[Candidate]:
+    """Every registered training schedule with the problem's placement, evaluated."""
+    out = []
+    for name in schedule_names():
+        spec = get_spec(name)
+        if spec.virtual_values is not None and problem.virtual not in spec.virtual_values:
+            continue
+        try:
+            schedule = generate(
+                name,
+                n_ranks=problem.n_ranks,
+                n_microbatches=problem.n_microbatches,
+                virtual=problem.virtual,
+            )
+        except ScheduleError:
+            continue  # the family's rules refuse these sizes
+        if schedule.placement != problem.placement or schedule.n_copies != 1:
+            continue
+        out.append(evaluate_candidate(problem, schedule, name=name))
+    return out
