@@ -101,7 +101,8 @@ def parse_memory_limit(text: str | int | Fraction | MemoryLimit, /) -> MemoryLim
     scale = _UNITS.get(unit.lower())
     if scale is None:
         raise CostError(
-            f"unknown unit {unit!r} in memory limit {text!r}; units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            f"unknown unit {unit!r} in memory limit {text!r}; "
+            "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
         )
     return MemoryLimit(n_bytes=math.floor(value * scale))
 
@@ -152,7 +153,8 @@ def make_problem(
     >>> pb = make_problem(n_ranks=4, n_microbatches=8, memory_limit=4)
     >>> pb.limit_bytes
     (4, 4, 4, 4)
-    >>> make_problem(n_ranks=2, n_microbatches=4, memory_limit=2, virtual=2, placement="v").placement
+    >>> v = make_problem(n_ranks=2, n_microbatches=4, memory_limit=2, virtual=2, placement="v")
+    >>> v.placement
     (0, 1, 1, 0)
     """
     for name, value in (

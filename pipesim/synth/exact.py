@@ -1,0 +1,223 @@
+"""The exact search for small problems: OR-Tools CP-SAT, a lower bound and an optimum.
+
+The model (Qi et al. 2024 solve the same problem as an ILP, sec. 3.2):
+
+- one interval per action (F, I, W of every stage and micro-batch), of the
+  stage's duration, on the rank that holds the stage; intervals on a rank do
+  not overlap;
+- F of stage ``s`` starts after F of ``s - 1`` ends plus the message's
+  latency and transfer time; I of ``s`` after F of ``s`` and after I of
+  ``s + 1`` plus the message; W after I;
+- each rank's activation bytes, a reservoir: F adds its stage's bytes at its
+  start, I removes all but ``weight_grad_bytes`` at its end, W the rest; the
+  level stays within the limit (the engine's memory model, :mod:`pipesim.costs`);
+- minimise the makespan. Micro-batches are interchangeable, so stage 0 takes
+  them in order (the only symmetry broken: every schedule can be renumbered so).
+
+Links are modelled without contention and senders never wait, a relaxation of
+the engine: the solver's bound is a lower bound for pipesim's makespan, and a
+solution's orders simulate to at most its objective. Times are scaled to
+integers by the common denominator of the durations, exactly.
+
+Needs ``pip install 'pipesim[exact]'`` (OR-Tools); imported only when used.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from pipesim.actions import Action, Op
+from pipesim.errors import PipesimError
+from pipesim.exact import Time
+from pipesim.graph import validate
+from pipesim.schedule import Schedule
+from pipesim.synth.problem import Problem
+
+__all__ = ["MAX_EXACT_ACTIONS", "ExactSolution", "solve_exact"]
+
+#: Beyond this many actions the model is too big to solve or prove in seconds.
+MAX_EXACT_ACTIONS = 600
+
+_OPS = (Op.F, Op.I, Op.W)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExactSolution:
+    """What CP-SAT found within its time limit."""
+
+    schedule: Schedule | None
+    """The best schedule found (None if none within the time limit)."""
+    makespan: Time | None
+    """Its makespan in the solver's model (an upper bound on pipesim's)."""
+    bound: Time
+    """No schedule of the problem is faster than this."""
+    optimal: bool
+    """The solver proved ``makespan == bound``."""
+    status: str
+    wall_s: float
+
+
+def solve_exact(
+    problem: Problem,
+    /,
+    *,
+    time_limit_s: float = 10.0,
+    horizon: Time | None = None,
+    workers: int = 1,
+) -> ExactSolution:
+    """Solve ``problem`` with CP-SAT; ``horizon`` (a known makespan) prunes the search.
+
+    >>> from pipesim.synth.problem import make_problem
+    >>> pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=2)
+    >>> solve_exact(pb).bound  # rank 1 starts after one F, then 6 actions of work
+    7
+    """
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise PipesimError(
+            "the exact solver needs OR-Tools: pip install 'pipesim[exact]' (or ortools)"
+        ) from None
+    n_stages, m = problem.n_stages, problem.n_microbatches
+    n_actions = 3 * n_stages * m
+    if n_actions > MAX_EXACT_ACTIONS:
+        raise PipesimError(
+            f"the exact solver is for small problems (at most {MAX_EXACT_ACTIONS} actions), "
+            f"this one has {n_actions} (3 x {n_stages} stages x {m} micro-batches); drop "
+            "--exact or use fewer micro-batches"
+        )
+    durations, delays_f, delays_i = _times(problem)
+    scale = math.lcm(
+        *(Fraction(t).denominator for t in (*durations.values(), *delays_f, *delays_i))
+    )
+
+    def scaled(t: Time) -> int:
+        value = Fraction(t) * scale
+        assert value.denominator == 1
+        return value.numerator
+
+    total = (
+        sum(scaled(d) for d in durations.values()) * m
+        + sum(map(scaled, (*delays_f, *delays_i))) * m
+    )
+    top = scaled(horizon) if horizon is not None else total
+    model = cp_model.CpModel()
+    start: dict[tuple[int, Op, int], Any] = {}
+    end: dict[tuple[int, Op, int], Any] = {}
+    per_rank: list[list[Any]] = [[] for _ in range(problem.n_ranks)]
+    for s in range(n_stages):
+        for op in _OPS:
+            d = scaled(durations[s, op])
+            for k in range(m):
+                key = (s, op, k)
+                start[key] = model.new_int_var(0, top, f"s{s}{op.value}{k}")
+                end[key] = start[key] + d
+                per_rank[problem.placement[s]].append(
+                    model.new_fixed_size_interval_var(start[key], d, f"i{s}{op.value}{k}")
+                )
+    for intervals in per_rank:
+        model.add_no_overlap(intervals)
+    for s in range(n_stages):
+        for k in range(m):
+            if s > 0:
+                model.add(start[s, Op.F, k] >= end[s - 1, Op.F, k] + scaled(delays_f[s - 1]))
+            model.add(start[s, Op.I, k] >= end[s, Op.F, k])
+            if s + 1 < n_stages:
+                model.add(start[s, Op.I, k] >= end[s + 1, Op.I, k] + scaled(delays_i[s]))
+            model.add(start[s, Op.W, k] >= end[s, Op.I, k])
+    for k in range(1, m):
+        model.add(start[0, Op.F, k] >= end[0, Op.F, k - 1])
+    _memory(model, problem, start, end)
+    makespan = model.new_int_var(0, top, "makespan")
+    model.add_max_equality(makespan, list(end.values()))
+    model.minimize(makespan)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    began = time.perf_counter()
+    status = solver.solve(model)
+    wall = time.perf_counter() - began
+    name = solver.status_name(status)
+    bound = _exact(Fraction(math.ceil(solver.best_objective_bound - 1e-9), scale))
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # Infeasible within the horizon: nothing beats the horizon itself.
+        floor = _exact(Fraction(top, scale)) if status == cp_model.INFEASIBLE else 0
+        return ExactSolution(
+            schedule=None,
+            makespan=None,
+            bound=max(bound, floor),
+            optimal=False,
+            status=name,
+            wall_s=wall,
+        )
+    values = {key: solver.value(var) for key, var in start.items()}
+    schedule = _orders(problem, values)
+    objective = _exact(Fraction(solver.value(makespan), scale))
+    return ExactSolution(
+        schedule=schedule,
+        makespan=objective,
+        bound=objective if status == cp_model.OPTIMAL else bound,
+        optimal=status == cp_model.OPTIMAL,
+        status=name,
+        wall_s=wall,
+    )
+
+
+def _times(problem: Problem) -> tuple[dict[tuple[int, Op], Time], list[Time], list[Time]]:
+    """Durations per (stage, op); message delays F: s -> s+1 and I: s+1 -> s."""
+    costs, place = problem.costs, problem.placement
+    durations: dict[tuple[int, Op], Time] = {}
+    for s in range(problem.n_stages):
+        for op in _OPS:
+            durations[s, op] = costs.stage(s).duration(op)
+    delays_f: list[Time] = []
+    delays_i: list[Time] = []
+    for s in range(problem.n_stages - 1):
+        same = place[s] == place[s + 1]
+        f_msg = costs.message_bytes(Action(stage=s, op=Op.F, microbatch=0))
+        i_msg = costs.message_bytes(Action(stage=s + 1, op=Op.I, microbatch=0))
+        delays_f.append(0 if same else costs.link.transfer_time(f_msg))
+        delays_i.append(0 if same else costs.link.transfer_time(i_msg))
+    return durations, delays_f, delays_i
+
+
+def _memory(model: Any, problem: Problem, start: dict[Any, Any], end: dict[Any, Any]) -> None:
+    """Each rank's activation bytes as a reservoir within its limit."""
+    mem = problem.memory_costs
+    for rank in range(problem.n_ranks):
+        times, changes = [], []
+        for s in problem.stages_of(rank):
+            act, kept = mem.stage(s).activation_bytes, mem.stage(s).weight_grad_bytes
+            for k in range(problem.n_microbatches):
+                times += [start[s, Op.F, k], end[s, Op.I, k], end[s, Op.W, k]]
+                changes += [act, -(act - kept), -kept]
+        model.add_reservoir_constraint(times, changes, 0, problem.limit_bytes[rank])
+
+
+def _orders(problem: Problem, starts: dict[tuple[int, Op, int], int]) -> Schedule | None:
+    """Per-rank orders by start time (ties: F, then I, then W, as the data flows)."""
+    rank_of = problem.placement
+    orders: list[list[tuple[int, int, int, int, Action]]] = [[] for _ in range(problem.n_ranks)]
+    op_index = {Op.F: 0, Op.I: 1, Op.W: 2}
+    for (s, op, k), t in starts.items():
+        tie = s if op is Op.F else -s
+        orders[rank_of[s]].append((t, op_index[op], tie, k, Action(stage=s, op=op, microbatch=k)))
+    schedule = Schedule.from_orders(
+        [[entry[-1] for entry in sorted(order)] for order in orders],
+        placement=rank_of,
+        n_microbatches=problem.n_microbatches,
+        name="exact",
+    )
+    try:
+        validate(schedule)
+    except PipesimError:  # zero-length actions tied in a way the orders cannot say
+        return None
+    return schedule
+
+
+def _exact(value: Fraction) -> Time:
+    return value.numerator if value.denominator == 1 else value

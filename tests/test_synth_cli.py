@@ -1,0 +1,119 @@
+"""``pipesim synthesize``: files that validate, JSON, errors; plot and verify replay them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim import load_schedule, simulate, validate
+from pipesim.cli import main
+
+_COSTS = [
+    "--forward-time",
+    "2,2,3",
+    "--input-grad-time",
+    "2,3,3",
+    "--weight-grad-time",
+    "1,1,2",
+    "--activation-bytes",
+    "100",
+    "--weight-grad-bytes",
+    "40",
+]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_written_schedule_validates_and_fits(tmp_path: Path, capsys, suffix: str) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / f"s{suffix}"
+    status = main(
+        ["synthesize", "-p", "3", "-m", "6", "--memory-limit", "3", *_COSTS, "-o", str(out)]
+    )
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "synthesized" in text and "best built-in" in text and "lower bound" in text
+    schedule = load_schedule(out)
+    validate(schedule)
+    assert schedule.n_ranks == 3 and schedule.n_microbatches == 6
+
+
+def test_json_is_simulate_json_plus_the_bound(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "s.json"
+    argv = ["synthesize", "-p", "3", "-m", "6", "--memory-limit", "3", *_COSTS, "-o", str(out)]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(out), *_COSTS, "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    for key in ("makespan", "bubble_ratio", "idle_slots", "ranks", "n_ranks", "n_stages"):
+        assert data[key] == simulated[key]
+    assert data["makespan"] >= data["lower_bound"] > 0
+    assert data["gap"] == pytest.approx(data["makespan"] / data["lower_bound"] - 1)
+    assert all(peak <= 300 for peak in data["limit_peak_bytes"])
+    assert data["memory_limit_bytes"] == [300, 300, 300]
+    assert data["winner"] in {c["name"] for c in data["candidates"]}
+    assert data["best_builtin"]["makespan"] >= data["makespan"]
+
+
+def test_v_placement_file_keeps_the_v(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "v.json"
+    assert (
+        main(
+            [
+                "synthesize",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--placement",
+                "v",
+                "--memory-limit",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert load_schedule(out).placement == (0, 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--memory-limit", "0.5"], "below one micro-batch"),
+        (["--memory-limit", "8XB"], "unknown unit"),
+        (["--memory-limit", "2", "--placement", "v", "--virtual", "3"], "virtual 2"),
+        (["--memory-limit", "2", "--forward-time", "1,2"], "one per stage"),
+    ],
+)
+def test_bad_input_is_one_clear_line(capsys, argv: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    assert main(["synthesize", "-p", "3", "-m", "4", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: ") and message in err and "Traceback" not in err
+
+
+def test_plot_draws_a_synthesized_schedule(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    assert main(["synthesize", "-p", "3", "-m", "6", "--memory-limit", "6", "-o", str(out)]) == 0
+    html = tmp_path / "s.html"
+    assert main(["plot", str(out), "-o", str(html)]) == 0
+    text = html.read_text()
+    makespan = simulate(load_schedule(out)).metrics.makespan
+    assert f"makespan {makespan}" in text
+
+
+@pytest.mark.torch
+def test_verify_replays_a_synthesized_schedule_bit_identical(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    out = tmp_path / "s.json"
+    assert (
+        main(
+            ["synthesize", "-p", "2", "-m", "4", "--memory-limit", "2", *_COSTS[:0], "-o", str(out)]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    status = main(["verify", str(out), "--json", "--warmup", "0", "--devices", "cpu,cpu"])
+    data = json.loads(capsys.readouterr().out)
+    assert status == 0 and data["bit_identical"] is True

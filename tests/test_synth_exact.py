@@ -1,0 +1,113 @@
+"""The CP-SAT oracle: optimum and bound on tiny problems, against the greedy and built-ins."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesim import CostModel, StageCost, critical_path, generate, simulate, validate
+from pipesim.errors import PipesimError
+from pipesim.synth import lower_bound, make_problem, synthesize
+from pipesim.synth.exact import solve_exact
+
+
+def test_hand_solved_case() -> None:
+    # p = 2, m = 2, F = I = W = 1, plenty of memory. Rank 1 cannot start before t = 1 and has
+    # six unit actions: 7 at best, and 7 is reached (F0 F1 | F0 I0 F1 I1 W0 W1 from t = 1).
+    pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=2)
+    solution = solve_exact(pb)
+    assert solution.optimal and solution.bound == solution.makespan == 7
+    assert solution.schedule is not None
+    assert simulate(solution.schedule).metrics.makespan == 7
+
+
+def test_memory_limit_binds_the_optimum() -> None:
+    # One rank, m = 3: no waiting at all, makespan 3 (F + I + W) whatever the memory.
+    # With 1 micro-batch of memory it must run F I W F I W ...; the reservoir allows it.
+    costs = CostModel.uniform(
+        forward=2, input_grad=2, weight_grad=1, activation_bytes=5, weight_grad_bytes=2
+    )
+    pb = make_problem(n_ranks=1, n_microbatches=3, memory_limit=1, costs=costs)
+    solution = solve_exact(pb)
+    assert solution.optimal and solution.makespan == 15
+    assert solution.schedule is not None
+    ops = "".join(a.op.value for a in solution.schedule.orders[0])
+    assert ops == "FIWFIWFIW"
+    peak = simulate(solution.schedule, costs=costs).metrics.peak_activation_bytes
+    assert peak == 5
+
+
+@settings(max_examples=12)
+@given(
+    p=st.integers(2, 3),
+    m=st.integers(1, 4),
+    times=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3)), min_size=3, max_size=3
+    ),
+    factor=st.sampled_from([1, 2]),
+)
+def test_optimum_bounds_greedy_and_builtins(
+    p: int, m: int, times: list[tuple[int, int, int]], factor: int
+) -> None:
+    costs = CostModel(
+        stages=tuple(
+            StageCost(
+                forward=f,
+                input_grad=i,
+                weight_grad=w,
+                backward=i + w,
+                activation_bytes=6,
+                weight_grad_bytes=2,
+            )
+            for f, i, w in times[:p]
+        )
+    )
+    pb = make_problem(n_ranks=p, n_microbatches=m, memory_limit=factor * p, costs=costs)
+    solution = solve_exact(pb, time_limit_s=20)
+    assert solution.optimal, solution.status
+    assert solution.schedule is not None
+    validate(solution.schedule)
+    sim = simulate(solution.schedule, costs=costs)
+    # Free links: the solver's model is the engine's; its orders replay to its optimum.
+    assert sim.metrics.makespan == solution.makespan
+    assert sim.metrics.makespan == critical_path(solution.schedule, costs=costs).length
+    assert all(r.peak_activation_bytes <= factor * p * 6 for r in sim.metrics.ranks)
+    assert lower_bound(pb) <= solution.bound
+    greedy = synthesize(n_ranks=p, n_microbatches=m, memory_limit=factor * p, costs=costs)
+    assert greedy.metrics.makespan >= solution.makespan
+    for name in ("1f1b", "zb-h1", "zb-h2"):
+        built = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs).metrics
+        if all(r.peak_activation_bytes <= factor * p * 6 for r in built.ranks):
+            assert built.makespan >= solution.bound
+
+
+def test_synthesize_with_exact_reports_the_proven_gap() -> None:
+    costs = CostModel.uniform(
+        forward=10,
+        input_grad=10,
+        weight_grad=7,
+        backward=17,
+        activation_bytes=10,
+        weight_grad_bytes=4,
+    )
+    result = synthesize(n_ranks=3, n_microbatches=4, memory_limit=3, costs=costs, exact=True)
+    assert "exact" in {c.name for c in result.candidates}
+    assert result.optimal and result.gap == 0
+    assert result.lower_bound >= lower_bound(result.problem)
+
+
+def test_too_big_is_refused() -> None:
+    pb = make_problem(n_ranks=8, n_microbatches=32, memory_limit=8)
+    with pytest.raises(PipesimError, match="small problems"):
+        solve_exact(pb)
+
+
+def test_without_ortools_it_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ortools", None)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=2)
+    with pytest.raises(PipesimError, match=r"pip install 'pipesim\[exact\]'"):
+        solve_exact(pb)
