@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pipesim.actions import Action, Op
 from pipesim.exact import Time
+from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem
 
 __all__ = ["lower_bound"]
@@ -35,7 +36,7 @@ def lower_bound(problem: Problem, /) -> Time:
     def hop(producer: Action, to_stage: int) -> Time:
         if place[producer.stage] == place[to_stage]:
             return 0
-        return costs.link.transfer_time(costs.message_bytes(producer))
+        return costs.link.transfer_time(message_bytes(costs, producer))
 
     # Earliest start of each stage's first forward.
     head: list[Time] = [0] * n_stages

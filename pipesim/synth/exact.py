@@ -34,7 +34,9 @@ from pipesim.actions import Action, Op
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.graph import validate
+from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
+from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem
 
 __all__ = ["MAX_EXACT_ACTIONS", "ExactSolution", "solve_exact"]
@@ -178,23 +180,23 @@ def _times(problem: Problem) -> tuple[dict[tuple[int, Op], Time], list[Time], li
     delays_i: list[Time] = []
     for s in range(problem.n_stages - 1):
         same = place[s] == place[s + 1]
-        f_msg = costs.message_bytes(Action(stage=s, op=Op.F, microbatch=0))
-        i_msg = costs.message_bytes(Action(stage=s + 1, op=Op.I, microbatch=0))
+        f_msg = message_bytes(costs, Action(stage=s, op=Op.F, microbatch=0))
+        i_msg = message_bytes(costs, Action(stage=s + 1, op=Op.I, microbatch=0))
         delays_f.append(0 if same else costs.link.transfer_time(f_msg))
         delays_i.append(0 if same else costs.link.transfer_time(i_msg))
     return durations, delays_f, delays_i
 
 
 def _memory(model: Any, problem: Problem, start: dict[Any, Any], end: dict[Any, Any]) -> None:
-    """Each rank's activation bytes as a reservoir within its limit."""
+    """Each rank's activation bytes as a reservoir within its limit (pipesim.memory)."""
     mem = problem.memory_costs
     for rank in range(problem.n_ranks):
         times, changes = [], []
         for s in problem.stages_of(rank):
-            act, kept = mem.stage(s).activation_bytes, mem.stage(s).weight_grad_bytes
+            f, _, i, w = op_effects(mem.stage(s), forward_only=False)
             for k in range(problem.n_microbatches):
                 times += [start[s, Op.F, k], end[s, Op.I, k], end[s, Op.W, k]]
-                changes += [act, -(act - kept), -kept]
+                changes += [f.start_bytes, i.end_bytes, w.end_bytes]
         model.add_reservoir_constraint(times, changes, 0, problem.limit_bytes[rank])
 
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 from pipesim.actions import Action, Op
 from pipesim.exact import Time
+from pipesim.memory import op_effects
+from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem
 
 __all__ = ["Policy", "greedy_orders", "policies"]
@@ -108,8 +110,12 @@ class _Greedy:
         self.f = [costs.stage(s).forward for s in range(n_stages)]
         self.i = [costs.stage(s).input_grad for s in range(n_stages)]
         self.w = [costs.stage(s).weight_grad for s in range(n_stages)]
-        self.act = [mem.stage(s).activation_bytes for s in range(n_stages)]
-        self.kept = [mem.stage(s).weight_grad_bytes for s in range(n_stages)]
+        # Memory effects from the one memory model (pipesim.memory): F allocates at its
+        # start, I and W free at their ends.
+        effects = [op_effects(mem.stage(s), forward_only=False) for s in range(n_stages)]
+        self.act = [e[0].start_bytes for e in effects]
+        self.i_frees = [e[2].end_bytes for e in effects]
+        self.w_frees = [e[3].end_bytes for e in effects]
         # Message delay from stage s to s + 1 (F) and from s + 1 to s (I); 0 on one rank.
         place = problem.placement
         self.f_delay: list[Time] = []
@@ -118,8 +124,12 @@ class _Greedy:
             same = place[s] == place[s + 1]
             out_f = Action(stage=s, op=Op.F, microbatch=0)
             out_i = Action(stage=s + 1, op=Op.I, microbatch=0)
-            self.f_delay.append(0 if same else costs.link.transfer_time(costs.message_bytes(out_f)))
-            self.i_delay.append(0 if same else costs.link.transfer_time(costs.message_bytes(out_i)))
+            self.f_delay.append(
+                0 if same else costs.link.transfer_time(message_bytes(costs, out_f))
+            )
+            self.i_delay.append(
+                0 if same else costs.link.transfer_time(message_bytes(costs, out_i))
+            )
         self.stages = [problem.stages_of(r) for r in range(problem.n_ranks)]
         self.down = [tuple(sorted(st, reverse=True)) for st in self.stages]
         self.first = [min(st) for st in self.stages]
@@ -242,7 +252,7 @@ class _Greedy:
             end = t + self.i[s]
             self.i_end[s][k] = end
             self.i_next[s] += 1
-            self.held[r] -= self.act[s] - self.kept[s]
+            self.held[r] += self.i_frees[s]
             self.inflight[r] -= 1
             self.pending_w[r].append((s, k))
             if s > 0 and pb.placement[s - 1] != r:
@@ -250,7 +260,7 @@ class _Greedy:
             sent = end + self.i_delay[s - 1] if s > 0 else end
         else:
             end = t + self.w[s]
-            self.held[r] -= self.kept[s]
+            self.held[r] += self.w_frees[s]
             sent = end
         # Without overlapped communication the sender waits for its message (costs.py).
         self.free_at[r] = end if pb.costs.overlap_comm else max(end, sent)
