@@ -65,7 +65,7 @@ from pipesim.schedules import (
     zb_h2,
     zbv,
 )
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
 
 __version__ = "0.1.0"
 
@@ -92,6 +92,7 @@ __all__ = [
     "Simulation",
     "StageCost",
     "Trace",
+    "TraceTotals",
     "TransferRecord",
     "UnknownNameError",
     "Work",

@@ -30,8 +30,14 @@ from pipesim.exact import Time
 from pipesim.graph import check_structure
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.schedule import Schedule
-from pipesim.step import CompiledStep, compile_step, deadlock_error, step_structure
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+from pipesim.step import (
+    CompiledStep,
+    StepStructure,
+    compile_step,
+    deadlock_error,
+    step_structure,
+)
+from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
 
 __all__ = ["Simulation", "run_trace", "simulate"]
 
@@ -109,7 +115,6 @@ def _run(step: CompiledStep) -> Trace:
     overlap_comm = step.costs.overlap_comm
     action_log: list[tuple[Time, int, int, Time]] = []
     memory_log: list[tuple[Time, int, int, int]] = []
-    progress = [0] * schedule.n_ranks
     timeout = env.timeout
 
     def deliver(arrival: int) -> None:
@@ -153,82 +158,128 @@ def _run(step: CompiledStep) -> Trace:
     remember = memory_log.append
     event = env.event
 
+    peaks = [(0, 0)] * schedule.n_ranks
+    finish: list[Time] = [0] * schedule.n_ranks
+    waiting_at = [-1] * schedule.n_ranks  # the node a rank last blocked at
+
     def run_rank(rank: int, order: tuple[int, ...]) -> Any:
-        held_bytes = inflight = 0
+        held_bytes = inflight = peak_bytes = peak_inflight = 0
         for node in order:
             duration, s_bytes, s_count, e_bytes, e_count, needs, sent, signalled = steps[node]
             for arrival in needs:
                 if not arrived[arrival]:
+                    waiting_at[rank] = node
                     waiter = waiters[arrival] = event()
                     yield waiter
             start = env.now
             if s_bytes or s_count:
                 held_bytes += s_bytes
                 inflight += s_count
+                if held_bytes > peak_bytes:
+                    peak_bytes = held_bytes
+                if inflight > peak_inflight:
+                    peak_inflight = inflight
                 remember((start, rank, held_bytes, inflight))
             yield timeout(duration)
             end = env.now
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
+                if held_bytes > peak_bytes:
+                    peak_bytes = held_bytes
+                if inflight > peak_inflight:
+                    peak_inflight = inflight
                 remember((end, rank, held_bytes, inflight))
             log((start, rank, node, end))
-            sending = []
+            sending = None
             for message in sent:
                 if free[pair_of[message]]:
                     link_start[message] = link_end[message] = end
                     deliver(message)
                 else:
+                    if sending is None:
+                        sending = []
                     sending.append(env.process(send(message)))
             for signal in signalled:
                 deliver(signal)
             if sending and not overlap_comm:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
-            progress[rank] += 1
+        waiting_at[rank] = -2  # done
+        peaks[rank] = (peak_bytes, peak_inflight)
+        finish[rank] = end if order else 0
 
     for rank, order in enumerate(structure.orders):
         env.process(run_rank(rank, order))
     env.run()
 
-    stuck = [rank for rank, order in enumerate(structure.orders) if progress[rank] < len(order)]
+    stuck = [rank for rank in range(schedule.n_ranks) if waiting_at[rank] != -2]
     if stuck:
-        blocked = [structure.orders[rank][progress[rank]] for rank in stuck]
-        raise deadlock_error(structure, blocked=blocked)
-
-    works = structure.works
-    by_time_then_rank = itemgetter(0, 1)  # C-level sort keys: sorting is a hot spot here
-    action_log.sort(key=by_time_then_rank)
-    actions = tuple(
-        ActionRecord(rank=rank, work=works[node], start=start, end=end)
-        for start, rank, node, end in action_log
+        raise deadlock_error(structure, blocked=[waiting_at[rank] for rank in stuck])
+    durations = step.durations
+    totals = TraceTotals(
+        makespan=max((*finish, *link_end)),
+        busy=tuple(sum([durations[n] for n in order], start=0) for order in structure.orders),
+        peak_activation_bytes=tuple(p[0] for p in peaks),
+        peak_inflight=tuple(p[1] for p in peaks),
     )
-    messages = structure.messages
+    return Trace.deferred(
+        n_ranks=schedule.n_ranks,
+        actions=lambda: _action_records(structure, action_log),
+        transfers=lambda: _transfer_records(step, link_start, link_end),
+        memory=lambda: _memory_records(memory_log),
+        totals=totals,
+    )
+
+
+# Records are made only when a caller reads them: for a large step, most of the cost
+# of a trace. Sorting uses C-level keys (itemgetter); it is the hot spot here.
+_BY_TIME_THEN_RANK = itemgetter(0, 1)
+
+
+def _action_records(
+    structure: StepStructure, log: list[tuple[Time, int, int, Time]]
+) -> tuple[ActionRecord, ...]:
+    log.sort(key=_BY_TIME_THEN_RANK)
+    works = structure.works
+    return tuple(
+        [
+            ActionRecord(rank=rank, work=works[node], start=start, end=end)
+            for start, rank, node, end in log
+        ]
+    )
+
+
+def _transfer_records(
+    step: CompiledStep, link_start: list[Time], link_end: list[Time]
+) -> tuple[TransferRecord, ...]:
+    messages = step.structure.messages
     by_link_start = sorted(
-        range(n_messages),
+        range(len(messages)),
         key=lambda i: (link_start[i], messages[i].src_rank, messages[i].dst_rank),
     )
     sizes = step.message_bytes
-    transfers = tuple(
-        TransferRecord(
-            src_rank=messages[i].src_rank,
-            dst_rank=messages[i].dst_rank,
-            producer=messages[i].producer,
-            consumer=messages[i].consumer,
-            n_bytes=sizes[i],
-            start=link_start[i],
-            end=link_end[i],
-        )
-        for i in by_link_start
+    return tuple(
+        [
+            TransferRecord(
+                src_rank=messages[i].src_rank,
+                dst_rank=messages[i].dst_rank,
+                producer=messages[i].producer,
+                consumer=messages[i].consumer,
+                n_bytes=sizes[i],
+                start=link_start[i],
+                end=link_end[i],
+            )
+            for i in by_link_start
+        ]
     )
-    memory_log.sort(key=by_time_then_rank)
-    memory = tuple(
-        MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=inflight)
-        for time, rank, n_bytes, inflight in memory_log
-    )
-    return Trace(
-        n_ranks=schedule.n_ranks,
-        actions=actions,
-        transfers=transfers,
-        memory=memory,
+
+
+def _memory_records(log: list[tuple[Time, int, int, int]]) -> tuple[MemoryRecord, ...]:
+    log.sort(key=_BY_TIME_THEN_RANK)
+    return tuple(
+        [
+            MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=inflight)
+            for time, rank, n_bytes, inflight in log
+        ]
     )

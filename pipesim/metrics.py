@@ -112,21 +112,14 @@ class Metrics:
 
 def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) -> Metrics:
     """Metrics of ``trace``, a step of ``schedule`` under ``costs``."""
-    busy: list[Time] = [0] * trace.n_ranks
-    for record in trace.actions:
-        busy[record.rank] += record.end - record.start
-    peak_bytes = [0] * trace.n_ranks
-    peak_inflight = [0] * trace.n_ranks
-    for sample in trace.memory:
-        peak_bytes[sample.rank] = max(peak_bytes[sample.rank], sample.activation_bytes)
-        peak_inflight[sample.rank] = max(peak_inflight[sample.rank], sample.inflight)
+    totals = trace.totals()
     return metrics_from_totals(
         schedule=schedule,
         costs=costs,
-        makespan=trace.makespan,
-        busy=busy,
-        peak_activation_bytes=peak_bytes,
-        peak_inflight=peak_inflight,
+        makespan=totals.makespan,
+        busy=totals.busy,
+        peak_activation_bytes=totals.peak_activation_bytes,
+        peak_inflight=totals.peak_inflight,
     )
 
 

@@ -9,12 +9,13 @@ compared with the same code.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipesim.actions import Action, Work
+from pipesim.actions import Action, Op, Work
 from pipesim.exact import Time
 
-__all__ = ["ActionRecord", "MemoryRecord", "Trace", "TransferRecord"]
+__all__ = ["ActionRecord", "MemoryRecord", "Trace", "TraceTotals", "TransferRecord"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,20 +61,148 @@ class MemoryRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TraceTotals:
+    """Per-rank totals of a trace: what :class:`~pipesim.metrics.Metrics` needs."""
+
+    makespan: Time
+    busy: tuple[Time, ...]
+    """Per rank, the summed duration of its work."""
+    peak_activation_bytes: tuple[int, ...]
+    """Per rank, the most activation bytes held at once."""
+    peak_inflight: tuple[int, ...]
+    """Per rank, the most stage-micro-batches in flight at once."""
+
+
 class Trace:
-    """All records of one step, each tuple sorted by (start or time, rank)."""
+    """All records of one step, each tuple sorted by (start or time, rank).
+
+    Build one from records (``Trace(n_ranks=..., actions=..., transfers=...,
+    memory=...)``), or, as the engine does, with :meth:`deferred`: the records
+    are then made on first access, and :meth:`totals` (hence the metrics) needs
+    none of them. A trace is immutable either way; two traces are equal when
+    their records are.
+
+    >>> t = Trace(n_ranks=1, actions=(ActionRecord(rank=0, work=_EXAMPLE, start=0, end=2),))
+    >>> t.makespan, t.totals().busy
+    (2, (2,))
+    """
+
+    __slots__ = ("_actions", "_memory", "_totals", "_transfers", "n_ranks")
 
     n_ranks: int
-    actions: tuple[ActionRecord, ...]
-    transfers: tuple[TransferRecord, ...] = ()
-    memory: tuple[MemoryRecord, ...] = ()
+    _actions: tuple[ActionRecord, ...] | Callable[[], tuple[ActionRecord, ...]]
+    _transfers: tuple[TransferRecord, ...] | Callable[[], tuple[TransferRecord, ...]]
+    _memory: tuple[MemoryRecord, ...] | Callable[[], tuple[MemoryRecord, ...]]
+    _totals: TraceTotals | None
+
+    def __init__(
+        self,
+        *,
+        n_ranks: int,
+        actions: Sequence[ActionRecord],
+        transfers: Sequence[TransferRecord] = (),
+        memory: Sequence[MemoryRecord] = (),
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "n_ranks", n_ranks)
+        _set(self, "_actions", tuple(actions))
+        _set(self, "_transfers", tuple(transfers))
+        _set(self, "_memory", tuple(memory))
+        _set(self, "_totals", None)
+
+    @classmethod
+    def deferred(
+        cls,
+        *,
+        n_ranks: int,
+        actions: Callable[[], tuple[ActionRecord, ...]],
+        transfers: Callable[[], tuple[TransferRecord, ...]],
+        memory: Callable[[], tuple[MemoryRecord, ...]],
+        totals: TraceTotals,
+    ) -> Trace:
+        """A trace whose records each builder makes once, when first read; ``totals``
+        must be what :meth:`totals` would compute from them."""
+        trace = cls.__new__(cls)
+        _set = object.__setattr__
+        _set(trace, "n_ranks", n_ranks)
+        _set(trace, "_actions", actions)
+        _set(trace, "_transfers", transfers)
+        _set(trace, "_memory", memory)
+        _set(trace, "_totals", totals)
+        return trace
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Trace is immutable; cannot set {name!r}")
+
+    @property
+    def actions(self) -> tuple[ActionRecord, ...]:
+        """Every unit of work, sorted by (start, rank)."""
+        if callable(self._actions):
+            object.__setattr__(self, "_actions", self._actions())
+        return self._actions  # type: ignore[return-value]
+
+    @property
+    def transfers(self) -> tuple[TransferRecord, ...]:
+        """Every message, sorted by (start, source rank, destination rank)."""
+        if callable(self._transfers):
+            object.__setattr__(self, "_transfers", self._transfers())
+        return self._transfers  # type: ignore[return-value]
+
+    @property
+    def memory(self) -> tuple[MemoryRecord, ...]:
+        """Every change of a rank's activation memory, sorted by (time, rank)."""
+        if callable(self._memory):
+            object.__setattr__(self, "_memory", self._memory())
+        return self._memory  # type: ignore[return-value]
+
+    def totals(self) -> TraceTotals:
+        """Makespan, and per rank busy time and memory peaks."""
+        if self._totals is None:
+            busy: list[Time] = [0] * self.n_ranks
+            for record in self.actions:
+                busy[record.rank] += record.end - record.start
+            peak_bytes = [0] * self.n_ranks
+            peak_inflight = [0] * self.n_ranks
+            for sample in self.memory:
+                peak_bytes[sample.rank] = max(peak_bytes[sample.rank], sample.activation_bytes)
+                peak_inflight[sample.rank] = max(peak_inflight[sample.rank], sample.inflight)
+            ends = [r.end for r in self.actions] + [t.end for t in self.transfers]
+            totals = TraceTotals(
+                makespan=max(ends, default=0),
+                busy=tuple(busy),
+                peak_activation_bytes=tuple(peak_bytes),
+                peak_inflight=tuple(peak_inflight),
+            )
+            object.__setattr__(self, "_totals", totals)
+        assert self._totals is not None
+        return self._totals
 
     @property
     def makespan(self) -> Time:
         """End of the last action or transfer (a step starts at time 0)."""
-        ends = [r.end for r in self.actions] + [t.end for t in self.transfers]
-        return max(ends, default=0)
+        return self.totals().makespan
 
     def rank_actions(self, rank: int) -> tuple[ActionRecord, ...]:
         """The records of ``rank``, in start order."""
         return tuple(r for r in self.actions if r.rank == rank)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (
+            self.n_ranks == other.n_ranks
+            and self.actions == other.actions
+            and self.transfers == other.transfers
+            and self.memory == other.memory
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace(n_ranks={self.n_ranks}, actions={self.actions!r}, "
+            f"transfers={self.transfers!r}, memory={self.memory!r})"
+        )
+
+
+_EXAMPLE = Action(stage=0, op=Op.F, microbatch=0)

@@ -563,6 +563,11 @@ def check_against_oracles(case: Case) -> None:
     assert [(r.peak_activation_bytes, r.peak_inflight) for r in m.ranks] == memory_peaks(
         schedule, costs
     )
+    # The engine's totals (what the metrics read) are those of its own records.
+    t = sim.trace
+    rebuilt = Trace(n_ranks=t.n_ranks, actions=t.actions, transfers=t.transfers, memory=t.memory)
+    assert rebuilt.totals() == t.totals()
+    assert rebuilt == t
 
 
 @settings(max_examples=80)
