@@ -19,6 +19,7 @@ SimPy only adds and compares them, so results are exact.
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -113,8 +114,8 @@ def _run(step: CompiledStep) -> Trace:
     free = [link.is_free for link in step.pair_links]
     resources: list[simpy.Resource | None] = [None] * len(structure.pairs)
     overlap_comm = step.costs.overlap_comm
-    action_log: list[tuple[Time, int, int, Time]] = []
-    memory_log: list[tuple[Time, int, int, int]] = []
+    starts: list[Time] = [0] * structure.n_nodes
+    ends: list[Time] = [0] * structure.n_nodes
     timeout = env.timeout
 
     def deliver(arrival: int) -> None:
@@ -140,22 +141,9 @@ def _run(step: CompiledStep) -> Trace:
         link_end[message] = env.now
         deliver(message)
 
-    # One tuple per node keeps the hot loop to a single list lookup per action: duration,
-    # memory effect (pipesim.memory), arrivals it waits for, messages and signals it sends.
-    steps = [
-        (
-            duration,
-            *effect,
-            needs,
-            tuple([a for a in outs if a < n_messages]),
-            tuple([a for a in outs if a >= n_messages]),
-        )
-        for duration, effect, needs, outs in zip(
-            step.durations, step.effects, structure.inputs, structure.outputs, strict=True
-        )
-    ]
-    log = action_log.append
-    remember = memory_log.append
+    durations, effects = step.durations, step.effects
+    inputs, outputs = structure.inputs, structure.outputs
+    has_signals = bool(structure.signals)
     event = env.event
 
     peaks = [(0, 0)] * schedule.n_ranks
@@ -165,13 +153,13 @@ def _run(step: CompiledStep) -> Trace:
     def run_rank(rank: int, order: tuple[int, ...]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         for node in order:
-            duration, s_bytes, s_count, e_bytes, e_count, needs, sent, signalled = steps[node]
-            for arrival in needs:
+            for arrival in inputs[node]:
                 if not arrived[arrival]:
                     waiting_at[rank] = node
                     waiter = waiters[arrival] = event()
                     yield waiter
             start = env.now
+            s_bytes, s_count, e_bytes, e_count = effects[node]
             if s_bytes or s_count:
                 held_bytes += s_bytes
                 inflight += s_count
@@ -179,9 +167,9 @@ def _run(step: CompiledStep) -> Trace:
                     peak_bytes = held_bytes
                 if inflight > peak_inflight:
                     peak_inflight = inflight
-                remember((start, rank, held_bytes, inflight))
-            yield timeout(duration)
-            end = env.now
+            yield timeout(durations[node])
+            starts[node] = start
+            ends[node] = end = env.now
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -189,19 +177,20 @@ def _run(step: CompiledStep) -> Trace:
                     peak_bytes = held_bytes
                 if inflight > peak_inflight:
                     peak_inflight = inflight
-                remember((end, rank, held_bytes, inflight))
-            log((start, rank, node, end))
             sending = None
-            for message in sent:
-                if free[pair_of[message]]:
+            for message in outputs[node]:
+                if has_signals and message >= n_messages:
+                    deliver(message)  # a happens_before signal: no link
+                elif free[pair_of[message]]:
                     link_start[message] = link_end[message] = end
-                    deliver(message)
+                    arrived[message] = 1  # deliver(), inlined: the hot path of free links
+                    waiter = waiters[message]
+                    if waiter is not None:
+                        waiter.succeed()
                 else:
                     if sending is None:
                         sending = []
                     sending.append(env.process(send(message)))
-            for signal in signalled:
-                deliver(signal)
             if sending and not overlap_comm:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
@@ -225,9 +214,9 @@ def _run(step: CompiledStep) -> Trace:
     )
     return Trace.deferred(
         n_ranks=schedule.n_ranks,
-        actions=lambda: _action_records(structure, action_log),
+        actions=lambda: action_records(structure, starts, ends),
         transfers=lambda: _transfer_records(step, link_start, link_end),
-        memory=lambda: _memory_records(memory_log),
+        memory=lambda: memory_records(step, starts, ends),
         totals=totals,
     )
 
@@ -237,15 +226,46 @@ def _run(step: CompiledStep) -> Trace:
 _BY_TIME_THEN_RANK = itemgetter(0, 1)
 
 
-def _action_records(
-    structure: StepStructure, log: list[tuple[Time, int, int, Time]]
+def action_records(
+    structure: StepStructure, starts: Sequence[Time], ends: Sequence[Time]
 ) -> tuple[ActionRecord, ...]:
-    log.sort(key=_BY_TIME_THEN_RANK)
+    """Records of every node's run, sorted by (start, rank); a rank's equal starts (zero
+    durations) stay in program order, the order the engine finishes them."""
+    rows = [(starts[n], rank, n) for rank, order in enumerate(structure.orders) for n in order]
+    rows.sort(key=_BY_TIME_THEN_RANK)
     works = structure.works
     return tuple(
         [
-            ActionRecord(rank=rank, work=works[node], start=start, end=end)
-            for start, rank, node, end in log
+            ActionRecord(rank=rank, work=works[node], start=start, end=ends[node])
+            for start, rank, node in rows
+        ]
+    )
+
+
+def memory_records(
+    step: CompiledStep, starts: Sequence[Time], ends: Sequence[Time]
+) -> tuple[MemoryRecord, ...]:
+    """Each rank's memory after every change: its works' effects (:mod:`pipesim.memory`)
+    applied in program order at their starts and ends; sorted by (time, rank)."""
+    rows: list[tuple[Time, int, int, int]] = []
+    effects = step.effects
+    for rank, order in enumerate(step.structure.orders):
+        held = inflight = 0
+        for node in order:
+            start_bytes, start_count, end_bytes, end_count = effects[node]
+            if start_bytes or start_count:
+                held += start_bytes
+                inflight += start_count
+                rows.append((starts[node], rank, held, inflight))
+            if end_bytes or end_count:
+                held += end_bytes
+                inflight += end_count
+                rows.append((ends[node], rank, held, inflight))
+    rows.sort(key=_BY_TIME_THEN_RANK)
+    return tuple(
+        [
+            MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=count)
+            for time, rank, n_bytes, count in rows
         ]
     )
 
@@ -271,15 +291,5 @@ def _transfer_records(
                 end=link_end[i],
             )
             for i in by_link_start
-        ]
-    )
-
-
-def _memory_records(log: list[tuple[Time, int, int, int]]) -> tuple[MemoryRecord, ...]:
-    log.sort(key=_BY_TIME_THEN_RANK)
-    return tuple(
-        [
-            MemoryRecord(rank=rank, time=time, activation_bytes=n_bytes, inflight=inflight)
-            for time, rank, n_bytes, inflight in log
         ]
     )

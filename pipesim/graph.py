@@ -60,7 +60,7 @@ class DataDependency:
 def data_dependencies(schedule: Schedule, /) -> Iterator[DataDependency]:
     """Every data dependency between the actions the schedule actually contains
     (rules in :mod:`pipesim.step`)."""
-    for _, _, producer, consumer in step_structure(schedule).data_edges:
+    for _, _, producer, consumer in step_structure(schedule).data_edges():
         yield DataDependency(producer=producer, consumer=consumer)
 
 
@@ -84,7 +84,7 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
         for a, b in itertools.pairwise(order):
             graph.add_edge(works[a], works[b], kind="order", n_bytes=0, transfer_time=0)
     message = 0  # cross-rank data edges are the messages, in the same order
-    for p_node, c_node, producer, consumer in index.data_edges:
+    for p_node, c_node, producer, consumer in index.data_edges():
         n_bytes = 0
         transfer: Time = 0
         if ranks[p_node] != ranks[c_node]:
@@ -144,7 +144,7 @@ at position 0 runs before 0F0 at position 1; move the backward after its forward
 def check_structure(schedule: Schedule, structure: StepStructure, /) -> None:
     """:func:`validate`, reusing the step structure the caller already built (the engine
     does): the structural checks, then a cycle of waits (no topological order)."""
-    problems = _structural_problems(schedule)
+    problems = _structural_problems(schedule, structure)
     if problems:
         raise ScheduleError(_summarise("invalid schedule", problems))
     if structure.topological is None:
@@ -154,7 +154,50 @@ def check_structure(schedule: Schedule, structure: StepStructure, /) -> None:
 _Key = tuple[int, Op, int]
 
 
-def _structural_problems(schedule: Schedule) -> list[str]:
+def _well_placed(schedule: Schedule, structure: StepStructure) -> bool:
+    """The common case, checked in bulk: every action in range, unique, on its stage's
+    rank, in a single model copy. False means: look action by action."""
+    n_stages, n_mb = schedule.n_stages, schedule.n_microbatches
+    if schedule.n_copies != 1 or structure.width > n_mb:
+        return False
+    n_parts = len(structure.works) + sum(len(w.parts) - 1 for w in structure.overlaps)
+    if n_parts != len(structure.node_at):  # a duplicate
+        return False
+    if structure.node_at and max(structure.node_at) >= 4 * n_stages * structure.width:
+        return False  # a stage out of range
+    placement, overlap_base = schedule.placement, 4 * n_stages
+    if structure.overlaps:
+        return all(
+            placement[a.stage] == rank
+            for work, rank in zip(structure.works, structure.ranks, strict=True)
+            for a in work.parts
+        )
+    return all(
+        placement[key >> 2] == rank
+        for key, rank in zip(structure.keys, structure.ranks, strict=True)
+        if key < overlap_base
+    )
+
+
+def _structural_problems(schedule: Schedule, structure: StepStructure) -> list[str]:
+    problems: list[str] = []
+    if not _well_placed(schedule, structure):
+        problems = _placement_problems(schedule)
+        if problems:
+            return problems
+    problems += _missing(schedule, structure)
+    if structure.topological is None:  # else no work runs before one it needs on its rank
+        problems += _same_rank_order(structure)
+    for a, b in schedule.happens_before:
+        for x in (a, b):
+            if structure.node_of(x) is None:
+                problems.append(f"happens_before names {x}, which no rank runs")
+    for work in structure.overlaps:
+        problems += _dependent_parts(work)
+    return problems
+
+
+def _placement_problems(schedule: Schedule) -> list[str]:
     problems: list[str] = []
     n_stages, n_mb = schedule.n_stages, schedule.n_microbatches
     seen: dict[_Key, tuple[int, int]] = {}
@@ -195,18 +238,6 @@ def _structural_problems(schedule: Schedule) -> list[str]:
                     )
                 else:
                     seen[key] = (rank, position)
-    if problems:
-        return problems
-    problems += _missing(schedule, seen)
-    problems += _same_rank_order(seen)
-    for a, b in schedule.happens_before:
-        for x in (a, b):
-            if (x.stage, x.op, x.microbatch) not in seen:
-                problems.append(f"happens_before names {x}, which no rank runs")
-    for order in schedule.orders:
-        for work in order:
-            if len(work.parts) > 1:
-                problems += _dependent_parts(work)
     return problems
 
 
@@ -220,26 +251,27 @@ def _dependent_parts(work: Work) -> list[str]:
     return [
         f"overlapped unit {work} holds {producer} and {consumer}, which needs it; "
         "an overlapped pair must be independent work"
-        for _, _, producer, consumer in step_structure(inner).data_edges
+        for _, _, producer, consumer in step_structure(inner).data_edges()
     ]
 
 
-def _missing(schedule: Schedule, seen: dict[_Key, tuple[int, int]]) -> list[str]:
+def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     training = not schedule.forward_only
     missing: list[str] = []
     mixed: list[str] = []
-    F, B, I, W = Op.F, Op.B, Op.I, Op.W
+    present, width = structure.node_at, structure.width
     for stage in range(schedule.n_stages):
+        f_code = 4 * stage * width  # action keys of this stage: pipesim.step.StepStructure
+        b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
         for mb in schedule.copy_bounds(stage)[1]:
-            if (stage, F, mb) not in seen:
+            if mb >= width or f_code + mb not in present:
                 missing.append(f"{stage}F{mb}")
             if not training:
                 continue
-            full, split_i, split_w = (
-                (stage, B, mb) in seen,
-                (stage, I, mb) in seen,
-                (stage, W, mb) in seen,
-            )
+            inside = mb < width
+            full = inside and b_code + mb in present
+            split_i = inside and i_code + mb in present
+            split_w = inside and w_code + mb in present
             if full and (split_i or split_w):
                 mixed.append(f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}")
             elif not full and not (split_i and split_w):
@@ -263,20 +295,19 @@ def _missing(schedule: Schedule, seen: dict[_Key, tuple[int, int]]) -> list[str]
     return problems
 
 
-def _same_rank_order(seen: dict[_Key, tuple[int, int]]) -> list[str]:
+def _same_rank_order(structure: StepStructure) -> list[str]:
     problems = []
-    for (stage, op, mb), (rank, position) in seen.items():
-        if op is Op.F:
-            continue
-        need_op = Op.I if op is Op.W else Op.F
-        need = seen.get((stage, need_op, mb))
-        if need is not None and need[0] == rank and need[1] > position:
-            what = "W before I" if op is Op.W else "backward before forward"
-            later, earlier = ("W", "I") if op is Op.W else ("backward", "forward")
+    ranks, positions = structure.ranks, structure.positions
+    for producer, consumer, need, action in structure.data_edges():
+        if action.stage != need.stage or ranks[producer] != ranks[consumer]:
+            continue  # only an action's own earlier op (F before B / I, I before W)
+        if positions[producer] > positions[consumer]:
+            what = "W before I" if action.op is Op.W else "backward before forward"
+            later, earlier = ("W", "I") if action.op is Op.W else ("backward", "forward")
             problems.append(
-                f"{what} on rank {rank}: {stage}{op.value}{mb} at position {position} runs "
-                f"before {stage}{need_op.value}{mb} at position {need[1]}; move the {later} "
-                f"after its {earlier}"
+                f"{what} on rank {ranks[consumer]}: {action} at position "
+                f"{positions[consumer]} runs before {need} at position {positions[producer]}; "
+                f"move the {later} after its {earlier}"
             )
     return problems
 

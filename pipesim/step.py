@@ -45,7 +45,7 @@ effect=Effect(start_bytes=0, start_count=1, end_bytes=0, end_count=0))
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -78,6 +78,7 @@ __all__ = [
 
 _Key = tuple[int, Op, int]
 _F, _B, _I, _W = Op.F, Op.B, Op.I, Op.W
+_OPS = (_F, _B, _I, _W)  # by OP_INDEX
 
 
 # -- the dependency rules --------------------------------------------------------------
@@ -165,11 +166,11 @@ class StepStructure:
     positions: tuple[int, ...]
     orders: tuple[tuple[int, ...], ...]
     """Per rank, its node ids in program order."""
-    node_of: Mapping[_Key, int]
-    """``(stage, op, microbatch)`` -> the node running that action (the first if duplicated)."""
-    data_edges: tuple[tuple[int, int, Action, Action], ...]
-    """Every data dependency present, same rank or not: (producer node, consumer node,
-    producer, consumer)."""
+    width: int
+    """Micro-batch stride of the action keys (one more than the largest micro-batch)."""
+    node_at: Mapping[int, int]
+    """Action key ``(4 * stage + OP_INDEX[op]) * width + microbatch`` -> the node running
+    that action (the first if duplicated); see :meth:`node_of`."""
     extra_edges: tuple[tuple[int, int], ...]
     """``happens_before`` constraints between nodes (actions no rank runs are skipped)."""
     messages: tuple[Message, ...]
@@ -207,6 +208,13 @@ class StepStructure:
         """Stages per model copy (``n_stages`` unless ``Schedule.n_copies > 1``)."""
         return self.schedule.n_stages // self.schedule.n_copies
 
+    def node_of(self, action: Action, /) -> int | None:
+        """The node that runs ``action`` (None if no rank does)."""
+        if action.microbatch >= self.width:
+            return None
+        key = (4 * action.stage + OP_INDEX[action.op]) * self.width + action.microbatch
+        return self.node_at.get(key)
+
     def reads_input(self, stage: int, /) -> bool:
         """Whether F of ``stage`` reads the input micro-batch (a copy's first stage)."""
         return forward_source(stage, per_copy=self.per_copy) is None
@@ -215,13 +223,18 @@ class StepStructure:
         """Whether ``stage`` computes the loss (a copy's last stage)."""
         return gradient_source(stage, per_copy=self.per_copy) is None
 
+    def data_edges(self) -> Iterator[tuple[int, int, Action, Action]]:
+        """Every data dependency present, same rank or not, as (producer node, consumer
+        node, producer, consumer); cross-rank ones are the messages, in the same order."""
+        return _data_edges(self.node_at, self.width, self.per_copy, self.works)
+
     def successors(self) -> list[list[int]]:
         """Adjacency lists over order, data and extra edges (may repeat an edge)."""
         succ: list[list[int]] = [[] for _ in self.works]
         for order in self.orders:
             for a, b in itertools.pairwise(order):
                 succ[a].append(b)
-        for producer, consumer, _, _ in self.data_edges:
+        for producer, consumer, _, _ in self.data_edges():
             if producer != consumer:
                 succ[producer].append(consumer)
         for a, b in self.extra_edges:
@@ -232,68 +245,78 @@ class StepStructure:
 def step_structure(schedule: Schedule, /) -> StepStructure:
     """Number the schedule's work, derive every dependency and message, and order the
     nodes topologically (no validation: see :func:`pipesim.graph.validate`)."""
-    works: list[Work] = []
+    works: list[Work] = [work for order in schedule.orders for work in order]
     ranks: list[int] = []
     positions: list[int] = []
     orders: list[tuple[int, ...]] = []
-    node_of: dict[_Key, int] = {}
-    action_of: dict[_Key, Action] = {}
+    for rank, order in enumerate(schedule.orders):
+        first = len(ranks)
+        ranks += [rank] * len(order)
+        positions += range(len(order))
+        orders.append(tuple(range(first, len(ranks))))
+    # An action's integer key is code * width + microbatch, code = 4 * stage + op index.
+    width = 1 + max((a.microbatch for w in works for a in w.parts), default=schedule.n_microbatches)
+    node_at: dict[int, int] = {}
     keys: list[int] = []
     overlaps: list[Overlap] = []
     overlap_base = 4 * schedule.n_stages
-    for rank, order in enumerate(schedule.orders):
-        first = len(works)
-        for position, work in enumerate(order):
-            node = len(works)
-            works.append(work)
-            ranks.append(rank)
-            positions.append(position)
-            if type(work) is Action:
-                keys.append(4 * work.stage + OP_INDEX[work.op])
-            else:
-                keys.append(overlap_base + len(overlaps))
-                overlaps.append(work)  # type: ignore[arg-type]
-            for action in work.parts:
-                key = (action.stage, action.op, action.microbatch)
-                if key not in node_of:
-                    node_of[key] = node
-                    action_of[key] = action
-        orders.append(tuple(range(first, len(works))))
+    op_index = OP_INDEX
+    for node, work in enumerate(works):
+        if type(work) is Action:
+            code = 4 * work.stage + op_index[work.op]
+            keys.append(code)
+            key = code * width + work.microbatch
+            if key not in node_at:
+                node_at[key] = node
+            continue
+        keys.append(overlap_base + len(overlaps))
+        overlaps.append(work)  # type: ignore[arg-type]
+        for action in work.parts:
+            key = (4 * action.stage + op_index[action.op]) * width + action.microbatch
+            if key not in node_at:
+                node_at[key] = node
 
     per_copy = schedule.n_stages // schedule.n_copies
-    data_edges: list[tuple[int, int, Action, Action]] = []
-    get = node_of.get
-    for key, node in node_of.items():
-        for need in prerequisites(*key, per_copy=per_copy):
-            source = get(need)
-            if source is not None:
-                data_edges.append((source, node, action_of[need], action_of[key]))
-    extra_edges: list[tuple[int, int]] = []
-    for a, b in schedule.happens_before:
-        ka, kb = (a.stage, a.op, a.microbatch), (b.stage, b.op, b.microbatch)
-        if ka in node_of and kb in node_of:
-            extra_edges.append((node_of[ka], node_of[kb]))
-
     n_nodes = len(works)
     empty: tuple[int, ...] = ()
     inputs: list[tuple[int, ...]] = [empty] * n_nodes
     outputs: list[tuple[int, ...]] = [empty] * n_nodes
     messages: list[Message] = []
     pair_ids: dict[tuple[int, int], int] = {}
+    pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id
+    n_ranks = schedule.n_ranks
     pair_of: list[int] = []
     back_edge = False  # a same-rank wait on later work: a cycle through program order
-    for p_node, c_node, producer, consumer in data_edges:
-        src, dst = ranks[p_node], ranks[c_node]
+    new_tuple = tuple.__new__
+    for source, node, producer, consumer in _data_edges(node_at, width, per_copy, works):
+        src, dst = ranks[source], ranks[node]
         if src == dst:
-            back_edge = back_edge or positions[p_node] > positions[c_node]
+            back_edge = back_edge or positions[source] > positions[node]
             continue  # program order covers it
         arrival = len(messages)
-        messages.append(Message(producer, consumer, p_node, c_node, src, dst))
-        pair_of.append(pair_ids.setdefault((src, dst), len(pair_ids)))
-        outputs[p_node] += (arrival,)
-        inputs[c_node] += (arrival,)
+        # tuple.__new__: a C call, where Message(...) runs NamedTuple's Python __new__
+        messages.append(new_tuple(Message, (producer, consumer, source, node, src, dst)))
+        pair = pair_at.get(src * n_ranks + dst)
+        if pair is None:
+            pair = pair_at[src * n_ranks + dst] = len(pair_ids)
+            pair_ids[(src, dst)] = pair
+        pair_of.append(pair)
+        outputs[source] += (arrival,)
+        inputs[node] += (arrival,)
+    get = node_at.get
+
+    def node_of(action: Action) -> int | None:
+        if action.microbatch >= width:
+            return None
+        return get((4 * action.stage + op_index[action.op]) * width + action.microbatch)
+
+    extra_edges: list[tuple[int, int]] = []
     signals: list[tuple[int, int]] = []
-    for a_node, b_node in extra_edges:
+    for a, b in schedule.happens_before:
+        a_node, b_node = node_of(a), node_of(b)
+        if a_node is None or b_node is None:
+            continue
+        extra_edges.append((a_node, b_node))
         if ranks[a_node] == ranks[b_node]:
             back_edge = back_edge or positions[a_node] > positions[b_node]
             continue
@@ -310,8 +333,8 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         ranks=tuple(ranks),
         positions=tuple(positions),
         orders=tuple(orders),
-        node_of=node_of,
-        data_edges=tuple(data_edges),
+        width=width,
+        node_at=node_at,
         extra_edges=tuple(extra_edges),
         messages=tuple(messages),
         signals=tuple(signals),
@@ -323,6 +346,41 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         pair_of=tuple(pair_of),
         topological=topological,
     )
+
+
+def _data_edges(
+    node_at: Mapping[int, int], width: int, per_copy: int, works: Sequence[Work]
+) -> Iterator[tuple[int, int, Action, Action]]:
+    """Apply :func:`prerequisites` to every action present, in node order."""
+    needs_of: dict[int, list[int]] = {}  # code -> codes it waits for (same micro-batch)
+    get = node_at.get
+    for key, node in node_at.items():
+        code, mb = divmod(key, width)
+        needs = needs_of.get(code)
+        if needs is None:
+            stage, column = divmod(code, 4)
+            needs = needs_of[code] = [
+                4 * s + OP_INDEX[o]
+                for s, o, _ in prerequisites(stage, _OPS[column], 0, per_copy=per_copy)
+            ]
+        for need in needs:
+            source = get(need * width + mb)
+            if source is None:
+                continue
+            producer, consumer = works[source], works[node]
+            if type(producer) is not Action:
+                producer = _part(producer, need, mb)
+            if type(consumer) is not Action:
+                consumer = _part(consumer, code, mb)
+            yield source, node, producer, consumer
+
+
+def _part(work: Work, code: int, microbatch: int) -> Action:
+    """The part of an overlapped work with this code and micro-batch."""
+    for action in work.parts:
+        if 4 * action.stage + OP_INDEX[action.op] == code and action.microbatch == microbatch:
+            return action
+    raise AssertionError(f"{work} has no part with code {code}")  # pragma: no cover
 
 
 def _topological_order(

@@ -69,7 +69,7 @@ def test_topological_order_puts_every_prerequisite_first() -> None:
     assert s.topological is not None
     where = {node: i for i, node in enumerate(s.topological)}
     assert sorted(where) == list(range(s.n_nodes))
-    for producer, consumer, _, _ in s.data_edges:
+    for producer, consumer, _, _ in s.data_edges():
         assert where[producer] < where[consumer]
     for order in s.orders:
         assert [where[n] for n in order] == sorted(where[n] for n in order)
@@ -95,10 +95,10 @@ def test_compile_step_columns_by_hand() -> None:
     )
     step = compile_step(schedule, costs)
     s = step.structure
-    node = s.node_of[(0, Op.F, 0)]
+    node = s.node_of(act("0F0"))
     assert step.durations[node] == 2
     assert step.effects[node] == Effect(10, 1, 0, 0)
-    assert step.effects[s.node_of[(0, Op.B, 0)]] == Effect(0, 0, -10, -1)
+    assert step.effects[s.node_of(act("0B0"))] == Effect(0, 0, -10, -1)
     # 6 bytes over 4 bytes per unit hold the link 3/2 and arrive 1 later.
     assert step.message_bytes == (6, 6)
     assert step.occupancy == (Fraction(3, 2), Fraction(3, 2))

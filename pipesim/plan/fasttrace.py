@@ -11,11 +11,12 @@ from __future__ import annotations
 import heapq
 
 from pipesim.costs import CostModel
+from pipesim.engine import action_records, memory_records
 from pipesim.exact import Time
 from pipesim.plan.fastsim import compile_schedule
 from pipesim.schedule import Schedule
 from pipesim.step import compile_step
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+from pipesim.trace import Trace, TransferRecord
 
 __all__ = ["fast_trace"]
 
@@ -76,34 +77,11 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
             # The engine logs a transfer when it arrives; equal keys keep that order.
             transfers.append(((begin, m.src_rank, m.dst_rank), message, record))
         ready[rank] = after
-    actions: list[tuple[Time, int, int]] = []
-    memory: list[MemoryRecord] = []
-    for rank, order in enumerate(structure.orders):
-        held = inflight = 0
-        for node in order:
-            # The engine records a change only when there is one (pipesim.memory's effects).
-            start_bytes, start_count, end_bytes, end_count = step.effects[node]
-            for time, d_bytes, d_count in (
-                (starts[node], start_bytes, start_count),
-                (ends[node], end_bytes, end_count),
-            ):
-                if d_bytes or d_count:
-                    held += d_bytes
-                    inflight += d_count
-                    memory.append(
-                        MemoryRecord(rank=rank, time=time, activation_bytes=held, inflight=inflight)
-                    )
-            actions.append((starts[node], rank, node))
-    actions.sort(key=lambda row: (row[0], row[1]))
     # The engine sorts transfers by (start, source, destination); ties keep message order.
     transfers.sort(key=lambda row: (row[0], row[1]))
-    memory.sort(key=lambda m: (m.time, m.rank))
     return Trace(
         n_ranks=schedule.n_ranks,
-        actions=tuple(
-            ActionRecord(rank=rank, work=structure.works[i], start=start, end=ends[i])
-            for start, rank, i in actions
-        ),
+        actions=action_records(structure, starts, ends),
         transfers=tuple(row[2] for row in transfers),
-        memory=tuple(memory),
+        memory=memory_records(step, starts, ends),
     )
