@@ -150,7 +150,7 @@ def _run(step: CompiledStep) -> Trace:
     finish: list[Time] = [0] * schedule.n_ranks
     waiting_at = [-1] * schedule.n_ranks  # the node a rank last blocked at
 
-    def run_rank(rank: int, order: tuple[int, ...]) -> Any:
+    def run_rank(rank: int, order: range) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         for node in order:
             for arrival in inputs[node]:

@@ -45,6 +45,7 @@ effect=Effect(start_bytes=0, start_count=1, end_bytes=0, end_count=0))
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -163,9 +164,10 @@ class StepStructure:
     schedule: Schedule
     works: tuple[Work, ...]
     ranks: tuple[int, ...]
-    positions: tuple[int, ...]
-    orders: tuple[tuple[int, ...], ...]
-    """Per rank, its node ids in program order."""
+    positions: Sequence[int]
+    """Per node, its index in its rank's order (an ``array``: 8 bytes a node)."""
+    orders: tuple[range, ...]
+    """Per rank, its node ids in program order: a rank's nodes are numbered consecutively."""
     width: int
     """Micro-batch stride of the action keys (one more than the largest micro-batch)."""
     node_at: Mapping[int, int]
@@ -190,7 +192,7 @@ class StepStructure:
     """The ordered rank pairs (source, destination) that carry messages, by pair id."""
     pair_of: tuple[int, ...]
     """Per message, the id of its rank pair."""
-    topological: tuple[int, ...] | None
+    topological: Sequence[int] | None
     """Every node after everything it waits for; None when the waits form a cycle."""
 
     @property
@@ -247,13 +249,13 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
     nodes topologically (no validation: see :func:`pipesim.graph.validate`)."""
     works: list[Work] = [work for order in schedule.orders for work in order]
     ranks: list[int] = []
-    positions: list[int] = []
-    orders: list[tuple[int, ...]] = []
+    positions = array("l")
+    orders: list[range] = []
     for rank, order in enumerate(schedule.orders):
         first = len(ranks)
         ranks += [rank] * len(order)
-        positions += range(len(order))
-        orders.append(tuple(range(first, len(ranks))))
+        positions.extend(range(len(order)))
+        orders.append(range(first, len(ranks)))
     # An action's integer key is code * width + microbatch, code = 4 * stage + op index.
     width = 1 + max((a.microbatch for w in works for a in w.parts), default=schedule.n_microbatches)
     node_at: dict[int, int] = {}
@@ -331,7 +333,7 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         schedule=schedule,
         works=tuple(works),
         ranks=tuple(ranks),
-        positions=tuple(positions),
+        positions=positions,
         orders=tuple(orders),
         width=width,
         node_at=node_at,
@@ -388,12 +390,12 @@ def _topological_order(
     inputs: Sequence[Sequence[int]],
     outputs: Sequence[Sequence[int]],
     n_arrivals: int,
-) -> tuple[int, ...] | None:
+) -> Sequence[int] | None:
     """Sweep the ranks, advancing each as far as its next work's arrivals have been
     produced, until all work is placed; None when a sweep makes no progress."""
     produced = bytearray(n_arrivals)
     positions = [0] * len(orders)
-    order: list[int] = []
+    order = array("l")
     progress = True
     while progress:
         progress = False
@@ -415,7 +417,7 @@ def _topological_order(
             if k != start:
                 positions[rank] = k
                 progress = True
-    return tuple(order) if len(order) == len(inputs) else None
+    return order if len(order) == len(inputs) else None
 
 
 # -- deadlocks -------------------------------------------------------------------------
