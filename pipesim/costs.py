@@ -16,6 +16,16 @@ ranks; ``max_concurrent`` messages at once) for ``n / bandwidth`` and arrives
 ``latency`` after it leaves the link. With ``overlap_comm`` false the sending
 rank waits for its send to arrive before it runs its next action.
 
+Overheads that block a rank (measured on gloo and torch: posting a send, taking
+a message that has arrived, and the executor's own code between two actions
+cost the rank time that a link latency cannot express): each cross-rank
+message costs its sender ``Link.send_overhead`` after the work that produced
+it and its receiver ``Link.receive_overhead`` before the work that needs it,
+and every unit of work costs its rank ``CostModel.dispatch_overhead`` more.
+:func:`pipesim.step.cost_tables` adds them to the durations (the rule is
+written there once), so a unit of work holds its rank for
+``dispatch + receives + compute + sends``; all are 0 by default.
+
 >>> costs = CostModel.uniform(forward=1, backward=2, activation_bytes=100)
 >>> costs.for_stages(4).stage(3).backward
 2
@@ -93,9 +103,15 @@ class Link:
     """Bytes per time unit; None means messages take no transfer time."""
     max_concurrent: int = 1
     """Messages one direction of a link carries at once."""
+    send_overhead: Time = 0
+    """Time the sending rank spends posting one message, after the work that produced it."""
+    receive_overhead: Time = 0
+    """Time the receiving rank spends taking one arrived message, before the work needing it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "latency", to_time(self.latency, name="link latency"))
+        for name in ("send_overhead", "receive_overhead"):
+            object.__setattr__(self, name, to_time(getattr(self, name), name=f"link {name}"))
         if self.bandwidth_bytes_per_s is not None:
             object.__setattr__(
                 self,
@@ -135,8 +151,13 @@ class CostModel:
     """Device memory for activations; reported against the peak, None if unknown."""
     overlap_comm: bool = True
     """Whether sends overlap compute (False: the sender waits for its message to arrive)."""
+    dispatch_overhead: Time = 0
+    """Time a rank spends on each unit of work besides its compute (the executor's code)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "dispatch_overhead", to_time(self.dispatch_overhead, name="dispatch_overhead")
+        )
         stages = tuple(self.stages)
         if not stages or not all(isinstance(s, StageCost) for s in stages):
             raise CostError(f"stages must be a non-empty list of StageCost, got {self.stages!r}")
@@ -155,6 +176,7 @@ class CostModel:
         link: Link | None = None,
         memory_capacity_bytes: int | None = None,
         overlap_comm: bool = True,
+        dispatch_overhead: Time = 0,
         **stage_fields: Any,
     ) -> CostModel:
         """Identical stages; ``stage_fields`` are :class:`StageCost` fields."""
@@ -163,6 +185,7 @@ class CostModel:
             link=link or Link(),
             memory_capacity_bytes=memory_capacity_bytes,
             overlap_comm=overlap_comm,
+            dispatch_overhead=dispatch_overhead,
         )
 
     def for_stages(self, n_stages: int) -> CostModel:
@@ -198,10 +221,19 @@ _LINK_FIELDS = {f.name for f in fields(Link)}
 
 def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
     """Build a CostModel from ``{"stage": {...}}`` or ``{"stages": [{...}, ...]}`` plus
-    optional ``link``, ``memory_capacity_bytes`` and ``overlap_comm``."""
+    optional ``link``, ``memory_capacity_bytes``, ``overlap_comm`` and ``dispatch_overhead``."""
     if not isinstance(data, dict):
         raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
-    known = {"stage", "stages", "link", "memory_capacity_bytes", "overlap_comm", "format", "meta"}
+    known = {
+        "stage",
+        "stages",
+        "link",
+        "memory_capacity_bytes",
+        "overlap_comm",
+        "dispatch_overhead",
+        "format",
+        "meta",
+    }
     unknown = sorted(set(data) - known)
     if unknown:
         raise ParseError(f"{source}: unknown keys {unknown}; valid keys are {sorted(known)}")
@@ -224,6 +256,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
             link=link,
             memory_capacity_bytes=data.get("memory_capacity_bytes"),
             overlap_comm=overlap_comm,
+            dispatch_overhead=data.get("dispatch_overhead", 0),
         )
     except CostError as exc:
         raise CostError(f"{source}: {exc}") from None
@@ -253,10 +286,16 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
         return {n: value(getattr(obj, n)) for n in sorted(names) if getattr(obj, n) is not None}
 
     data: dict[str, Any] = {"stages": [as_dict(s, _STAGE_FIELDS) for s in costs.stages]}
-    data["link"] = as_dict(costs.link, _LINK_FIELDS)
+    link = as_dict(costs.link, _LINK_FIELDS)
+    for name in ("send_overhead", "receive_overhead"):  # files without overheads stay as before
+        if not link[name]:
+            del link[name]
+    data["link"] = link
     if costs.memory_capacity_bytes is not None:
         data["memory_capacity_bytes"] = costs.memory_capacity_bytes
     data["overlap_comm"] = costs.overlap_comm
+    if costs.dispatch_overhead:
+        data["dispatch_overhead"] = value(costs.dispatch_overhead)
     return data
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "gradient_source",
     "message_bytes",
     "message_columns",
+    "overhead_tables",
     "prerequisites",
     "step_structure",
 ]
@@ -480,6 +481,44 @@ class CostTables:
     """Per stage: bytes its B or I sends."""
 
 
+def overhead_tables(
+    costs: CostModel, /, *, placement: Sequence[int], n_copies: int = 1
+) -> list[Time]:
+    """Per cost key (``4 * stage + OP_INDEX[op]``), the time a unit of work holds its rank
+    beyond its compute: ``dispatch_overhead`` once, ``send_overhead`` per cross-rank message
+    it sends and ``receive_overhead`` per cross-rank message it takes (:mod:`pipesim.costs`).
+
+    Which messages cross ranks follows from the dependency rules and the placement
+    alone: F of s sends to the stage that reads it, s + 1, and takes from s - 1;
+    B or I of s sends the input gradient to s - 1 and takes s + 1's; W neither.
+
+    >>> from pipesim.costs import Link
+    >>> costs = CostModel.uniform(link=Link(send_overhead=3, receive_overhead=5),
+    ...                           dispatch_overhead=1).for_stages(2)
+    >>> overhead_tables(costs, placement=(0, 1))  # F, B, I, W of stage 0, then of stage 1
+    [4, 6, 6, 1, 6, 4, 4, 1]
+    """
+    n_stages = len(placement)
+    per_copy = n_stages // n_copies
+    dispatch = costs.dispatch_overhead
+    overheads: list[Time] = []
+    for s in range(n_stages):
+        link = costs.link  # one link for every pair of ranks
+        send, take = link.send_overhead, link.receive_overhead
+        reads = forward_source(s, per_copy=per_copy)
+        takes_f = reads is not None and placement[reads] != placement[s]
+        sends_f = s + 1 < n_stages and forward_source(s + 1, per_copy=per_copy) == s
+        sends_f = sends_f and placement[s + 1] != placement[s]
+        grad = gradient_source(s, per_copy=per_copy)
+        takes_g = grad is not None and placement[grad] != placement[s]
+        sends_g = s > 0 and gradient_source(s - 1, per_copy=per_copy) == s
+        sends_g = sends_g and placement[s - 1] != placement[s]
+        forward = dispatch + (send if sends_f else 0) + (take if takes_f else 0)
+        backward = dispatch + (send if sends_g else 0) + (take if takes_g else 0)
+        overheads += [forward, backward, backward, dispatch]
+    return overheads
+
+
 def cost_tables(
     costs: CostModel,
     /,
@@ -487,18 +526,30 @@ def cost_tables(
     n_stages: int,
     forward_only: bool,
     overlaps: Sequence[Overlap] = (),
+    placement: Sequence[int] | None = None,
+    n_copies: int = 1,
 ) -> CostTables:
-    """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps).
+    """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps) whose
+    stages sit on ranks ``placement`` (default: one rank per stage).
+
+    Durations include the overheads of :func:`overhead_tables`; an overlapped
+    pair pays one dispatch and its parts' message overheads.
 
     >>> tables = cost_tables(CostModel.uniform(backward=3), n_stages=2, forward_only=False)
     >>> tables.durations  # F, B, I, W of stage 0, then of stage 1
     [1, 3, 1, 1, 1, 3, 1, 1]
     """
     costs = costs.for_stages(n_stages)
+    where = tuple(range(n_stages)) if placement is None else tuple(placement)
+    extra = overhead_tables(costs, placement=where, n_copies=n_copies)
     durations: list[Time] = []
     for cost in costs.stages:
         durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
-    durations += [costs.duration(work) for work in overlaps]
+    durations = [d + e if e else d for d, e in zip(durations, extra, strict=True)]
+    for work in overlaps:
+        parts = sum((extra[4 * a.stage + OP_INDEX[a.op]] for a in work.parts), start=0)
+        parts -= (len(work.parts) - 1) * costs.dispatch_overhead  # one dispatch per unit
+        durations.append(costs.duration(work) + parts)
     per_stage = stage_effects(costs, n_stages=n_stages, forward_only=forward_only)
     effects = [effect for row in per_stage for effect in row]
     effects += [work_effect(per_stage, work) for work in overlaps]
@@ -602,6 +653,8 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
         n_stages=sched.n_stages,
         forward_only=sched.forward_only,
         overlaps=structure.overlaps,
+        placement=sched.placement,
+        n_copies=sched.n_copies,
     )
     durations, effects = tables.durations, tables.effects
     sizes, occupancy, latency, pair_links = message_columns(structure, costs, tables)

@@ -55,6 +55,8 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
                     st.none(), st.fractions(min_value=Fraction(1, 2), max_value=40)
                 ),
                 max_concurrent=st.integers(min_value=1, max_value=3),
+                send_overhead=st.one_of(st.just(0), _TIMES),
+                receive_overhead=st.one_of(st.just(0), _TIMES),
             ),
         )
     )
@@ -63,6 +65,7 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
         link=link,
         memory_capacity_bytes=draw(st.one_of(st.none(), st.integers(1, 5000))),
         overlap_comm=draw(st.booleans()),
+        dispatch_overhead=draw(st.one_of(st.just(0), _TIMES)),
     )
 
 

@@ -97,6 +97,8 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
         n_stages=schedule.n_stages,
         forward_only=schedule.forward_only,
         overlaps=structure.overlaps,
+        placement=schedule.placement,
+        n_copies=schedule.n_copies,
     )
     _, occupancy, latency, pair_links = message_columns(structure, costs, tables)
     durations = tables.durations

@@ -42,7 +42,13 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
     # Durations, memory effects and message sizes: the shared tables (pipesim.step).
-    tables = cost_tables(costs, n_stages=n_stages, forward_only=schedule.forward_only)
+    tables = cost_tables(
+        costs,
+        n_stages=n_stages,
+        forward_only=schedule.forward_only,
+        placement=schedule.placement,
+        n_copies=schedule.n_copies,
+    )
     durations, effects = tables.durations, tables.effects
     placement = schedule.placement
     per_copy = n_stages // schedule.n_copies
