@@ -13,6 +13,7 @@ __all__ = [
     "CostError",
     "DeadlockError",
     "ParseError",
+    "PartitionError",
     "PipesimError",
     "PlanError",
     "ScheduleError",
@@ -47,6 +48,10 @@ class ParseError(PipesimError, ValueError):
 
 class CostError(PipesimError, ValueError):
     """A cost model value is impossible (negative, NaN, infinite, wrong length)."""
+
+
+class PartitionError(PipesimError, ValueError):
+    """Layers cannot be cut into the stages asked (more stages than layers)."""
 
 
 class PlanError(PipesimError, ValueError):

@@ -1,4 +1,5 @@
-"""The partitioner against brute force over every contiguous split."""
+"""The planner's partitioner (:mod:`pipesim.partition`, shared with verify) against brute
+force over every contiguous split, and the cut the sweep reports."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesim.errors import PlanError
+import pipesim.partition
+from pipesim.errors import PartitionError
+from pipesim.plan.hardware import get_accelerator
+from pipesim.plan.model import ModelSpec
 from pipesim.plan.partition import partition, stage_sums
+from pipesim.plan.sweep import Point, SweepContext, evaluate_points
+from pipesim.plan.workload import workload_from_model
 
 
 def _brute_force_best(costs: list[int], n_stages: int) -> int:
@@ -38,7 +44,8 @@ def test_partition_is_optimal_against_brute_force(costs: list[int], data: st.Dat
 
 def test_embedding_and_head_are_real_layers_of_the_end_stages() -> None:
     # embedding (no FLOPs), 6 equal blocks, a heavy head: the head's stage takes one block
-    # less, and packing from the back leaves the slack on the first stage
+    # less, and the most even costs (8, 12, 10 rather than 12, 8, 10) put the embedding
+    # with two blocks
     costs = [0, 4, 4, 4, 4, 4, 4, 6]
     sizes = partition(costs, n_stages=3)
     assert max(stage_sums(costs, sizes)) == _brute_force_best(costs, 3) == 12
@@ -53,5 +60,37 @@ def test_uneven_split_and_fractions() -> None:
 
 
 def test_too_many_stages_is_a_clear_error() -> None:
-    with pytest.raises(PlanError, match="cannot cut 3 layers"):
+    with pytest.raises(PartitionError, match="cannot cut 3 layers"):
         partition([1, 2, 3], n_stages=4)
+
+
+def test_the_planner_uses_the_shared_partitioner() -> None:
+    assert partition is pipesim.partition.partition
+    assert stage_sums is pipesim.partition.stage_sums
+
+
+@pytest.mark.parametrize("pipeline", [2, 3, 4, 5])
+def test_sweep_reports_the_cut_of_the_layer_work(pipeline: int) -> None:
+    # 6 blocks, a vocabulary large enough that the head is heavier than a block
+    spec = ModelSpec(n_layers=6, hidden=128, n_heads=4, seq_length=64, vocab_size=4000)
+    workload = workload_from_model(spec)
+    work = [layer.work for layer in workload.layers]
+    assert work[-1] > work[1] > work[0]  # head > block > embedding
+    context = SweepContext(
+        workload=workload,
+        devices=pipeline,
+        accelerator=get_accelerator("h100-sxm"),
+        memory_capacity_bytes=10**12,
+    )
+    point = Point(
+        schedule="1f1b",
+        pipeline=pipeline,
+        virtual=1,
+        microbatch_size=1,
+        n_microbatches=pipeline,
+        data_parallel=1,
+    )
+    (evaluation,) = evaluate_points(context, [point], workers=1)
+    sizes = evaluation.layers_per_stage
+    assert sizes == partition(work, n_stages=pipeline)
+    assert max(stage_sums(work, sizes)) == _brute_force_best(work, pipeline)

@@ -9,17 +9,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
-from pipesim.errors import UnknownNameError  # noqa: E402
+from pipesim.errors import PartitionError, UnknownNameError  # noqa: E402
+from pipesim.plan.hardware import get_accelerator  # noqa: E402
+from pipesim.plan.model import ModelSpec  # noqa: E402
+from pipesim.plan.partition import partition as plan_partition  # noqa: E402
+from pipesim.plan.sweep import Point, SweepContext, evaluate_points  # noqa: E402
+from pipesim.plan.workload import workload_from_model  # noqa: E402
 from verify.errors import VerifyError  # noqa: E402
 from verify.models import VerifyModel, from_factory, gpt, load_model, mlp  # noqa: E402
-from verify.partition import (  # noqa: E402
-    balanced_counts,
-    even_counts,
-    param_bytes,
-    partition,
-)
+from verify.partition import param_bytes, partition  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -76,7 +78,7 @@ def test_stages_share_the_models_modules() -> None:
 
 
 def test_more_stages_than_layers_names_both_numbers() -> None:
-    with pytest.raises(VerifyError, match=r"7 layers into 8 stages.*at most 7 stages"):
+    with pytest.raises(PartitionError, match=r"7 layers into 8 stages.*at most 7 stages"):
         partition(mlp().layers, n_stages=8)
 
 
@@ -86,10 +88,17 @@ def test_bad_layer_counts_are_refused(counts: list[int]) -> None:
         partition(mlp().layers, n_stages=2, layer_counts=counts)
 
 
+def _counts(stages: tuple[nn.Sequential, ...]) -> tuple[int, ...]:
+    return tuple(len(s) for s in stages)
+
+
 def test_even_counts() -> None:
-    assert even_counts(7, 2) == (4, 3)
-    assert even_counts(7, 7) == (1,) * 7
-    assert even_counts(10, 4) == (3, 3, 2, 2)
+    def even(n: int, n_stages: int) -> tuple[int, ...]:
+        return _counts(partition([nn.Identity() for _ in range(n)], n_stages=n_stages))
+
+    assert even(7, 2) == (4, 3)
+    assert even(7, 7) == (1,) * 7
+    assert even(10, 4) == (3, 3, 2, 2)
 
 
 def _brute_force_best(costs: list[int], n_stages: int) -> int:
@@ -108,12 +117,54 @@ def test_balanced_counts_is_optimal(seed: int) -> None:
     rng = torch.Generator().manual_seed(seed)
     n = int(torch.randint(2, 9, (1,), generator=rng))
     costs = [int(c) for c in torch.randint(0, 20, (n,), generator=rng)]
+    layers = [nn.Identity() for _ in range(n)]
     for n_stages in range(1, n + 1):
-        counts = balanced_counts(costs, n_stages)
+        counts = _counts(partition(layers, n_stages=n_stages, balance=costs))
         assert len(counts) == n_stages and sum(counts) == n and min(counts) >= 1
         bounds = list(itertools.accumulate((0, *counts)))
         worst = max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
         assert worst == _brute_force_best(costs, n_stages)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    costs=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_verify_cuts_where_the_planner_cuts(costs: list[int], data: st.DataObject) -> None:
+    n_stages = data.draw(st.integers(min_value=1, max_value=len(costs)))
+    layers = [nn.Identity() for _ in costs]
+    stages = partition(layers, n_stages=n_stages, balance=costs)
+    assert _counts(stages) == plan_partition(costs, n_stages=n_stages)
+    assert [m for s in stages for m in s] == layers  # every entry once, in order
+
+
+@pytest.mark.parametrize("pipeline", [2, 3, 4])
+def test_verify_runs_the_cut_the_planner_reports(pipeline: int) -> None:
+    # A GPT of 3 blocks on both sides: the planner's layers (embedding, blocks, head)
+    # are verify's model entries, so the planner's work per layer cuts the torch model.
+    spec = ModelSpec(n_layers=3, hidden=32, n_heads=4, seq_length=16, vocab_size=4000)
+    workload = workload_from_model(spec)
+    context = SweepContext(
+        workload=workload,
+        devices=pipeline,
+        accelerator=get_accelerator("h100-sxm"),
+        memory_capacity_bytes=10**12,
+    )
+    point = Point(
+        schedule="1f1b",
+        pipeline=pipeline,
+        virtual=1,
+        microbatch_size=1,
+        n_microbatches=pipeline,
+        data_parallel=1,
+    )
+    (evaluation,) = evaluate_points(context, [point], workers=1)
+    model = gpt(n_layers=3, width=32)
+    work = [layer.work for layer in workload.layers]
+    stages = partition(model.layers, n_stages=pipeline, balance=work)
+    assert _counts(stages) == evaluation.layers_per_stage
+    assert sum(_counts(stages)) == len(model.layers) == len(workload.layers)
 
 
 def test_balance_by_params() -> None:

@@ -3,7 +3,8 @@
 This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 
 - :mod:`verify.models`: the chapter's MLP, a small GPT, ``package.module:factory`` models;
-- :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules;
+- :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules
+  (the cut is :mod:`pipesim.partition`'s, the planner's);
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo, CPU ranks);
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
@@ -39,7 +40,7 @@ from verify.local import (
     run_schedule,
 )
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
-from verify.partition import balanced_counts, even_counts, param_bytes, partition
+from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
 
 __all__ = [
@@ -53,11 +54,9 @@ __all__ = [
     "VerifyModel",
     "VerifyReport",
     "as_run_schedule",
-    "balanced_counts",
     "build_report",
     "build_stages",
     "calibrate",
-    "even_counts",
     "exact_settings",
     "exactness_problems",
     "execution_order",
