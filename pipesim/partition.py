@@ -27,10 +27,10 @@ of the one before it):
    of ``p`` holds ``p - s`` micro-batches' activations at the peak (Narayanan
    et al. 2021), so the first stages are the memory bottleneck; Megatron-LM
    users lighten them by hand (``--decoder-first-pipeline-num-layers``). On
-   ``pipesim plan`` presets this kept or lowered the step time and peak memory
-   of every configuration that fits against the planner's earlier
-   pack-from-the-back cut, where "earlier stages take more" raised peak memory
-   by up to 91 % (llama2-13b on 32 H100s).
+   five ``pipesim plan`` presets this kept (to 2 ns of rounding) or lowered the
+   step time, and kept or lowered the peak memory, of every configuration that
+   fits, against the planner's earlier pack-from-the-back cut; "earlier stages
+   take more" raised peak memory by up to 91 % (llama2-13b on 32 H100s).
 
 Uniform costs thus put the extra layers on the *last* stages. When no costs are
 known at all, :func:`even_split` gives the split torch users know instead,
@@ -127,8 +127,8 @@ def _check_fit(n_layers: int, n_stages: int) -> None:
         raise PartitionError(f"n_stages must be a whole number >= 1, got {n_stages!r}")
     if n_stages > n_layers:
         raise PartitionError(
-            f"cannot cut {n_layers} layers into {n_stages} stages: each stage needs at least "
-            f"one layer; use at most {n_layers} stages or a model with more layers"
+            f"cannot cut a model of {n_layers} layers into {n_stages} stages: each stage needs "
+            f"at least one layer; use at most {n_layers} stages or a model with more layers"
         )
 
 

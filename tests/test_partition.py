@@ -139,11 +139,13 @@ def test_one_stage_and_one_layer_per_stage() -> None:
 
 
 def test_more_stages_than_layers_is_a_clear_error() -> None:
-    with pytest.raises(PartitionError, match=r"cannot cut 3 layers into 4 stages.*at most 3"):
+    with pytest.raises(
+        PartitionError, match=r"cannot cut a model of 3 layers into 4 stages.*at most 3"
+    ):
         partition([1, 2, 3], n_stages=4)
-    with pytest.raises(PartitionError, match="cannot cut 0 layers"):
+    with pytest.raises(PartitionError, match="cannot cut a model of 0 layers"):
         partition([], n_stages=1)
-    with pytest.raises(PartitionError, match="cannot cut 2 layers into 3 stages"):
+    with pytest.raises(PartitionError, match="cannot cut a model of 2 layers into 3 stages"):
         even_split(2, n_stages=3)
 
 

@@ -60,7 +60,7 @@ def test_uneven_split_and_fractions() -> None:
 
 
 def test_too_many_stages_is_a_clear_error() -> None:
-    with pytest.raises(PartitionError, match="cannot cut 3 layers"):
+    with pytest.raises(PartitionError, match="cannot cut a model of 3 layers"):
         partition([1, 2, 3], n_stages=4)
 
 
