@@ -1,0 +1,96 @@
+"""Bubble rates: every built-in schedule against the synthesized ones (issue 13).
+
+For p in {8, 16, 32} ranks and m in {3p, 4p, 8p} micro-batches, with realistic
+unequal per-stage costs (Qi et al. 2024 measure W at about 0.5-0.7 of F and I
+about equal to F): F = 100 +- 6 % per stage, I = F +- 5 %, W = 0.5 F or 0.7 F,
+a message 3 % of F (latency), 1000 activation bytes per micro-batch of which W
+keeps 400. The full backward of the built-ins without a split costs B = I + W.
+
+Printed per configuration: the bubble rate (idle share of ranks x makespan) of
+every built-in schedule with one stage per rank, and of ``synthesize`` at memory
+limits p and 2p (1F1B's and ZB-H2's memory), its winner, its gap to the lower
+bound, and its wall time; a built-in that exceeds the limit is marked ``*``
+(it could not be chosen at that limit). Machine load comes first.
+
+Run: ``python benchmarks/bench_synth.py [--quick]`` (``--quick``: p = 8 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from pipesim import CostModel, Link, StageCost, generate, schedule_names, simulate
+from pipesim.schedules import get_spec
+from pipesim.synth import synthesize
+
+
+def realistic_costs(p: int, w_ratio: float) -> CostModel:
+    """Deterministic jitter per stage, integers (exact and fast)."""
+    stages = []
+    for s in range(p):
+        f = 100 + (37 * s) % 13 - 6  # 94..106
+        i = f + (11 * s) % 11 - 5  # F +- 5 %
+        w = round(f * w_ratio)
+        stages.append(
+            StageCost(
+                forward=f,
+                input_grad=i,
+                weight_grad=w,
+                backward=i + w,
+                activation_bytes=1000,
+                weight_grad_bytes=400,
+                output_bytes=0,
+            )
+        )
+    return CostModel(stages=tuple(stages), link=Link(latency=3))
+
+
+def builtins() -> list[str]:
+    return [
+        n
+        for n in schedule_names()
+        if get_spec(n).virtual_values is not None
+        and 1 in get_spec(n).virtual_values  # type: ignore[operator]
+        and n != "sequential"
+    ]
+
+
+def row(p: int, m: int, w_ratio: float) -> None:
+    costs = realistic_costs(p, w_ratio)
+    cells = []
+    for name in builtins():
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs).metrics
+        peak = max(r.peak_activation_bytes for r in sim.ranks)
+        mark = "" if peak <= p * 1000 else ("+" if peak <= 2 * p * 1000 else "*")
+        cells.append(f"{name} {float(sim.bubble_ratio):6.2%}{mark}")
+    print(f"p={p:2d} m={m:3d} W={w_ratio}F  " + "  ".join(cells))
+    for factor in (1, 2):
+        start = time.perf_counter()
+        result = synthesize(n_ranks=p, n_microbatches=m, memory_limit=factor * p, costs=costs)
+        wall = time.perf_counter() - start
+        best = result.best_builtin_metrics
+        print(
+            f"    synth @ {factor}p: bubble {float(result.metrics.bubble_ratio):6.2%}  "
+            f"best built-in {result.best_builtin.name if result.best_builtin else '-'} "
+            f"{float(best.bubble_ratio) if best else float('nan'):6.2%}  "
+            f"gap to bound {float(result.gap):6.2%}  winner {result.winner}  {wall:5.1f} s"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="p = 8 only")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print("built-ins: + needs more than p micro-batches of memory, * more than 2p")
+    for p in (8,) if args.quick else (8, 16, 32):
+        for m in (3 * p, 4 * p, 8 * p):
+            for w_ratio in (0.5, 0.7):
+                row(p, m, w_ratio)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
