@@ -15,7 +15,7 @@ have arrived:
 1. a ready ``I`` (the latest stage first: the longest chain still ahead);
 2. else a ready ``F`` (the latest stage first, finishing micro-batches it
    already holds), if the rank's memory and in-flight cap allow it; a
-   micro-batch new to the rank is admitted only while the bytes of all its
+   micro-batch new to the rank is admitted only while the bytes of its later
    stages on the rank still fit (``reserve``), so a V placement cannot fill
    its memory with first-chunk forwards and starve the second chunk;
 3. else the oldest pending ``W``.
@@ -56,8 +56,10 @@ class Policy:
     """Per rank: the most W passes held back; past it W goes before F (ZB-H1: r on rank r)."""
     patient: str = ""
     """Ops (``"W"``, ``"FW"``) started only if they end before a gradient known to be on its way."""
-    reserve: bool = True
-    """Admit a micro-batch new to a rank only while all its stages there still fit."""
+    reserve: str = "all"
+    """Admitting a micro-batch new to a rank: ``all`` reserves its later stages' bytes
+    until they run; ``one`` only keeps room for one micro-batch's later stages (enough
+    for the oldest to go on); ``none`` checks the forward's own bytes (may get stuck)."""
     name: str = "greedy"
     """How the candidate is reported."""
 
@@ -83,11 +85,11 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
     for cap_name, caps in cap_sets:
         for defer_name, defer in defers:
             for patient in ("", "W", "FW"):
-                for reserve in (True, False) if v > 1 else (True,):
+                for reserve in ("all", "one", "none") if v > 1 else ("all",):
                     label = (
                         f"greedy[{cap_name}{defer_name}{',patient-' + patient if patient else ''}"
                     )
-                    label += "]" if reserve else ",no-reserve]"
+                    label += "]" if reserve == "all" else f",reserve-{reserve}]"
                     out.append(
                         Policy(caps=caps, defer=defer, patient=patient, reserve=reserve, name=label)
                     )
@@ -220,14 +222,16 @@ class _Greedy:
     def _admits(self, r: int, s: int) -> bool:
         limit = self.pb.limit_bytes[r]
         if s != self.first[r]:  # a later stage of a micro-batch the rank already holds
-            if self.policy.reserve:
+            if self.policy.reserve == "all":
                 return True  # its bytes were reserved when the micro-batch was admitted
             return self.held[r] + self.act[s] <= limit
         caps = self.policy.caps
         if caps is not None and self.inflight[r] >= caps[r]:
             return False
-        if self.policy.reserve:
+        if self.policy.reserve == "all":
             return self.held[r] + self.reserved[r] + self.mb_bytes[r] <= limit
+        if self.policy.reserve == "one":  # keep room for one micro-batch's later stages
+            return self.held[r] + self.mb_bytes[r] <= limit
         return self.held[r] + self.act[s] <= limit
 
     def _run(self, r: int, t: Time, action: Action, heap: list[tuple[Time, int]]) -> Time:
