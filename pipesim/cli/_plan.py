@@ -86,7 +86,10 @@ def register(subparsers: Any) -> None:
         "--virtual", metavar="V[,V...]", default="1,2,4", help="stages per rank (default 1,2,4)"
     )
     sweep.add_argument(
-        "--schedules", metavar="NAME[,NAME...]", help="schedules (default: every registered one)"
+        "--schedules",
+        metavar="NAME[,NAME...]",
+        help="schedules (default: every registered one; auto adds synth, a schedule "
+        "synthesized for each configuration's costs and free memory)",
     )
     sweep.add_argument(
         "--engine",

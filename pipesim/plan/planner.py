@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from pipesim.costs import CostModel
 from pipesim.errors import PlanError
+from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
@@ -96,9 +97,11 @@ def sweep_points(
     sizes = _positive_ints("microbatch_sizes", microbatch_sizes)
     virtuals = _positive_ints("virtual", virtual)
     names = tuple(schedule_names()) if schedules is None else tuple(schedules)
+    if "auto" in names:  # every registered family and the schedules made from the costs
+        names = (*schedule_names(), *cost_aware_names())
     if not names:
         raise PlanError("no schedules to sweep; give at least one (see `pipesim schedules`)")
-    specs = {name: get_spec(name) for name in names}  # UnknownNameError for a bad name
+    specs = {name: get_cost_aware(name) or get_spec(name) for name in names}  # or unknown name
     points: list[Point] = []
     refused: list[PlanPoint] = []
     for p in degrees:

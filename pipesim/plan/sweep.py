@@ -46,6 +46,7 @@ from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.onepass import quick_step
@@ -121,6 +122,7 @@ _SCHEDULES: dict[tuple[str, int, int, int], Schedule | str] = {}
 _PARTITIONS: dict[int, tuple[int, ...]] = {}
 _COSTS: dict[tuple[int, int, int], tuple[CostModel, list[int], list[int]]] = {}
 _MAX_SCHEDULES = 64
+_LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
 
 def _install(context: SweepContext) -> None:
@@ -240,12 +242,14 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     """Simulate one configuration (see the module docstring for the model)."""
     if _CONTEXT is not context:
         _install(context)
-    schedule = _schedule(point)
+    cost_aware = get_cost_aware(point.schedule)  # built after the costs (synthesized)
+    schedule = _schedule(point) if cost_aware is None else None
     if isinstance(schedule, str):
         return Evaluation(reason=schedule)
-    n_stages = schedule.n_stages
+    n_stages = point.pipeline * point.virtual if schedule is None else schedule.n_stages
+    n_copies = 1 if schedule is None else schedule.n_copies
     # DualPipe keeps n_copies copies of the model: each copy is the whole model.
-    per_copy = n_stages // schedule.n_copies
+    per_copy = n_stages // n_copies
     n_layers = len(context.workload.layers)
     if per_copy > n_layers:
         return Evaluation(
@@ -258,8 +262,24 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         sizes = _PARTITIONS[per_copy] = partition(work, n_stages=per_copy)
     inter_node = context.devices > context.accelerator.gpus_per_node
     costs, static, params = _stage_costs(
-        context, sizes, point.microbatch_size, inter_node, schedule.n_copies
+        context, sizes, point.microbatch_size, inter_node, n_copies
     )
+    if schedule is None:
+        assert cost_aware is not None
+        # Activations may use what weights, gradients and optimizer state leave (looped).
+        most_static = max(sum(static[point.pipeline * c + r] for c in range(point.virtual))
+                          for r in range(point.pipeline))  # fmt: skip
+        try:
+            schedule = cost_aware.build()(
+                n_ranks=point.pipeline,
+                n_microbatches=point.n_microbatches,
+                virtual=point.virtual,
+                costs=costs,
+                memory_limit_bytes=max(1, context.memory_capacity_bytes - most_static),
+            )
+        except PipesimError as exc:
+            return Evaluation(reason=f"refused: {exc}")
+        _LAST_COST_AWARE[:] = [schedule]
     metrics: Metrics
     if context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
@@ -294,12 +314,19 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
 def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
     """The schedule and cost model (integer nanoseconds) that ``point`` is simulated with,
     e.g. to simulate it with the SimPy engine or plot it; ScheduleError if refused."""
-    schedule = generate(
-        point.schedule,
-        n_ranks=point.pipeline,
-        n_microbatches=point.n_microbatches,
-        virtual=point.virtual,
-    )
+    if get_cost_aware(point.schedule) is not None:  # made from the costs: evaluate builds it
+        _install(context)
+        evaluated = evaluate_point(context, point)
+        if evaluated.reason is not None:
+            raise ScheduleError(evaluated.reason)
+        schedule = _LAST_COST_AWARE[0]
+    else:
+        schedule = generate(
+            point.schedule,
+            n_ranks=point.pipeline,
+            n_microbatches=point.n_microbatches,
+            virtual=point.virtual,
+        )
     per_copy = schedule.n_stages // schedule.n_copies
     work = [layer.work for layer in context.workload.layers]
     sizes = partition(work, n_stages=per_copy)

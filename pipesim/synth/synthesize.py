@@ -194,6 +194,25 @@ def synthesize(
     )
 
 
+def for_planner(
+    *,
+    n_ranks: int,
+    n_microbatches: int,
+    virtual: int,
+    costs: CostModel,
+    memory_limit_bytes: int,
+) -> Schedule:
+    """The planner's builder (:mod:`pipesim.plan.cost_aware`): the synthesized schedule
+    for this configuration, within the device memory left for activations."""
+    return synthesize(
+        n_ranks=n_ranks,
+        n_microbatches=n_microbatches,
+        memory_limit=MemoryLimit(n_bytes=memory_limit_bytes),
+        costs=costs,
+        virtual=virtual,
+    ).schedule
+
+
 def _rank(candidate: Candidate) -> tuple[Time, int, bool]:
     return (candidate.makespan, max(candidate.peak_activation_bytes), candidate.builtin)
 

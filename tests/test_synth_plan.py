@@ -1,0 +1,56 @@
+"""``pipesim plan --schedules auto``: synthesized schedules in the planner's sweep."""
+
+from __future__ import annotations
+
+from pipesim import simulate, validate
+from pipesim.cli import main
+from pipesim.plan import configuration, plan
+from pipesim.plan.cost_aware import cost_aware_names
+
+
+def _plan():  # type: ignore[no-untyped-def]
+    return plan(
+        "llama2-7b",
+        devices=8,
+        accelerator="h100-sxm",
+        global_batch=64,
+        stages=[2, 4],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["auto"],
+        workers=1,
+    )
+
+
+def test_auto_sweeps_the_registered_and_the_synthesized_schedules() -> None:
+    result = _plan()
+    names = {p.schedule for p in result.points}
+    assert "synth" in cost_aware_names() and {"synth", "1f1b", "zb-h1", "zb-h2"} <= names
+    for synth in (p for p in result.points if p.schedule == "synth"):
+        assert synth.fits  # built within the memory the weights leave, so it fits
+        same = [
+            p
+            for p in result.points
+            if p.schedule == "1f1b"
+            and (p.pipeline, p.microbatch_size, p.n_microbatches)
+            == (synth.pipeline, synth.microbatch_size, synth.n_microbatches)
+        ]
+        assert same and same[0].fits
+        # 1F1B holds p micro-batches at most, within synth's limit here: never slower.
+        assert synth.pipeline_time_ns is not None and same[0].pipeline_time_ns is not None
+        assert synth.pipeline_time_ns <= same[0].pipeline_time_ns
+
+
+def test_a_synthesized_point_rebuilds_for_the_simpy_engine() -> None:
+    result = _plan()
+    point = next(p for p in result.points if p.schedule == "synth" and p.pipeline == 4)
+    schedule, costs = configuration(result, point, model="llama2-7b")
+    validate(schedule)
+    assert simulate(schedule, costs=costs).metrics.makespan == point.pipeline_time_ns
+
+
+def test_cli_auto(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "llama2-7b", "--devices", "8", "--accelerator", "h100-sxm"]
+    argv += ["--global-batch", "64", "--stages", "2", "--microbatch-sizes", "1", "--virtual", "1"]
+    assert main([*argv, "--schedules", "auto", "--top", "30"]) == 0
+    assert " synth " in capsys.readouterr().out
