@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from fractions import Fraction
 
 from pipesim.actions import Action, Op
 from pipesim.exact import Time
@@ -60,6 +61,9 @@ class Policy:
     """Admitting a micro-batch new to a rank: ``all`` reserves its later stages' bytes
     until they run; ``one`` only keeps room for one micro-batch's later stages (enough
     for the oldest to go on); ``none`` checks the forward's own bytes (may get stuck)."""
+    pace: Fraction = Fraction(0)
+    """Feed micro-batches into stage 0 at most one per ``pace`` times the busiest rank's
+    work per micro-batch, so they flow evenly instead of in bursts (tight V memory); 0: off."""
     name: str = "greedy"
     """How the candidate is reported."""
 
@@ -93,6 +97,13 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
                     out.append(
                         Policy(caps=caps, defer=defer, patient=patient, reserve=reserve, name=label)
                     )
+    if v > 1:  # evenly fed micro-batches for tight memory on a V or a loop
+        for pace in (Fraction(1), Fraction(5, 4), Fraction(3, 2), Fraction(2)):
+            for reserve in ("one", "none"):
+                for patient in ("", "W"):
+                    label = f"greedy[paced-{pace},reserve-{reserve}"
+                    label += f",patient-{patient}]" if patient else "]"
+                    out.append(Policy(pace=pace, reserve=reserve, patient=patient, name=label))
     return tuple(out)
 
 
@@ -147,6 +158,10 @@ class _Greedy:
         self.free_at: list[Time] = [0] * problem.n_ranks
         self.left = [3 * m * len(st) for st in self.stages]
         self.orders: list[list[Action]] = [[] for _ in self.stages]
+        self.f_start0: Time = 0
+        self.period: Time = max(
+            sum((self.f[s] + self.i[s] + self.w[s] for s in st), start=0) for st in self.stages
+        )
 
     # -- arrivals -------------------------------------------------------------------------
     def _f_arrival(self, s: int, k: int) -> Time | None:
@@ -202,6 +217,8 @@ class _Greedy:
             arrival = self._f_arrival(s, k)
             if arrival is None:
                 continue
+            if s == 0 and self.policy.pace and k:
+                arrival = max(arrival, self.f_start0 + self.period * self.policy.pace)
             if arrival > t:
                 next_input = arrival if next_input is None else min(next_input, arrival)
                 continue
@@ -240,6 +257,8 @@ class _Greedy:
         self.left[r] -= 1
         pb = self.pb
         if op is Op.F:
+            if s == 0:
+                self.f_start0 = t
             end = t + self.f[s]
             self.f_end[s][k] = end
             self.f_next[s] += 1
