@@ -12,6 +12,9 @@ limits p and 2p (1F1B's and ZB-H2's memory), its winner, its gap to the lower
 bound, and its wall time; a built-in that exceeds the limit is marked ``*``
 (it could not be chosen at that limit). Machine load comes first.
 
+Then the V placement (two chunks of half a stage per rank) at limits p, p/2 and p/3
+against 1F1B on the p-stage cut and ZB-V, for p in {8, 16}, m = 4p.
+
 Run: ``python benchmarks/bench_synth.py [--quick]`` (``--quick``: p = 8 only).
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from fractions import Fraction
 
 from pipesim import CostModel, Link, StageCost, generate, schedule_names, simulate
 from pipesim.schedules import get_spec
@@ -79,6 +83,50 @@ def row(p: int, m: int, w_ratio: float) -> None:
         )
 
 
+def halved(costs: CostModel) -> CostModel:
+    """The same model cut into twice the stages: each chunk is half a stage."""
+    chunks = []
+    for stage in costs.stages:
+        half = {
+            name: getattr(stage, name) / 2
+            for name in ("forward", "input_grad", "weight_grad", "backward")
+        }
+        for _ in range(2):
+            chunks.append(
+                StageCost(**half, activation_bytes=500, weight_grad_bytes=200, output_bytes=0)
+            )
+    return CostModel(stages=tuple(chunks), link=costs.link)
+
+
+def v_row(p: int, m: int, w_ratio: float) -> None:
+    """The V placement at limits p, p/2 and p/3 (ZB-V, V-Half, V-Min of Qi et al. 2024b)."""
+    costs = realistic_costs(p, w_ratio)
+    # 2p chunks on a V: rank r holds stages r and 2p-1-r (the pairs of the p-stage cut).
+    chunks = halved(costs)
+    order = list(range(p)) + list(reversed(range(p)))
+    v_costs = CostModel(
+        stages=tuple(chunks.stages[2 * r + (i >= p)] for i, r in enumerate(order)),
+        link=costs.link,
+    )
+    one = simulate(generate("1f1b", n_ranks=p, n_microbatches=m), costs=costs).metrics
+    zbv = simulate(generate("zbv", n_ranks=p, n_microbatches=m), costs=v_costs).metrics
+    print(
+        f"p={p:2d} m={m:3d} W={w_ratio}F V  1f1b (p-stage cut, p mb) "
+        f"{float(one.bubble_ratio):6.2%}  zbv {float(zbv.bubble_ratio):6.2%}"
+    )
+    for label, limit in (("p", Fraction(p)), ("p/2", Fraction(p, 2)), ("p/3", Fraction(p, 3))):
+        start = time.perf_counter()
+        result = synthesize(
+            n_ranks=p, n_microbatches=m, memory_limit=limit, costs=v_costs, virtual=2,
+            placement="v",
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        print(
+            f"    synth V @ {label:3}: bubble {float(result.metrics.bubble_ratio):6.2%}  "
+            f"gap to bound {float(result.gap):6.2%}  winner {result.winner}  {wall:5.1f} s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="p = 8 only")
@@ -89,6 +137,10 @@ def main() -> None:
         for m in (3 * p, 4 * p, 8 * p):
             for w_ratio in (0.5, 0.7):
                 row(p, m, w_ratio)
+    print("V placement: 2p chunks of half a stage, limits in micro-batches of a rank's chunks")
+    for p in (8,) if args.quick else (8, 16):
+        for w_ratio in (0.5, 0.7):
+            v_row(p, 4 * p, w_ratio)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
