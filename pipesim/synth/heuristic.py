@@ -23,6 +23,9 @@ have arrived:
 With ``patient`` the rank also looks ahead: it starts an F or a W only if it
 ends before a gradient it already knows is on its way arrives, and otherwise
 waits for that gradient (the heuristic's "fill a bubble only if it fits").
+With ``pace`` micro-batches enter stage 0 at most one per period, so that
+under a tight memory limit (a V at p/2 or p/3 micro-batches) they flow
+evenly instead of in bursts that wait out a round trip.
 Each policy is one candidate; :func:`pipesim.synth.synthesize` evaluates them
 all with the exact evaluator and keeps the best. Orders come from an
 execution, so they are complete and cannot deadlock; memory peaks depend on
@@ -74,13 +77,20 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
     In-flight caps follow the published patterns: ``p - r`` per rank (1F1B and
     ZB-H1's warm-up), ``2 (p - r) - 1`` (ZB-H2's), scaled by the stages per rank;
     a uniform cap (ZB-V holds about the same on every rank); none (memory only).
+    With several stages per rank, three ways to admit a micro-batch (``reserve``) and
+    paced feeding (``pace``) are tried as well.
+
+    >>> from pipesim.synth.problem import make_problem
+    >>> len(policies(make_problem(n_ranks=4, n_microbatches=8, memory_limit=4)))
+    24
     """
     p, v = problem.n_ranks, problem.virtual
     cap_sets: list[tuple[str, tuple[int, ...] | None]] = [("memory", None)]
     cap_sets.append(("1f1b-warmup", tuple(v * (p - r) for r in range(p))))
-    cap_sets.append(("1f1b-warmup+1", tuple(v * (p - r) + 1 for r in range(p))))
-    cap_sets.append(("zb-h2-warmup", tuple(v * (2 * (p - r) - 1) for r in range(p))))
-    if v > 1:
+    if v == 1:
+        cap_sets.append(("1f1b-warmup+1", tuple(p - r + 1 for r in range(p))))
+        cap_sets.append(("zb-h2-warmup", tuple(2 * (p - r) - 1 for r in range(p))))
+    else:  # fewer caps, more ways to admit (below): the V's memory binds first
         cap_sets.append(("uniform", tuple(v * p for _ in range(p))))
     # Deferred W passes: as many as memory allows, or v r on rank r (ZB-H1).
     defers: list[tuple[str, tuple[int, ...] | None]] = [("", None)]
@@ -88,7 +98,7 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
     out = []
     for cap_name, caps in cap_sets:
         for defer_name, defer in defers:
-            for patient in ("", "W", "FW"):
+            for patient in ("", "W", "FW") if v == 1 else ("", "W"):
                 for reserve in ("all", "one", "none") if v > 1 else ("all",):
                     label = (
                         f"greedy[{cap_name}{defer_name}{',patient-' + patient if patient else ''}"
