@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipesim import CostModel, StageCost, critical_path, generate, simulate, validate
@@ -41,6 +41,8 @@ def test_memory_limit_binds_the_optimum() -> None:
 
 
 @settings(max_examples=12)
+# A zero-length W at the instant a forward starts: the orders must free before allocating.
+@example(p=2, m=3, times=[(1, 1, 0)] * 3, factor=1)
 @given(
     p=st.integers(2, 3),
     m=st.integers(1, 4),

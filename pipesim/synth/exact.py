@@ -157,7 +157,8 @@ def solve_exact(
             wall_s=wall,
         )
     values = {key: solver.value(var) for key, var in start.items()}
-    schedule = _orders(problem, values)
+    lengths = {key: scaled(d) for key, d in durations.items()}
+    schedule = _orders(problem, values, lengths)
     objective = _exact(Fraction(solver.value(makespan), scale))
     return ExactSolution(
         schedule=schedule,
@@ -200,14 +201,21 @@ def _memory(model: Any, problem: Problem, start: dict[Any, Any], end: dict[Any, 
         model.add_reservoir_constraint(times, changes, 0, problem.limit_bytes[rank])
 
 
-def _orders(problem: Problem, starts: dict[tuple[int, Op, int], int]) -> Schedule | None:
-    """Per-rank orders by start time (ties: F, then I, then W, as the data flows)."""
+def _orders(
+    problem: Problem, starts: dict[tuple[int, Op, int], int], durations: dict[tuple[int, Op], int]
+) -> Schedule | None:
+    """Per-rank orders by start time; at one instant a zero-length action first (it
+    ends there, and the solver's reservoir counts its free before the next start), then
+    F, I, W as the data flows."""
     rank_of = problem.placement
-    orders: list[list[tuple[int, int, int, int, Action]]] = [[] for _ in range(problem.n_ranks)]
+    orders: list[list[tuple[int, int, int, int, int, Action]]] = [
+        [] for _ in range(problem.n_ranks)
+    ]
     op_index = {Op.F: 0, Op.I: 1, Op.W: 2}
     for (s, op, k), t in starts.items():
         tie = s if op is Op.F else -s
-        orders[rank_of[s]].append((t, op_index[op], tie, k, Action(stage=s, op=op, microbatch=k)))
+        action = Action(stage=s, op=op, microbatch=k)
+        orders[rank_of[s]].append((t, t + durations[s, op], op_index[op], tie, k, action))
     schedule = Schedule.from_orders(
         [[entry[-1] for entry in sorted(order)] for order in orders],
         placement=rank_of,
