@@ -85,6 +85,7 @@ def test_v_placement_file_keeps_the_v(tmp_path: Path, capsys) -> None:  # type: 
         (["--memory-limit", "8XB"], "unknown unit"),
         (["--memory-limit", "2", "--placement", "v", "--virtual", "3"], "virtual 2"),
         (["--memory-limit", "2", "--forward-time", "1,2"], "one per stage"),
+        (["--memory-limit", "2", "--exact", "--time-limit", "0"], "--time-limit"),
     ],
 )
 def test_bad_input_is_one_clear_line(capsys, argv: list[str], message: str) -> None:  # type: ignore[no-untyped-def]

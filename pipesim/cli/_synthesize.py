@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipesim.cli._common import add_cost_arguments, costs_for_stages, positive_int, print_json
+from pipesim.errors import PipesimError
 from pipesim.exact import as_number
 from pipesim.schedule_io import save_schedule
 from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
@@ -90,6 +91,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.time_limit > 0:  # also refuses nan
+        raise PipesimError(
+            f"--time-limit must be a positive number of seconds, got {args.time_limit}"
+        )
     virtual = args.virtual or (2 if args.placement == "v" else 1)
     costs = costs_for_stages(args, args.stages * virtual)
     if args.costs is None and args.backward_time is None:
