@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.actions import Action, Op, Overlap, Work
-from pipesim.errors import CostError, ParseError
+from pipesim.errors import CostError, ParseError, UnknownNameError
 from pipesim.exact import Time, to_count, to_time
 from pipesim.files import read_json
+from pipesim.units import check_time_unit
 
 __all__ = ["CostModel", "Link", "StageCost", "costs_from_dict", "costs_to_dict", "load_costs"]
 
@@ -153,8 +154,12 @@ class CostModel:
     """Whether sends overlap compute (False: the sender waits for its message to arrive)."""
     dispatch_overhead: Time = 0
     """Time a rank spends on each unit of work besides its compute (the executor's code)."""
+    time_unit: str = "unit"
+    """What one time value stands for: ``unit`` (abstract slots), ``s``, ``ms``, ``us`` or
+    ``ns`` (see :mod:`pipesim.units`); tables, plots and traces say it."""
 
     def __post_init__(self) -> None:
+        check_time_unit(self.time_unit)
         object.__setattr__(
             self, "dispatch_overhead", to_time(self.dispatch_overhead, name="dispatch_overhead")
         )
@@ -177,6 +182,7 @@ class CostModel:
         memory_capacity_bytes: int | None = None,
         overlap_comm: bool = True,
         dispatch_overhead: Time = 0,
+        time_unit: str = "unit",
         **stage_fields: Any,
     ) -> CostModel:
         """Identical stages; ``stage_fields`` are :class:`StageCost` fields."""
@@ -186,6 +192,7 @@ class CostModel:
             memory_capacity_bytes=memory_capacity_bytes,
             overlap_comm=overlap_comm,
             dispatch_overhead=dispatch_overhead,
+            time_unit=time_unit,
         )
 
     def for_stages(self, n_stages: int) -> CostModel:
@@ -221,7 +228,9 @@ _LINK_FIELDS = {f.name for f in fields(Link)}
 
 def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
     """Build a CostModel from ``{"stage": {...}}`` or ``{"stages": [{...}, ...]}`` plus
-    optional ``link``, ``memory_capacity_bytes``, ``overlap_comm`` and ``dispatch_overhead``."""
+    optional ``link``, ``memory_capacity_bytes``, ``overlap_comm``, ``dispatch_overhead``
+    and ``time_unit`` (or ``meta.time_unit``, where ``pipesim verify`` writes it; default
+    ``unit``)."""
     if not isinstance(data, dict):
         raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
     known = {
@@ -231,6 +240,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "memory_capacity_bytes",
         "overlap_comm",
         "dispatch_overhead",
+        "time_unit",
         "format",
         "meta",
     }
@@ -250,6 +260,12 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
     overlap_comm = data.get("overlap_comm", True)
     if not isinstance(overlap_comm, bool):
         raise ParseError(f"{source}: overlap_comm must be true or false, got {overlap_comm!r}")
+    meta = data.get("meta")
+    raw_unit = data.get("time_unit", meta.get("time_unit") if isinstance(meta, dict) else None)
+    try:
+        unit = check_time_unit("unit" if raw_unit is None else raw_unit)
+    except UnknownNameError as exc:
+        raise ParseError(f"{source}: time_unit: {exc}") from None
     try:
         return CostModel(
             stages=tuple(stages),
@@ -257,6 +273,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
             memory_capacity_bytes=data.get("memory_capacity_bytes"),
             overlap_comm=overlap_comm,
             dispatch_overhead=data.get("dispatch_overhead", 0),
+            time_unit=unit,
         )
     except CostError as exc:
         raise CostError(f"{source}: {exc}") from None
@@ -296,6 +313,7 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
     data["overlap_comm"] = costs.overlap_comm
     if costs.dispatch_overhead:
         data["dispatch_overhead"] = value(costs.dispatch_overhead)
+    data["time_unit"] = costs.time_unit
     return data
 
 

@@ -24,12 +24,16 @@ What pipesim writes:
   ``activations in flight``, starting from 0 at time 0;
 - metadata events (``ph: "M"``) naming processes and threads.
 
-**Time unit.** Trace event times are microseconds. pipesim times have whatever
-unit the cost model's durations use, so the export takes ``time_unit``: the
-unit one pipesim time unit stands for (``"s"``, ``"ms"``, ``"us"`` or ``"ns"``;
-default ``"s"``, the unit ``Link.bandwidth_bytes_per_s`` names). A time ``t``
-becomes ``t * US_PER_UNIT[time_unit]`` microseconds, exactly when it is a whole
-number of microseconds. The scale is recorded in ``otherData``.
+**Time unit.** Trace event times are microseconds. pipesim times are in the
+cost model's :attr:`~pipesim.costs.CostModel.time_unit`, which the export
+uses unless ``time_unit`` names another (``"s"``, ``"ms"``, ``"us"``,
+``"ns"``); abstract ``"unit"`` times are drawn as seconds (Perfetto needs a
+real unit; ``otherData`` keeps saying ``unit``). A time ``t`` becomes
+``t * US_PER_UNIT[time_unit]`` microseconds, exactly when it is a whole number
+of microseconds. The unit and the scale are recorded in ``otherData``.
+
+The export reads a Trace and its schedule only (:mod:`pipesim.views`), so a
+measured trace exports like a simulated one.
 
 >>> from pipesim.engine import simulate
 >>> from pipesim.schedules import generate
@@ -49,11 +53,14 @@ from types import MappingProxyType
 from typing import Any
 
 from pipesim.actions import Action, Work
-from pipesim.engine import Simulation
+from pipesim.costs import CostModel
 from pipesim.errors import UnknownNameError
 from pipesim.exact import Time, as_number
 from pipesim.files import write_text
+from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, TransferRecord
+from pipesim.units import SECONDS_PER_UNIT
+from pipesim.views import Step, step_of
 
 __all__ = [
     "US_PER_UNIT",
@@ -66,10 +73,8 @@ __all__ = [
 #: Microseconds per pipesim time unit, for each ``time_unit`` name.
 US_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
     {
-        "s": Fraction(10**6),
-        "ms": Fraction(10**3),
-        "us": Fraction(1),
-        "ns": Fraction(1, 10**3),
+        "unit": Fraction(10**6),  # abstract slots: drawn as seconds
+        **{unit: seconds * 10**6 for unit, seconds in SECONDS_PER_UNIT.items()},
     }
 )
 
@@ -83,12 +88,22 @@ _MEMORY = "activation memory"
 _INFLIGHT = "activations in flight"
 
 
-def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str, Any]:
-    """The trace event JSON object of ``simulation`` (see the module docstring).
+def chrome_trace(
+    step: Step,
+    /,
+    *,
+    time_unit: str | None = None,
+    schedule: Schedule | None = None,
+    costs: CostModel | None = None,
+) -> dict[str, Any]:
+    """The trace event JSON object of ``step`` (see the module docstring): a
+    Simulation, or a Trace with its ``schedule`` (and ``costs``).
 
     Events come in a fixed order (metadata, then by time), so the same
     simulation always gives the same object.
     """
+    simulation = step_of(step, schedule=schedule, costs=costs)
+    time_unit = time_unit or simulation.costs.time_unit
     scale = _scale(time_unit)
 
     def us(value: Time) -> int | float:
@@ -181,7 +196,14 @@ def chrome_trace(simulation: Simulation, /, *, time_unit: str = "s") -> dict[str
     }
 
 
-def chrome_trace_json(simulation: Simulation, /, *, time_unit: str = "s") -> str:
+def chrome_trace_json(
+    step: Step,
+    /,
+    *,
+    time_unit: str | None = None,
+    schedule: Schedule | None = None,
+    costs: CostModel | None = None,
+) -> str:
     """:func:`chrome_trace` as text: compact, one event per line, deterministic.
 
     >>> from pipesim.engine import simulate
@@ -190,7 +212,7 @@ def chrome_trace_json(simulation: Simulation, /, *, time_unit: str = "s") -> str
     >>> text.splitlines()[1]
     '{"name":"process_name","ph":"M","pid":1,"tid":1,"args":{"name":"rank 0"}},'
     """
-    data = chrome_trace(simulation, time_unit=time_unit)
+    data = chrome_trace(step, time_unit=time_unit, schedule=schedule, costs=costs)
     lines = [_dumps(event) for event in data["traceEvents"]]
     return (
         '{"traceEvents":[\n'
@@ -203,13 +225,20 @@ def chrome_trace_json(simulation: Simulation, /, *, time_unit: str = "s") -> str
 
 
 def write_chrome_trace(
-    simulation: Simulation, path: str | Path, /, *, time_unit: str = "s"
+    step: Step,
+    path: str | Path,
+    /,
+    *,
+    time_unit: str | None = None,
+    schedule: Schedule | None = None,
+    costs: CostModel | None = None,
 ) -> Path:
     """Write :func:`chrome_trace_json` to ``path``; return the path.
 
     An unwritable path is a PipesimError naming the path and the reason.
     """
-    return write_text(path, chrome_trace_json(simulation, time_unit=time_unit))
+    text = chrome_trace_json(step, time_unit=time_unit, schedule=schedule, costs=costs)
+    return write_text(path, text)
 
 
 # -- helpers ---------------------------------------------------------------------------

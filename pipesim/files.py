@@ -1,6 +1,6 @@
 """Reading and writing the user's files, with errors that name the file and the fix.
 
-Every file pipesim reads or writes goes through these four functions, so a
+Every file pipesim reads or writes goes through these functions, so a
 missing file, a JSON syntax error (with its line and column) or an unwritable
 output path reads the same whichever command hit it.
 
@@ -20,7 +20,14 @@ from typing import Any
 
 from pipesim.errors import ParseError, PipesimError
 
-__all__ = ["parse_json", "read_json", "read_package_json", "read_text", "write_text"]
+__all__ = [
+    "parse_json",
+    "read_json",
+    "read_package_json",
+    "read_text",
+    "write_bytes",
+    "write_text",
+]
 
 
 def read_text(path: str | Path, /, *, what: str) -> str:
@@ -60,6 +67,19 @@ def write_text(path: str | Path, text: str, /) -> Path:
     path = Path(path)
     try:
         path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PipesimError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in an existing, "
+            "writable directory"
+        ) from None
+    return path
+
+
+def write_bytes(path: str | Path, data: bytes, /) -> Path:
+    """Write ``data`` to ``path``; PipesimError naming the path, the reason and the fix."""
+    path = Path(path)
+    try:
+        path.write_bytes(data)
     except OSError as exc:
         raise PipesimError(
             f"cannot write {str(path)!r}: {exc.strerror or exc}; give a path in an existing, "

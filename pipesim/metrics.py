@@ -58,6 +58,8 @@ class Metrics:
     idle_slots: Fraction | int
     ranks: tuple[RankMetrics, ...]
     memory_capacity_bytes: int | None = None
+    time_unit: str = "unit"
+    """The unit of every time above (see :mod:`pipesim.units`)."""
 
     @property
     def efficiency(self) -> Fraction:
@@ -86,6 +88,7 @@ class Metrics:
             "n_ranks": self.n_ranks,
             "n_stages": self.n_stages,
             "n_microbatches": self.n_microbatches,
+            "time_unit": self.time_unit,
             "makespan": as_number(self.makespan),
             "busy": as_number(self.busy),
             "idle": as_number(self.idle),
@@ -165,6 +168,7 @@ def metrics_from_totals(
         idle_slots=_exact(Fraction(total_idle) / slot) if slot else 0,
         ranks=ranks,
         memory_capacity_bytes=costs.memory_capacity_bytes,
+        time_unit=costs.time_unit,
     )
 
 

@@ -104,7 +104,7 @@ def test_simulate_summary(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert status == 0
     assert out.startswith("1f1b: 4 ranks, 4 stages, 8 micro-batches\n")
-    assert "makespan 33, efficiency 0.73" in out
+    assert "makespan 33 units, efficiency 0.73" in out
     assert "4,000" in out  # rank 0 holds 4 micro-batches of 1000 bytes
 
 
@@ -199,7 +199,7 @@ def test_simulate_grid_is_the_chapters_table(capsys: pytest.CaptureFixture[str])
         "    3       3       2",
         "    4       -       3",
     ]
-    assert "makespan 5, efficiency 0.80" in out
+    assert "makespan 5 units, efficiency 0.80" in out
     assert "2 idle slots" in out
 
 

@@ -205,7 +205,9 @@ def test_time_unit_scale(unit: str, scale: float) -> None:
 
 
 def test_unknown_time_unit() -> None:
-    with pytest.raises(UnknownNameError, match="unknown time unit 'h'; give one of s, ms, us, ns"):
+    with pytest.raises(
+        UnknownNameError, match="unknown time unit 'h'; give one of unit, s, ms, us, ns"
+    ):
         chrome_trace(sim_of("gpipe", 2, 2), time_unit="h")
 
 

@@ -95,7 +95,7 @@ def test_one_trace_per_kind_with_its_colour() -> None:
     assert sorted(c[0] for *_, c in bars(fig, "W")) == ["0W0", "0W1", "1W0", "1W1"]
     (overlap,) = bars(fig, "overlap")
     assert overlap == (1, 2, 2, ["(1F1;1I0)OVERLAP_F_B", "1,1", "1,0", 2, 4, 2])
-    assert fig.data[kinds.index("overlap")].text == ("1,0",)
+    assert fig.data[kinds.index("overlap")].text == ("F1 I0",)  # both halves named
 
 
 def test_hover_fields_and_labels() -> None:
@@ -186,7 +186,7 @@ def test_memory_peaks_follow_the_closed_forms(name: str, peaks: list[int]) -> No
         assert x[0] == 0 and x[-1] == 33 and y[-1] == 0
         assert y[0] == (100 if rank == 0 else 0)  # only rank 0 starts a forward at time 0
         assert all(a < b for a, b in pairwise(x[:-1]))  # one corner per time
-    assert fig.layout.yaxis2.title.text == "activation bytes"
+    assert fig.layout.yaxis2.title.text == "activation memory (B)"  # 800 B: no prefix
     assert {t.line.shape for t in fig.data if t.type == "scatter"} == {"hv"}
 
 
@@ -208,7 +208,7 @@ def test_capacity_line_and_params() -> None:
     assert lines["capacity 400 B"] == ((0, sim.trace.makespan), (400, 400))
     assert [min(lines[f"rank {r} memory"][1]) for r in range(2)] == [50, 50]
     assert [max(lines[f"rank {r} memory"][1]) for r in range(2)] == [250, 150]
-    assert fig.layout.yaxis.title.text == "activations + params (bytes)"
+    assert fig.layout.yaxis.title.text == "activations + params (B)"
     no_capacity = memory_figure(sim_of("1f1b", 2, 2, activation_bytes=100))
     assert not any("capacity" in t.name for t in no_capacity.data)
 
@@ -240,9 +240,17 @@ def test_compare_stacks_on_one_time_axis() -> None:
     assert max(lines["G: rank 0 memory"][1]) == 800
     assert max(lines["O: rank 0 memory"][1]) == 400
     assert max(lines["I: rank 0 memory"][1]) == sims[2].metrics.peak_activation_bytes
-    # one legend entry per bar kind, toggling that kind in every block
-    shown = [t.legendgroup for t in fig.data if t.type == "bar" and t.showlegend]
-    assert shown == ["F", "B", "idle"]
+    # one legend entry per bar kind (and chunk of the interleaved ranks), across blocks
+    shown = [t.name for t in fig.data if t.type == "bar" and t.showlegend]
+    assert shown == [
+        "F forward",
+        "B backward",
+        "idle",
+        "F forward, chunk 0",
+        "F forward, chunk 1",
+        "B backward, chunk 0",
+        "B backward, chunk 1",
+    ]
 
 
 def test_compare_errors() -> None:
@@ -362,7 +370,9 @@ def test_cli_compare_with_per_source_settings(
         (["plot", "1f1b", "gpipe", "-p", "2", "-m", "2"], "add --compare"),
         (["plot", "1f1b:color=red", "-p", "2", "-m", "2"], "unknown setting 'color'"),
         (["plot", "1f1b:microbatches=0", "-p", "2", "-m", "2"], "setting microbatches"),
-        (["plot", "1f1b", "-p", "2", "-m", "2", "-o", "x.png"], "ending in .html"),
+        (["plot", "1f1b", "-p", "2", "-m", "2", "-o", "x.csv"], "ending in .html or .htm or .png"),
+        (["plot", "1fb1", "-p", "2", "-m", "2"], "(did you mean '1f1b'?)"),
+        (["plot", "1f1b:mb=2", "-p", "2"], "unknown setting 'mb'"),
         (["plot", "missing.json"], "does not exist"),
     ],
 )

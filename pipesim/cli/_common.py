@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,19 @@ from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import load_schedule
 from pipesim.schedules import generate, schedule_names
+from pipesim.suggest import did_you_mean
+from pipesim.units import TIME_UNITS
 
 __all__ = [
     "add_cost_arguments",
+    "add_require_fit_argument",
     "add_schedule_arguments",
+    "check_suffix",
     "costs_for_stages",
     "costs_from_args",
     "positive_int",
     "print_json",
+    "require_fit",
     "schedule_from_args",
     "schedule_from_source",
 ]
@@ -67,7 +73,8 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
         "-v",
         type=positive_int,
         metavar="V",
-        help="stages per rank for interleaved / V-shaped schedules (model cut into P*V stages)",
+        help="stages per rank for interleaved / V-shaped schedules (model cut into P*V "
+        "stages); -v means virtual here, not verbose",
     )
     group.add_argument(
         "--forward-only", action="store_true", help="inference: forwards only (sequential, gpipe)"
@@ -113,7 +120,8 @@ def schedule_from_source(
     path = Path(source)
     if path.suffix.lower() not in {".json", ".csv"} and not path.exists():
         raise UnknownNameError(
-            f"unknown schedule {source!r}; valid schedules are: {', '.join(schedule_names())} "
+            f"unknown schedule {source!r}{did_you_mean(source, schedule_names())}; "
+            f"valid schedules are: {', '.join(schedule_names())} "
             "(or give a .json / .csv schedule file)"
         )
     if not path.exists():
@@ -186,6 +194,39 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="sends do not overlap compute: the sender waits for its message",
     )
+    group.add_argument(
+        "--time-unit",
+        choices=TIME_UNITS,
+        help="what one time value stands for: `unit` for abstract slots (the default), or "
+        "s, ms, us, ns; a cost file may name its own (pipesim verify writes ns)",
+    )
+
+
+def add_require_fit_argument(parser: argparse.ArgumentParser) -> None:
+    """``--require-fit``: exit 1 when the memory does not fit (for CI); see
+    :func:`require_fit`. ``simulate`` and ``plan`` share it."""
+    parser.add_argument(
+        "--require-fit",
+        action="store_true",
+        help="exit with status 1 when the peak memory does not fit the capacity (for CI); "
+        "the output is printed first",
+    )
+
+
+def require_fit(args: argparse.Namespace, fits: bool | None, /, *, what: str) -> None:
+    """With ``--require-fit``: a PipesimError (exit 1) unless ``fits`` is True.
+
+    ``fits`` None means no capacity was known, which cannot satisfy the check either.
+    ``what`` says what did not fit, for the message.
+    """
+    if not getattr(args, "require_fit", False) or fits:
+        return
+    if fits is None:
+        raise PipesimError(
+            "--require-fit needs a memory capacity to check against; give --memory-capacity "
+            "BYTES (or memory_capacity_bytes in the cost file)"
+        )
+    raise PipesimError(f"--require-fit: {what} does not fit the memory capacity")
 
 
 def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:
@@ -205,13 +246,22 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
     given = [n for n in flag_names if getattr(args, n, None) is not None]
     if args.no_overlap_comm:
         given.append("no_overlap_comm")
+    unit = getattr(args, "time_unit", None)
     if args.costs is not None:
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in given)
             raise PipesimError(
                 f"give either --costs or cost flags, not both (got --costs and {flags})"
             )
-        return load_costs(args.costs).for_stages(n_stages)
+        costs = load_costs(args.costs).for_stages(n_stages)
+        if unit is None or unit == costs.time_unit:
+            return costs
+        if costs.time_unit != "unit":
+            raise PipesimError(
+                f"--time-unit {unit} disagrees with {args.costs!r}, whose times are in "
+                f"{costs.time_unit}; drop --time-unit"
+            )
+        return replace(costs, time_unit=unit)
     per_stage: list[dict[str, Any]] = [{} for _ in range(n_stages)]
     for flag, (field_name, _) in _STAGE_FLAGS.items():
         raw = getattr(args, flag, None)
@@ -243,7 +293,25 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         link=link,
         memory_capacity_bytes=args.memory_capacity,
         overlap_comm=not args.no_overlap_comm,
+        time_unit=unit or "unit",
     )
+
+
+def check_suffix(path: str, suffixes: tuple[str, ...], /, *, verb: str, what: str) -> str:
+    """The lower-case suffix of ``path`` when it is one of ``suffixes``; otherwise a
+    PipesimError naming the suffixes (an output format is chosen by suffix, or refused,
+    never guessed).
+
+    >>> check_suffix("a/plot.PNG", (".html", ".png"), verb="plot", what="a picture")
+    '.png'
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        raise PipesimError(
+            f"pipesim {verb} writes {what}; give -o a name ending in {' or '.join(suffixes)}, "
+            f"got {path!r}"
+        )
+    return suffix
 
 
 def print_json(data: object) -> None:

@@ -1,10 +1,22 @@
-"""``pipesim plot``: a schedule's timeline and memory as one standalone HTML file.
+"""``pipesim plot``: a schedule's timeline and memory as a standalone HTML page or an image.
+
+The format follows the suffix of ``-o``: ``.html`` (interactive, offline),
+``.png``, ``.svg`` or ``.pdf`` (Plotly's image export through kaleido and a
+Chrome / Chromium on the machine); any other suffix is refused.
 
 With ``--compare`` several schedules (or one schedule under several settings)
 are stacked on one shared time axis. Each source may carry its own settings
 after a colon, ``NAME:key=value:key=value``, where a key is any schedule or
 cost flag without its dashes, e.g. ``1f1b:microbatches=16`` or
-``gpipe:link-latency=0.5``; they override the flags given for all.
+``gpipe:link-latency=0.5``, or the short keys the labels print (``p=``,
+``m=``, ``v=``); they override the flags given for all. When the compared
+schedules hold different numbers of stages per rank, the cost flags describe
+one rank's layer block and each schedule's stages get their share
+(:mod:`pipesim.fair`), so the same model is compared.
+
+With ``--measured FILE`` (a trace from ``pipesim verify --trace-out``) the
+measured step is drawn under the predicted one, rank by rank, with the error
+per action kind (:mod:`pipesim.plot.overlay`).
 """
 
 from __future__ import annotations
@@ -16,12 +28,20 @@ from typing import Any
 from pipesim.cli._common import (
     add_cost_arguments,
     add_schedule_arguments,
+    check_suffix,
     costs_from_args,
     positive_int,
     schedule_from_args,
 )
 from pipesim.errors import PipesimError
 from pipesim.schedules import schedule_names
+from pipesim.suggest import did_you_mean
+
+#: Output formats of ``-o``, by suffix.
+FORMATS = (".html", ".htm", ".png", ".svg", ".pdf")
+
+# The short keys that labels print (`1f1b p=4 m=8 v=2`), accepted back as settings.
+_ALIASES = {"p": "stages", "m": "microbatches", "v": "virtual"}
 
 # Flags a source's own settings may override: dest -> kind of value.
 _SIZE_KEYS = {
@@ -47,6 +67,7 @@ _COST_KEYS = {
     "link_concurrency": "text",
     "memory_capacity": "text",
     "no_overlap_comm": "switch",
+    "time_unit": "text",
 }
 _SETTING_KEYS = {**_SIZE_KEYS, **_COST_KEYS}
 
@@ -55,21 +76,24 @@ def register(subparsers: Any) -> None:
     """Add ``plot``."""
     parser = subparsers.add_parser(
         "plot",
-        help="draw the timeline and memory of a step as standalone HTML",
+        help="draw the timeline and memory of a step (HTML, PNG, SVG or PDF)",
         description=(
-            "Simulate one step and write an interactive Plotly timeline (a row per rank, a "
-            "lane per busy link, a bar per action coloured by op, memory per rank below) as "
-            "one HTML file that opens offline. With --compare, stack several schedules on one "
-            "time axis; each source may carry its own settings as NAME:key=value:..., e.g. "
-            "`pipesim plot 1f1b:microbatches=4 1f1b:microbatches=16 --compare -p 4`."
+            "Simulate one step and draw a timeline (a row per rank, a lane per busy link, a "
+            "bar per action coloured by op, memory per rank below): an interactive HTML page "
+            "that opens offline, or a PNG / SVG / PDF image, chosen by the suffix of -o. "
+            "With --compare, stack several schedules on one time axis; each source may carry "
+            "its own settings as NAME:key=value:..., e.g. "
+            "`pipesim plot 1f1b:m=4 1f1b:m=16 --compare -p 4`. With --measured, draw a "
+            "measured step (pipesim verify --trace-out) under its prediction."
         ),
     )
     parser.add_argument(
         "schedules",
-        nargs="+",
+        nargs="*",
         metavar="NAME|FILE",
         help="a built-in schedule (see `pipesim schedules`) or a .json / .csv schedule file, "
-        "optionally followed by :key=value settings; several with --compare",
+        "optionally followed by :key=value settings; several with --compare; none with "
+        "--measured takes the measured schedule",
     )
     add_schedule_arguments(parser, source=False)
     add_cost_arguments(parser)
@@ -79,12 +103,28 @@ def register(subparsers: Any) -> None:
         "--output",
         default="timeline.html",
         metavar="FILE",
-        help="the HTML file to write (default: timeline.html)",
+        help="the file to write, its format by suffix: .html (default timeline.html), .png, "
+        ".svg or .pdf (images need kaleido, pip install 'pipesim[image]', and a Chromium)",
     )
     out.add_argument(
         "--compare",
         action="store_true",
         help="stack the given schedules on one shared time axis",
+    )
+    out.add_argument(
+        "--chunk-costs",
+        choices=("auto", "split", "as-given"),
+        default="auto",
+        help="--compare of schedules with different stages per rank: `split` divides each "
+        "stage's time and activation / parameter bytes by its stages per rank (the flags "
+        "describe one rank's layer block, the same model for every schedule); `as-given` "
+        "uses them per stage; `auto` (default) splits when the stages per rank differ",
+    )
+    out.add_argument(
+        "--measured",
+        metavar="FILE",
+        help="a measured trace (pipesim verify --trace-out FILE): draw it under the "
+        "prediction, rank by rank, with the error per action kind",
     )
     out.add_argument(
         "--cdn",
@@ -98,53 +138,136 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipesim.engine import simulate
-    from pipesim.plot import compare_figure, timeline_figure, write_html
     from pipesim.plot.style import headline
-    from pipesim.plot.timeline import default_label
 
     sources: list[str] = args.schedules
+    suffix = check_suffix(args.output, FORMATS, verb="plot", what="HTML or an image")
+    if args.measured is not None:
+        return _run_measured(args, suffix)
+    if not sources:
+        raise PipesimError(
+            "give a schedule to plot, e.g. `pipesim plot 1f1b -p 4 -m 8`, or --measured FILE"
+        )
     if args.compare and len(sources) < 2:
         raise PipesimError(
             f"nothing to compare: --compare needs two or more schedules, got {len(sources)} "
             f"({', '.join(sources)}); add another, e.g. `pipesim plot gpipe 1f1b --compare "
-            "-p 4 -m 8`, or vary one: `1f1b:microbatches=4 1f1b:microbatches=8`"
+            "-p 4 -m 8`, or vary one: `1f1b:m=4 1f1b:m=8`"
         )
     if not args.compare and len(sources) > 1:
         raise PipesimError(
             f"got {len(sources)} schedules ({', '.join(sources)}); add --compare to stack "
             "them on one time axis, or give one"
         )
-    output = Path(args.output)
-    if output.suffix.lower() not in {".html", ".htm"}:
-        raise PipesimError(
-            f"pipesim plot writes HTML; give -o a name ending in .html, got {args.output!r}"
-        )
-    simulations = []
-    labels = []
+    simulations, labels, note = _simulate_sources(args, sources)
+    fig = _figure(args, simulations, labels, note)
+    path = write_figure(fig, args.output, suffix=suffix, cdn=args.cdn)
+    size = path.stat().st_size
+    print(f"wrote {path} ({size:,} bytes{', plotly.js from the CDN' if args.cdn else ''})")
+    if note:
+        print(f"  {note}")
+    for label, simulation in zip(labels, simulations, strict=True):
+        print(f"  {label}: {headline(simulation.metrics)}")
+    return 0
+
+
+def _simulate_sources(
+    args: argparse.Namespace, sources: list[str]
+) -> tuple[list[Any], list[str], str]:
+    """Simulate each source; the labels, and a note when chunk costs were split."""
+    from pipesim.engine import simulate
+    from pipesim.fair import per_chunk_costs
+    from pipesim.plot.timeline import default_label
+
+    prepared = []
     for source in sources:
         name, settings = split_settings(source)
         local = apply_settings(args, name, settings)
         schedule = schedule_from_args(local)
-        simulation = simulate(schedule, costs=costs_from_args(local, schedule))
+        prepared.append((name, settings, schedule, costs_from_args(local, schedule)))
+    virtuals = {schedule.n_stages // schedule.n_ranks for _, _, schedule, _ in prepared}
+    split = args.compare and (
+        args.chunk_costs == "split" or (args.chunk_costs == "auto" and len(virtuals) > 1)
+    )
+    simulations, labels = [], []
+    for name, settings, schedule, costs in prepared:
+        virtual = schedule.n_stages // schedule.n_ranks
+        if split:
+            costs = per_chunk_costs(costs, virtual=virtual)
+        simulation = simulate(schedule, costs=costs)
         simulations.append(simulation)
         label = default_label(simulation)
         if name not in schedule_names():
             label = f"{Path(name).name}: {label}"
-        extra = [f"{k}={v}" for k, v in settings.items() if k.replace("-", "_") in _COST_KEYS]
+        extra = [f"{k}={v}" for k, v in settings.items() if _dest(k) in _COST_KEYS]
         labels.append(" ".join([label, *extra]))
-    if args.compare:
-        fig = compare_figure(
-            simulations, labels=_unique(labels), memory=not args.no_memory, title=args.title
+    note = ""
+    if split:
+        note = (
+            "same model: the costs describe one rank's layer block; a schedule with V stages "
+            "per rank gets 1/V of its time and activation bytes per stage (--chunk-costs)"
         )
+    return simulations, _unique(labels), note
+
+
+def _figure(args: argparse.Namespace, simulations: list[Any], labels: list[str], note: str) -> Any:
+    from pipesim.plot import compare_figure, timeline_figure
+
+    if args.compare:
+        title = args.title or f"{len(simulations)} schedules on one time axis"
+        if note:
+            title += f"<br><sup>{note}</sup>"
+        return compare_figure(simulations, labels=labels, memory=not args.no_memory, title=title)
+    return timeline_figure(simulations[0], memory=not args.no_memory, title=args.title)
+
+
+def _run_measured(args: argparse.Namespace, suffix: str) -> int:
+    from pipesim.engine import simulate
+    from pipesim.plot.overlay import kind_errors, overlay_figure
+    from pipesim.trace_io import load_trace
+
+    if args.compare or len(args.schedules) > 1:
+        raise PipesimError("--measured draws one step against its prediction: drop --compare")
+    measured = load_trace(args.measured)
+    if args.schedules:
+        name, settings = split_settings(args.schedules[0])
+        local = apply_settings(args, name, settings)
+        schedule = schedule_from_args(local)
+        if schedule.orders != measured.schedule.orders:
+            raise PipesimError(
+                f"{args.measured!r} measured schedule {measured.schedule.name!r}, which differs "
+                f"from {args.schedules[0]!r} with these sizes; give the schedule it ran, or none "
+                "to take it from the file"
+            )
     else:
-        fig = timeline_figure(simulations[0], memory=not args.no_memory, title=args.title)
-    path = write_html(fig, output, cdn=args.cdn)
-    size = path.stat().st_size
-    print(f"wrote {path} ({size:,} bytes{', plotly.js from the CDN' if args.cdn else ''})")
-    for label, simulation in zip(labels, simulations, strict=True):
-        print(f"  {label}: {headline(simulation.metrics)}")
+        local, schedule = args, measured.schedule
+    flags_given = args.costs is not None or any(
+        getattr(local, dest, None) not in (None, False) for dest in _COST_KEYS
+    )
+    costs = costs_from_args(local, schedule) if flags_given else measured.costs
+    predicted = simulate(schedule, costs=costs)
+    fig = overlay_figure(predicted, measured, title=args.title)
+    path = write_figure(fig, args.output, suffix=suffix, cdn=args.cdn)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes): predicted and measured")
+    for line in kind_errors(predicted, measured).lines():
+        print(f"  {line}")
     return 0
+
+
+def write_figure(fig: Any, output: str, *, suffix: str, cdn: bool = False) -> Path:
+    """Write ``fig`` as HTML or, by suffix, a static image."""
+    if suffix in (".html", ".htm"):
+        from pipesim.plot import write_html
+
+        return write_html(fig, output, cdn=cdn)
+    from pipesim.plot.image import write_image
+
+    return write_image(fig, output)
+
+
+def _dest(key: str) -> str:
+    key = key.replace("-", "_")
+    return _ALIASES.get(key, key)
 
 
 def split_settings(source: str) -> tuple[str, dict[str, str]]:
@@ -157,11 +280,12 @@ def split_settings(source: str) -> tuple[str, dict[str, str]]:
     for piece in pieces:
         key, _, value = piece.partition("=")
         key = key.strip()
-        if key.replace("-", "_") not in _SETTING_KEYS:
-            valid = ", ".join(sorted(k.replace("_", "-") for k in _SETTING_KEYS))
+        if _dest(key) not in _SETTING_KEYS:
+            names = [k.replace("_", "-") for k in _SETTING_KEYS]
+            valid = ", ".join(sorted([*names, *_ALIASES]))
             raise PipesimError(
-                f"unknown setting {key!r} in {source!r}; write NAME:key=value with key one of "
-                f"{valid}"
+                f"unknown setting {key!r} in {source!r}{did_you_mean(key, names)}; write "
+                f"NAME:key=value with key one of {valid}"
             )
         settings[key] = value.strip()
     return name, settings
@@ -174,7 +298,7 @@ def apply_settings(
     local = argparse.Namespace(**vars(args))
     local.schedule = source
     for key, value in settings.items():
-        dest = key.replace("-", "_")
+        dest = _dest(key)
         kind = _SETTING_KEYS[dest]
         if kind == "count":
             try:

@@ -7,9 +7,11 @@ from typing import Any
 
 from pipesim.cli._common import (
     add_cost_arguments,
+    add_require_fit_argument,
     add_schedule_arguments,
     costs_from_args,
     print_json,
+    require_fit,
     schedule_from_args,
 )
 from pipesim.engine import simulate
@@ -17,6 +19,7 @@ from pipesim.exact import as_number
 from pipesim.grid import format_grid
 from pipesim.metrics import Metrics
 from pipesim.text_table import format_table
+from pipesim.units import SECONDS_PER_UNIT, format_bytes, format_duration, unit_suffix
 
 
 def register(subparsers: Any) -> None:
@@ -38,6 +41,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print the cycle-by-rank table (micro-batch per cycle, '-' when idle)",
     )
+    add_require_fit_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -52,12 +56,16 @@ def run(args: argparse.Namespace) -> int:
         print(_headline(simulation.metrics))
     else:
         print(format_summary(simulation.metrics))
+    require_fit(args, simulation.metrics.fits, what="the peak memory of some rank")
     return 0
 
 
 def _headline(m: Metrics) -> str:
+    makespan = _fmt(m.makespan) + unit_suffix(m.time_unit)
+    if m.time_unit in SECONDS_PER_UNIT and format_duration(m.makespan, m.time_unit) != makespan:
+        makespan += f" ({format_duration(m.makespan, m.time_unit)})"
     return (
-        f"makespan {_fmt(m.makespan)}, efficiency {float(m.efficiency):.2f}, "
+        f"makespan {makespan}, efficiency {float(m.efficiency):.2f}, "
         f"bubble {float(m.bubble_ratio):.1%} = {_fmt(m.idle_slots)} idle slots"
     )
 
@@ -70,20 +78,36 @@ def format_summary(m: Metrics) -> str:
     ]
     if m.memory_capacity_bytes is not None:
         verdict = "fits" if m.fits else "DOES NOT FIT"
-        lines.append(f"memory capacity {m.memory_capacity_bytes:,} bytes: {verdict}")
-    headers = ("rank", "busy", "idle", "peak activation bytes", "peak in flight")
+        lines.append(
+            f"memory capacity {m.memory_capacity_bytes:,} bytes "
+            f"({format_bytes(m.memory_capacity_bytes)}): {verdict}"
+        )
+    unit = unit_suffix(m.time_unit).strip()
+    headers = (
+        "rank",
+        f"busy ({unit})",
+        f"idle ({unit})",
+        "peak activation bytes",
+        "peak in flight",
+    )
     rows = [
         (
             str(r.rank),
             _fmt(r.busy),
             _fmt(r.idle),
-            f"{r.peak_activation_bytes:,}",
+            _bytes(r.peak_activation_bytes),
             str(r.peak_inflight),
         )
         for r in m.ranks
     ]
     lines += ["", format_table(headers, rows)]
     return "\n".join(lines)
+
+
+def _bytes(n_bytes: int) -> str:
+    """Exact bytes, and in binary units once that says more: ``4,000,000 (3.81 MiB)``."""
+    exact = f"{n_bytes:,}"
+    return exact if n_bytes < 1024 else f"{exact} ({format_bytes(n_bytes)})"
 
 
 def _fmt(value: Any) -> str:

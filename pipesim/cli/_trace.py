@@ -8,12 +8,10 @@ from typing import Any
 from pipesim.cli._common import (
     add_cost_arguments,
     add_schedule_arguments,
+    check_suffix,
     costs_from_args,
     schedule_from_args,
 )
-
-# The keys of pipesim.export.US_PER_UNIT, spelled here so that `pipesim --help` stays light.
-_TIME_UNITS = ("s", "ms", "us", "ns")
 
 
 def register(subparsers: Any) -> None:
@@ -36,14 +34,8 @@ def register(subparsers: Any) -> None:
         "--output",
         default="trace.json",
         metavar="FILE",
-        help="the JSON file to write (default: trace.json)",
-    )
-    out.add_argument(
-        "--time-unit",
-        choices=_TIME_UNITS,
-        default="s",
-        help="what one pipesim time unit stands for; trace times are microseconds, so a "
-        "time t is written as t * 1e6 (s), t * 1e3 (ms), t (us) or t / 1e3 (ns); default s",
+        help="the .json file to write (default: trace.json); trace event times are "
+        "microseconds, converted from --time-unit (abstract units are drawn as seconds)",
     )
     parser.set_defaults(func=run)
 
@@ -52,13 +44,16 @@ def run(args: argparse.Namespace) -> int:
     from pipesim.engine import simulate
     from pipesim.export import write_chrome_trace
 
+    check_suffix(args.output, (".json",), verb="trace", what="Chrome trace event JSON")
     schedule = schedule_from_args(args)
     simulation = simulate(schedule, costs=costs_from_args(args, schedule))
-    path = write_chrome_trace(simulation, args.output, time_unit=args.time_unit)
+    unit = simulation.costs.time_unit
+    path = write_chrome_trace(simulation, args.output)
     trace = simulation.trace
+    scale = "abstract units drawn as 1 s each" if unit == "unit" else f"times in {unit}"
     print(
         f"wrote {path} ({path.stat().st_size:,} bytes): {len(trace.actions)} actions, "
-        f"{len(trace.transfers)} messages on {trace.n_ranks} ranks, one time unit = 1 "
-        f"{args.time_unit}; open it in https://ui.perfetto.dev or chrome://tracing"
+        f"{len(trace.transfers)} messages on {trace.n_ranks} ranks, {scale}; open it in "
+        "https://ui.perfetto.dev or chrome://tracing"
     )
     return 0

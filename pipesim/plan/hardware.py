@@ -20,6 +20,7 @@ from typing import Any
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
 from pipesim.files import read_json, read_package_json
+from pipesim.suggest import did_you_mean
 
 __all__ = [
     "Accelerator",
@@ -172,7 +173,8 @@ def get_accelerator(name: str, /) -> Accelerator:
         return _presets()[name]
     except KeyError:
         raise UnknownNameError(
-            f"unknown accelerator {name!r}; presets are: {', '.join(accelerator_names())} "
+            f"unknown accelerator {name!r}{did_you_mean(name, accelerator_names())}; "
+            f"presets are: {', '.join(accelerator_names())} "
             "(or give an accelerator JSON file)"
         ) from None
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
 from pipesim.files import read_json, read_package_json
+from pipesim.suggest import did_you_mean
 
 __all__ = ["DTYPE_BYTES", "ModelSpec", "get_model", "load_model", "model_from_dict", "model_names"]
 
@@ -187,7 +188,8 @@ def get_model(name: str, /) -> ModelSpec:
         return _presets()[name]
     except KeyError:
         raise UnknownNameError(
-            f"unknown model {name!r}; presets are: {', '.join(model_names())} "
+            f"unknown model {name!r}{did_you_mean(name, model_names())}; "
+            f"presets are: {', '.join(model_names())} "
             "(or give a model JSON file, a pipesim cost file, or --layers/--hidden/... fields)"
         ) from None
 

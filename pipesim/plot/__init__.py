@@ -10,7 +10,14 @@ them.
   makespan, bubble ratio, idle slots and peak memory.
 - :func:`compare_figure`: several steps stacked on one shared time axis.
 - :func:`memory_figure`: the memory curves alone.
-- :func:`write_html` / :func:`to_html`: standalone, deterministic HTML.
+- :func:`overlay_figure`: a measured step under its prediction, rank by rank,
+  with the error per kind of action (:func:`kind_errors`).
+- :func:`write_html` / :func:`to_html`: standalone, deterministic HTML;
+  :func:`write_image`: PNG, SVG or PDF through kaleido.
+
+Every figure reads a Trace and its schedule (a Simulation has both; a measured
+Trace is passed with ``schedule=``), see :mod:`pipesim.views`. Times are drawn
+in the cost model's unit, bytes in binary units (:mod:`pipesim.units`).
 
 >>> from pipesim import generate, simulate
 >>> from pipesim.plot import timeline_figure
@@ -23,7 +30,9 @@ them.
 from __future__ import annotations
 
 from pipesim.plot.html import DIV_ID, to_html, write_html
+from pipesim.plot.image import write_image
 from pipesim.plot.memory import memory_figure, memory_steps, memory_traces
+from pipesim.plot.overlay import kind_errors, overlay_figure
 from pipesim.plot.style import BAR_KINDS, OP_COLORS, OP_NAMES
 from pipesim.plot.timeline import bar_traces, compare_figure, lane_labels, timeline_figure
 
@@ -34,11 +43,14 @@ __all__ = [
     "OP_NAMES",
     "bar_traces",
     "compare_figure",
+    "kind_errors",
     "lane_labels",
     "memory_figure",
     "memory_steps",
     "memory_traces",
+    "overlay_figure",
     "timeline_figure",
     "to_html",
     "write_html",
+    "write_image",
 ]

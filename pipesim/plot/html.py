@@ -16,6 +16,8 @@ True
 
 from __future__ import annotations
 
+import html as html_escape
+import re
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -31,8 +33,23 @@ DIV_ID = "pipesim-figure"
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
+def page_title(fig: go.Figure, /) -> str:
+    """The page's ``<title>``: the first line of the figure's title, tags dropped.
+
+    >>> page_title(go.Figure(layout={"title": {"text": "1f1b: 4 ranks<br><sup>x</sup>"}}))
+    '1f1b: 4 ranks'
+    """
+    text = fig.layout.title.text or "pipesim"
+    first = re.split(r"<br\s*/?>", str(text), maxsplit=1)[0]
+    return re.sub(r"<[^>]+>", "", first).strip() or "pipesim"
+
+
 def to_html(fig: go.Figure, /, *, cdn: bool = False, div_id: str = DIV_ID) -> str:
-    """A complete HTML page showing ``fig``; plotly.js embedded unless ``cdn``."""
+    """A complete HTML page showing ``fig``; plotly.js embedded unless ``cdn``.
+
+    The page has a ``<title>`` (:func:`page_title`), so a browser tab or a list of
+    files says which plot it is.
+    """
     html: str = pio.to_html(
         fig,
         config=_CONFIG,
@@ -41,7 +58,8 @@ def to_html(fig: go.Figure, /, *, cdn: bool = False, div_id: str = DIV_ID) -> st
         div_id=div_id,
         validate=True,
     )
-    return html
+    title = f"<title>{html_escape.escape(page_title(fig))} · pipesim</title>"
+    return html.replace("<head>", f"<head>\n    {title}", 1)
 
 
 def write_html(fig: go.Figure, path: str | Path, /, *, cdn: bool = False) -> Path:

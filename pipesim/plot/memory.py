@@ -9,10 +9,17 @@ What is drawn:
 
 - ``bytes``: activation bytes, plus the rank's parameter bytes when the cost
   model gives any, so that the curve is comparable with the device capacity
-  the same way :attr:`pipesim.metrics.Metrics.fits` compares them;
+  the same way :attr:`pipesim.metrics.Metrics.fits` compares them. The axis is
+  in the binary unit that suits the largest value (B, KiB, MiB, GiB: see
+  :mod:`pipesim.units`), never with an SI suffix;
 - ``inflight``: when no stage has activation bytes, the number of
   stage-micro-batch activations held, which is what the schedule alone
-  decides (GPipe holds every micro-batch, 1F1B at most ``p - r``).
+  decides (GPipe holds every micro-batch, 1F1B at most ``p - r``);
+- where a curve rises above the capacity, a thick red ``over capacity``
+  segment on top of it, so the moment and the rank that do not fit show at once.
+
+Times are drawn in the figure's time unit: ``factor`` converts the trace's
+times (see :func:`pipesim.units.display_scale`).
 
 >>> from pipesim.engine import simulate
 >>> from pipesim.schedules import generate
@@ -23,28 +30,45 @@ What is drawn:
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Literal
 
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from pipesim.engine import Simulation
-from pipesim.exact import Time
-from pipesim.plot.style import format_bytes, to_float
+from pipesim.exact import Time, as_number
+from pipesim.units import binary_scale, format_bytes, time_axis_title, unit_suffix
 
 __all__ = [
+    "OVER_CAPACITY_COLOR",
     "Quantity",
     "memory_axis_title",
+    "memory_divisor",
     "memory_figure",
     "memory_quantity",
     "memory_steps",
     "memory_traces",
+    "over_capacity",
     "peak_rank",
     "rank_colors",
+    "scaled",
 ]
 
 #: What a memory curve measures: bytes held, or stage-micro-batch activations held.
 Quantity = Literal["bytes", "inflight"]
+
+#: The colour of memory above the device capacity.
+OVER_CAPACITY_COLOR = "#D62728"
+
+
+def scaled(value: Time, factor: Fraction, /) -> int | float:
+    """A time in the figure's unit: ``value * factor`` (ints stay ints).
+
+    >>> scaled(3, Fraction(1)), scaled(1500, Fraction(1, 1000))
+    (3, 1.5)
+    """
+    return as_number(value if factor == 1 else Fraction(value) * factor)
 
 
 def memory_quantity(simulation: Simulation, /) -> Quantity:
@@ -56,13 +80,23 @@ def memory_quantity(simulation: Simulation, /) -> Quantity:
     return "inflight"
 
 
-def memory_axis_title(simulation: Simulation, /, *, quantity: Quantity) -> str:
-    """The y-axis title of the memory curves."""
+def memory_divisor(simulations: list[Simulation], /) -> tuple[int, str]:
+    """The binary unit of a bytes axis holding ``simulations``' curves and capacities."""
+    largest = 0
+    for sim in simulations:
+        ranks = sim.metrics.ranks
+        largest = max(largest, *(r.peak_activation_bytes + r.param_bytes for r in ranks))
+        largest = max(largest, sim.costs.memory_capacity_bytes or 0)
+    return binary_scale(largest)
+
+
+def memory_axis_title(simulation: Simulation, /, *, quantity: Quantity, unit: str = "B") -> str:
+    """The y-axis title of the memory curves, with the bytes unit."""
     if quantity == "inflight":
         return "activations in flight"
     if any(r.param_bytes for r in simulation.metrics.ranks):
-        return "activations + params (bytes)"
-    return "activation bytes"
+        return f"activations + params ({unit})"
+    return f"activation memory ({unit})"
 
 
 def memory_steps(
@@ -92,6 +126,48 @@ def memory_steps(
     return times, values
 
 
+def envelope(
+    times: list[Time], values: list[int], /, *, width: Fraction, n_bins: int
+) -> tuple[list[Time], list[int]]:
+    """A step curve reduced to ``n_bins`` bins of ``width``: the highest value in each
+    bin, so that no peak is lost when a long curve is thinned out.
+
+    >>> envelope([0, 1, 2, 3, 4], [5, 9, 1, 2, 2], width=Fraction(2), n_bins=2)
+    ([0, 2, 4], [9, 2, 2])
+    """
+    highs = [0] * n_bins
+    seen = [False] * n_bins
+    for index in range(len(times) - 1):
+        start, end, value = times[index], times[index + 1], values[index]
+        if end <= start:
+            continue
+        first = min(int(Fraction(start) / width), n_bins - 1)
+        last = min(int(Fraction(end) / width), n_bins - 1)
+        if Fraction(end) / width == last and last > first:
+            last -= 1  # a step ending exactly on a bin edge does not reach into the next
+        for b in range(first, last + 1):
+            highs[b] = max(highs[b], value) if seen[b] else value
+            seen[b] = True
+    xs: list[Time] = [b * width for b in range(n_bins)]
+    xs = [x.numerator if isinstance(x, Fraction) and x.denominator == 1 else x for x in xs]
+    return [*xs, times[-1]], [*highs, highs[-1]]
+
+
+def over_capacity(
+    times: list[Time], values: list[int], capacity: int, /
+) -> list[tuple[Time, Time, int]]:
+    """The ``(start, end, value)`` steps of a curve that lie above ``capacity``.
+
+    >>> over_capacity([0, 1, 3, 4], [50, 120, 80, 80], 100)
+    [(1, 3, 120)]
+    """
+    return [
+        (times[i], times[i + 1], values[i])
+        for i in range(len(times) - 1)
+        if values[i] > capacity and times[i + 1] > times[i]
+    ]
+
+
 def peak_rank(simulation: Simulation, /, *, quantity: Quantity) -> int:
     """The rank whose curve reaches highest (the lowest such rank on a tie)."""
     ranks = simulation.metrics.ranks
@@ -117,42 +193,86 @@ def memory_traces(
     label: str = "",
     colors: list[str] | None = None,
     legendgroup: str = "memory",
+    factor: Fraction = Fraction(1),
+    time_unit: str | None = None,
+    divisor: int = 1,
+    byte_unit: str = "B",
+    n_bins: int | None = None,
 ) -> list[go.Scatter]:
     """Step-line traces of activation memory, one per rank (all ranks by default),
-    plus a dashed ``capacity`` line when the cost model has a capacity and the
-    curves are in bytes."""
+    then a red ``over capacity`` trace where a curve exceeds the capacity and a dashed
+    ``capacity`` line, when the cost model has a capacity and the curves are in bytes.
+
+    ``factor`` and ``time_unit`` give the drawn time unit, ``divisor`` and
+    ``byte_unit`` the drawn bytes unit; ``n_bins`` thins each curve to its
+    per-bin highs (:func:`envelope`) for very long steps."""
     n_ranks = simulation.trace.n_ranks
     ranks = tuple(range(n_ranks)) if ranks is None else ranks
     colors = colors or rank_colors(n_ranks)
-    unit = "bytes" if quantity == "bytes" else "in flight"
+    time_unit = time_unit or simulation.costs.time_unit
+    t_suffix = unit_suffix(time_unit)
+    y_unit = f" {byte_unit}" if quantity == "bytes" else " in flight"
+    makespan = simulation.trace.makespan
+    capacity = simulation.costs.memory_capacity_bytes if quantity == "bytes" else None
+
+    def y(value: int) -> int | float:
+        return value if divisor == 1 else value / divisor
+
     traces = []
+    over: list[tuple[Time, Time, int]] = []
     for index, rank in enumerate(ranks):
         times, values = memory_steps(simulation, rank, quantity=quantity)
+        if capacity is not None:
+            over += over_capacity(times, values, capacity)
+        if n_bins is not None and makespan:
+            times, values = envelope(
+                times, values, width=Fraction(makespan) / n_bins, n_bins=n_bins
+            )
         name = f"{label}rank {rank} memory"
         traces.append(
             go.Scatter(
-                x=[to_float(t) for t in times],
-                y=values,
+                x=[scaled(t, factor) for t in times],
+                y=[y(v) for v in values],
                 mode="lines",
                 line={"shape": "hv", "width": 1.5, "color": colors[index % len(colors)]},
                 name=name,
                 legendgroup=legendgroup,
                 legendgrouptitle={"text": "memory"} if index == 0 else None,
-                hovertemplate=f"{name}<br>time %{{x}}<br>%{{y}} {unit}<extra></extra>",
+                hovertemplate=f"{name}<br>time %{{x}}{t_suffix}<br>%{{y:.4g}}{y_unit}"
+                "<extra></extra>",
             )
         )
-    capacity = simulation.costs.memory_capacity_bytes
-    if capacity is not None and quantity == "bytes":
+    if capacity is not None:
+        if over:
+            xs: list[int | float | None] = []
+            ys: list[int | float | None] = []
+            for start, end, value in over:
+                xs += [scaled(start, factor), scaled(end, factor), None]
+                ys += [y(value), y(value), None]
+            traces.append(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    line={"width": 5, "color": OVER_CAPACITY_COLOR},
+                    name=f"{label}over capacity",
+                    legendgroup=legendgroup,
+                    meta={"pipesim": "over capacity"},
+                    hovertemplate=f"OVER CAPACITY<br>time %{{x}}{t_suffix}<br>%{{y:.4g}}{y_unit}"
+                    "<extra></extra>",
+                )
+            )
         traces.append(
             go.Scatter(
-                x=[0, to_float(simulation.trace.makespan)],
-                y=[capacity, capacity],
+                x=[0, scaled(makespan, factor)],
+                y=[y(capacity), y(capacity)],
                 mode="lines",
                 line={"dash": "dash", "color": "#222222", "width": 1.5},
                 name=f"{label}capacity {format_bytes(capacity)}",
                 legendgroup=legendgroup,
                 meta={"pipesim": "capacity"},
-                hovertemplate=f"capacity {capacity} bytes<extra></extra>",
+                hovertemplate=f"capacity {capacity:,} bytes ({format_bytes(capacity)})"
+                "<extra></extra>",
             )
         )
     return traces
@@ -169,13 +289,32 @@ def memory_figure(simulation: Simulation, /, *, quantity: Quantity | None = None
     >>> [max(t.y) for t in memory_figure(sim).data]  # 1F1B rank r holds p - r
     [400, 300, 200, 100]
     """
+    from pipesim.units import display_scale
+
     quantity = quantity or memory_quantity(simulation)
-    fig = go.Figure(data=memory_traces(simulation, quantity=quantity))
+    factor, unit = display_scale(simulation.costs.time_unit, simulation.trace.makespan)
+    divisor, byte_unit = memory_divisor([simulation]) if quantity == "bytes" else (1, "B")
+    fig = go.Figure(
+        data=memory_traces(
+            simulation,
+            quantity=quantity,
+            factor=factor,
+            time_unit=unit,
+            divisor=divisor,
+            byte_unit=byte_unit,
+        )
+    )
     fig.update_layout(
         template="plotly_white",
         title={"text": f"{simulation.schedule.name}: activation memory per rank"},
-        xaxis={"title": {"text": "time"}, "range": [0, to_float(simulation.trace.makespan)]},
-        yaxis={"title": {"text": memory_axis_title(simulation, quantity=quantity)}},
+        xaxis={
+            "title": {"text": time_axis_title(unit)},
+            "range": [0, scaled(simulation.trace.makespan, factor)],
+        },
+        yaxis={
+            "title": {"text": memory_axis_title(simulation, quantity=quantity, unit=byte_unit)},
+            "exponentformat": "none",
+        },
         height=360,
     )
     return fig

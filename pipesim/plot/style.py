@@ -8,6 +8,11 @@ because F, B, I and W bars sit side by side.
 ('#4C78A8', 'W weight grad')
 >>> format_bytes(3 * 2**20)
 '3 MiB'
+
+Where a rank holds several stages (interleaved or V-shaped schedules), its
+chunks share their op's hue and differ in shade (:func:`shade`): chunk 0 is the
+op colour itself, later chunks are darker, so ``0 1 2 3 0 1 2 3`` reads as two
+chunks.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from types import MappingProxyType
 from pipesim.actions import Action, Work
 from pipesim.exact import Time, as_number
 from pipesim.metrics import Metrics
+from pipesim.units import format_bytes, format_duration, format_number
 
 __all__ = [
     "BAR_KINDS",
@@ -28,6 +34,7 @@ __all__ = [
     "format_time",
     "headline",
     "kind_of",
+    "shade",
     "to_float",
 ]
 
@@ -86,22 +93,21 @@ def format_time(value: Time | Fraction, /) -> str:
     >>> format_time(33), format_time(Fraction(10, 3))
     ('33', '3.33333')
     """
-    number = as_number(value)
-    return f"{number:.6g}" if isinstance(number, float) else str(number)
+    return format_number(value)
 
 
-def format_bytes(n_bytes: int, /) -> str:
-    """Bytes in binary units, exact below 1 KiB.
+def shade(color: str, chunk: int, n_chunks: int, /) -> str:
+    """``color`` for chunk ``chunk`` of ``n_chunks``: itself for chunk 0, then darker
+    (mixed towards black up to 55%), so chunks of one op stay one hue.
 
-    >>> format_bytes(0), format_bytes(1000), format_bytes(1536)
-    ('0 B', '1000 B', '1.5 KiB')
+    >>> shade("#4C78A8", 0, 2), shade("#4C78A8", 1, 2)
+    ('#4C78A8', '#22364C')
     """
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{n_bytes} B" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    if chunk == 0 or n_chunks <= 1:
+        return color
+    keep = 1 - 0.55 * chunk / (n_chunks - 1)
+    rgb = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(c * keep):02X}" for c in rgb)
 
 
 def headline(metrics: Metrics, /) -> str:
@@ -110,7 +116,7 @@ def headline(metrics: Metrics, /) -> str:
     >>> from pipesim.engine import simulate
     >>> from pipesim.schedules import generate
     >>> headline(simulate(generate("1f1b", n_ranks=4, n_microbatches=8)).metrics)
-    'makespan 33 · bubble 27.3% · idle slots 36 · peak memory 0 B (4 in flight)'
+    'makespan 33 units · bubble 27.3% · idle slots 36 · peak memory 0 B (4 in flight)'
     """
     inflight = max((r.peak_inflight for r in metrics.ranks), default=0)
     peak = f"peak memory {format_bytes(metrics.peak_activation_bytes)} ({inflight} in flight)"
@@ -118,7 +124,7 @@ def headline(metrics: Metrics, /) -> str:
         peak += f" of {format_bytes(metrics.memory_capacity_bytes)}"
         peak += "" if metrics.fits else " (DOES NOT FIT)"
     return (
-        f"makespan {format_time(metrics.makespan)} · "
+        f"makespan {format_duration(metrics.makespan, metrics.time_unit)} · "
         f"bubble {float(metrics.bubble_ratio):.1%} · "
         f"idle slots {format_time(metrics.idle_slots)} · {peak}"
     )

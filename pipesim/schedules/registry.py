@@ -13,6 +13,7 @@ from typing import Any
 
 from pipesim.errors import ScheduleError, UnknownNameError
 from pipesim.schedule import Schedule
+from pipesim.suggest import did_you_mean
 
 __all__ = ["ScheduleSpec", "generate", "get_spec", "register", "schedule_names"]
 
@@ -63,7 +64,8 @@ def get_spec(name: str, /) -> ScheduleSpec:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownNameError(
-            f"unknown schedule {name!r}; valid schedules are: {', '.join(_REGISTRY)} "
+            f"unknown schedule {name!r}{did_you_mean(name, _REGISTRY)}; "
+            f"valid schedules are: {', '.join(_REGISTRY)} "
             "(or give a .json / .csv schedule file)"
         ) from None
 

@@ -1,0 +1,174 @@
+"""Trace files: one step (schedule, costs, trace) as JSON, simulated or measured.
+
+``pipesim verify --trace-out FILE`` writes the measured step in this format and
+``pipesim plot --measured FILE`` reads it (see :mod:`pipesim.views`): the same
+views draw it as a simulated step. The format::
+
+    {"format": "pipesim-trace", "version": 1, "time_unit": "ns",
+     "schedule": {...pipesim schedule JSON...}, "costs": {...cost file...},
+     "n_ranks": 2,
+     "actions":   [[rank, "0F0", start, end], ...],
+     "transfers": [[src_rank, dst_rank, "0F0", "1F0", n_bytes, start, end], ...],
+     "memory":    [[rank, time, activation_bytes, inflight], ...],
+     "meta": {...}}
+
+Times are numbers in ``time_unit``, or ``"p/q"`` strings when not whole, so a
+file written and read back gives the same trace.
+
+>>> from pipesim.engine import simulate
+>>> from pipesim.schedules import generate
+>>> sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2))
+>>> step = step_from_dict(step_to_dict(sim.trace, schedule=sim.schedule, costs=sim.costs))
+>>> step.trace == sim.trace, step.metrics == sim.metrics
+(True, True)
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from pipesim.actions import Action, parse_action
+from pipesim.costs import CostModel, costs_from_dict, costs_to_dict
+from pipesim.engine import Simulation
+from pipesim.errors import ParseError, PipesimError
+from pipesim.exact import Time, to_time
+from pipesim.files import read_json, write_text
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import schedule_from_dict, schedule_to_dict
+from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+from pipesim.views import step_of
+
+__all__ = ["load_trace", "save_trace", "step_from_dict", "step_to_dict"]
+
+_FORMAT = "pipesim-trace"
+
+
+def _time(value: Time) -> int | str:
+    if isinstance(value, Fraction):
+        return value.numerator if value.denominator == 1 else str(value)
+    return value
+
+
+def step_to_dict(
+    trace: Trace,
+    /,
+    *,
+    schedule: Schedule,
+    costs: CostModel | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready dictionary of ``trace`` with the schedule (and costs) it ran."""
+    data: dict[str, Any] = {
+        "format": _FORMAT,
+        "version": 1,
+        "time_unit": costs.time_unit if costs is not None else "unit",
+        "schedule": schedule_to_dict(schedule),
+    }
+    if costs is not None:
+        data["costs"] = costs_to_dict(costs)
+    data["n_ranks"] = trace.n_ranks
+    data["actions"] = [[r.rank, str(r.work), _time(r.start), _time(r.end)] for r in trace.actions]
+    data["transfers"] = [
+        [
+            t.src_rank,
+            t.dst_rank,
+            str(t.producer),
+            str(t.consumer),
+            t.n_bytes,
+            _time(t.start),
+            _time(t.end),
+        ]
+        for t in trace.transfers
+    ]
+    data["memory"] = [[m.rank, _time(m.time), m.activation_bytes, m.inflight] for m in trace.memory]
+    if meta:
+        data["meta"] = meta
+    return data
+
+
+def save_trace(
+    trace: Trace,
+    path: str | Path,
+    /,
+    *,
+    schedule: Schedule,
+    costs: CostModel | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write :func:`step_to_dict` as JSON (one record per line) to ``path``."""
+    data = step_to_dict(trace, schedule=schedule, costs=costs, meta=meta)
+    head = {k: v for k, v in data.items() if k not in ("actions", "transfers", "memory")}
+    parts = [json.dumps(head, separators=(",", ":"))[:-1]]
+    for key in ("actions", "transfers", "memory"):
+        rows = ",\n".join(json.dumps(row, separators=(",", ":")) for row in data[key])
+        parts.append(f'"{key}":[\n{rows}\n]')
+    return write_text(path, ",\n".join(parts) + "}\n")
+
+
+def step_from_dict(data: object, /, *, source: str = "trace") -> Simulation:
+    """The step of a trace file's dictionary: schedule, costs, trace and metrics."""
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ParseError(
+            f'{source}: not a pipesim trace file (expected a JSON object with "format": '
+            f'"{_FORMAT}", as `pipesim verify --trace-out` writes)'
+        )
+    schedule = schedule_from_dict(data.get("schedule"), source=f"{source}: schedule")
+    unit = data.get("time_unit", "unit")
+    costs = None
+    if "costs" in data:
+        costs = costs_from_dict({**data["costs"], "time_unit": unit}, source=f"{source}: costs")
+    try:
+        trace = Trace(
+            n_ranks=int(data.get("n_ranks", schedule.n_ranks)),
+            actions=tuple(_action(row) for row in data.get("actions", [])),
+            transfers=tuple(_transfer(row) for row in data.get("transfers", [])),
+            memory=tuple(_memory(row) for row in data.get("memory", [])),
+        )
+    except (TypeError, ValueError, PipesimError) as exc:
+        raise ParseError(f"{source}: a malformed record: {exc}") from None
+    if costs is None:
+        costs = CostModel(time_unit=unit)
+    return step_of(trace, schedule=schedule, costs=costs)
+
+
+def load_trace(path: str | Path, /) -> Simulation:
+    """Read a trace file (see the module docstring)."""
+    return step_from_dict(read_json(path, what="trace"), source=str(path))
+
+
+def _t(value: object) -> Time:
+    return to_time(value, name="time")
+
+
+def _action(row: Any) -> ActionRecord:
+    rank, work, start, end = row
+    return ActionRecord(rank=int(rank), work=parse_action(work), start=_t(start), end=_t(end))
+
+
+def _transfer(row: Any) -> TransferRecord:
+    src, dst, producer, consumer, n_bytes, start, end = row
+    a, b = parse_action(producer), parse_action(consumer)
+    if not (isinstance(a, Action) and isinstance(b, Action)):
+        raise ValueError(f"a transfer joins two simple actions, got {producer!r}, {consumer!r}")
+    return TransferRecord(
+        src_rank=int(src),
+        dst_rank=int(dst),
+        producer=a,
+        consumer=b,
+        n_bytes=int(n_bytes),
+        start=_t(start),
+        end=_t(end),
+    )
+
+
+def _memory(row: Any) -> MemoryRecord:
+    rank, time, activation_bytes, inflight = row
+    return MemoryRecord(
+        rank=int(rank),
+        time=_t(time),
+        activation_bytes=int(activation_bytes),
+        inflight=int(inflight),
+    )
