@@ -57,15 +57,16 @@ def per_chunk_costs(costs: CostModel, /, *, virtual: int) -> CostModel:
     activation / weight-gradient / parameter bytes divided by ``virtual``; message
     bytes, links and capacity unchanged.
 
-    Only a cost model with one entry for every stage can be split: a list of
-    per-stage entries already says what each stage costs (CostError otherwise).
+    Only a cost model whose stages all cost the same can be split: different
+    per-stage entries already say what each stage costs (CostError otherwise).
     """
     if virtual == 1:
         return costs
-    if len(costs.stages) != 1:
+    if len(set(costs.stages)) != 1:
         raise CostError(
             f"cannot split {len(costs.stages)} per-stage cost entries into {virtual} chunks "
             "per rank: give one entry for every stage (costs of one rank's layer block), or "
             "per-stage costs that already describe each chunk"
         )
-    return replace(costs, stages=(_split_stage(costs.stages[0], virtual),))
+    chunk = _split_stage(costs.stages[0], virtual)
+    return replace(costs, stages=(chunk,) * len(costs.stages))

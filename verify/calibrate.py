@@ -119,7 +119,7 @@ def calibrate(
                 param_bytes=param_bytes[stage] if stage < len(param_bytes) else 0,
             )
         )
-    return CostModel(stages=tuple(stages), link=_fit_link(run, devices))
+    return CostModel(stages=tuple(stages), link=_fit_link(run, devices), time_unit="ns")
 
 
 def _fit_link(run: LocalRun, devices: Sequence[torch.device | str]) -> Link:

@@ -367,6 +367,7 @@ def build_report(
         else 0.0,
         costs=costs,
         trace=trace,
+        as_run=as_run,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipesim.costs import CostModel, costs_to_dict
+from pipesim.schedule import Schedule
 from pipesim.trace import Trace
 
 __all__ = ["VerifyReport", "format_report"]
@@ -73,12 +74,16 @@ class VerifyReport:
     """The calibrated cost model (time unit: ns)."""
     trace: Trace
     """The measured trace (times in ns)."""
+    as_run: Schedule | None = None
+    """The schedule as the executor ran it (ranks sharing a host thread or a CUDA device
+    merged, see :func:`verify.calibrate.as_run_schedule`), whose simulation predicts the
+    measured step; :mod:`verify.measured` writes the trace in its ranks."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; see the module docstring for the contract."""
         data: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
-            if name in ("costs", "trace"):
+            if name in ("costs", "trace", "as_run"):
                 continue
             value = getattr(self, name)
             if isinstance(value, tuple):

@@ -2,7 +2,8 @@
 
 Every verb lives in its own module under :mod:`pipesim.cli` and exposes
 ``register(subparsers)``; the module sets ``func(args) -> int`` on its parser.
-``main(argv)`` returns the exit status and never raises for bad input: a
+``python -m pipesim`` runs the same ``main``. ``main(argv)`` returns the exit
+status and never raises for bad input: a
 :class:`~pipesim.errors.PipesimError` becomes ``pipesim: error: ...`` on
 stderr and exit status 1 (argparse's own usage errors exit with 2).
 """
@@ -29,6 +30,7 @@ _VERB_MODULES = (
     "_trace",
     "_verify",
     "_plan",
+    "_completion",
 )
 
 

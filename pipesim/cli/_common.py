@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipesim.cli._completion import mark_schedule_argument
 from pipesim.costs import CostModel, Link, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
 from pipesim.schedule import Schedule
@@ -52,11 +53,12 @@ def positive_int(text: str) -> int:
 def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
     """``SCHEDULE`` (a registered name or a .json/.csv file) and its size flags."""
     if source:
-        parser.add_argument(
+        action = parser.add_argument(
             "schedule",
             metavar="NAME|FILE",
             help="a built-in schedule (see `pipesim schedules`) or a .json / .csv schedule file",
         )
+        mark_schedule_argument(action)
     group = parser.add_argument_group("schedule size")
     group.add_argument(
         "--stages",

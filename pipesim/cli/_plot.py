@@ -33,6 +33,7 @@ from pipesim.cli._common import (
     positive_int,
     schedule_from_args,
 )
+from pipesim.cli._completion import mark_schedule_argument
 from pipesim.errors import PipesimError
 from pipesim.schedules import schedule_names
 from pipesim.suggest import did_you_mean
@@ -87,7 +88,7 @@ def register(subparsers: Any) -> None:
             "measured step (pipesim verify --trace-out) under its prediction."
         ),
     )
-    parser.add_argument(
+    sources = parser.add_argument(
         "schedules",
         nargs="*",
         metavar="NAME|FILE",
@@ -95,6 +96,7 @@ def register(subparsers: Any) -> None:
         "optionally followed by :key=value settings; several with --compare; none with "
         "--measured takes the measured schedule",
     )
+    mark_schedule_argument(sources)
     add_schedule_arguments(parser, source=False)
     add_cost_arguments(parser)
     out = parser.add_argument_group("output")

@@ -117,6 +117,12 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="write the calibrated cost model (time unit: ns) for `pipesim simulate --costs FILE`",
     )
+    out.add_argument(
+        "--trace-out",
+        metavar="FILE",
+        help="write the measured step as a pipesim trace (times in ns) for "
+        "`pipesim plot --measured FILE`: measured against predicted, rank by rank",
+    )
     parser.set_defaults(func=run)
 
 
@@ -165,6 +171,10 @@ def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
 
 
 def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
+    if args.trace_out:
+        from verify.measured import write_measured_trace
+
+        write_measured_trace(report, args.trace_out)
     if not args.costs_out:
         return
     from verify.calibrate import save_costs

@@ -1,24 +1,30 @@
-"""Large timelines: each rank's row cut into time bins, one heatmap cell per bin.
+"""Large timelines: each lane cut into time bins, drawn as one picture.
 
 A browser draws a few tens of thousands of SVG bars comfortably; a 64-rank x
 1024-micro-batch 1F1B step has 131,072 actions plus its idle gaps, which as
 bars make an 11.7 MB page that does not open. Above :data:`LARGE_BARS` bars a
 timeline is therefore drawn *aggregated*: every lane (rank or link) is cut into
-:data:`N_BINS` equal time bins and each bin is one heatmap cell coloured by the
-kind of bar that covers most of it (idle when nothing runs most of the time).
-A heatmap is one image however many cells it has, so the page stays small and
-renders in about a second; the figure says so in its title line. Zoom in on a
-window by simulating fewer micro-batches when the individual bars matter.
+:data:`N_BINS` equal time bins, and each bin is one pixel column whose colour
+mixes the op colours in proportion to the time each kind of bar covers in the
+bin (idle grey for the rest). A bin that is all forward is the forward blue,
+a 1F1B steady state (one F and one B of twice its length per bin) a blue-red
+mix, a bubble grey. The picture is a PNG embedded in the page as one
+``go.Image`` trace, a few tens of kB however long the step, so the page stays
+small and opens in seconds; the figure says so in its title line. Simulate
+fewer micro-batches where individual bars matter.
 
 >>> from pipesim.engine import simulate
 >>> from pipesim.schedules import generate
 >>> sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True))
->>> bin_kinds(sim, n_bins=3)  # makespan 3: rank 0 runs F in [0, 2], rank 1 in [1, 3]
-[['F', 'F', 'idle'], ['idle', 'F', 'F']]
+>>> bin_colors(sim, n_bins=3)[1]  # makespan 3: rank 1 idle in [0, 1], F in [1, 3]
+[(230, 230, 230), (76, 120, 168), (76, 120, 168)]
 """
 
 from __future__ import annotations
 
+import base64
+import struct
+import zlib
 from fractions import Fraction
 
 import plotly.graph_objects as go
@@ -27,13 +33,17 @@ from pipesim.engine import Simulation
 from pipesim.exact import Time
 from pipesim.plot.style import BAR_KINDS, OP_COLORS, OP_NAMES, kind_of
 
-__all__ = ["LARGE_BARS", "N_BINS", "bar_count", "bin_kinds", "binned_traces"]
+__all__ = ["LARGE_BARS", "N_BINS", "bar_count", "bin_colors", "binned_traces", "png_bytes"]
 
 #: Above this many bars (actions, transfers, idle gaps) a timeline is drawn binned.
 LARGE_BARS = 25_000
 
 #: Time bins per lane of a binned timeline (about one per pixel column of a wide screen).
 N_BINS = 1200
+
+_PX_PER_LANE = 5  # image rows per lane: 4 coloured, 1 white as the gap between lanes
+
+RGB = tuple[int, int, int]
 
 
 def bar_count(simulation: Simulation, /, *, idle: bool = True) -> int:
@@ -52,7 +62,8 @@ def bar_count(simulation: Simulation, /, *, idle: bool = True) -> int:
         for record in trace.actions:
             count += int(record.start > ends[record.rank])
             ends[record.rank] = max(ends[record.rank], record.end)
-        count += sum(1 for end in ends if end < trace.makespan)
+        makespan = trace.makespan  # a property that scans every record: read it once
+        count += sum(1 for end in ends if end < makespan)
     return count
 
 
@@ -89,26 +100,54 @@ def _lanes(
     return lanes
 
 
-def _kinds(
+_RGB = [tuple(int(OP_COLORS[k][i : i + 2], 16) for i in (1, 3, 5)) for k in BAR_KINDS]
+
+
+def _colors(
     simulation: Simulation, link_rows: dict[tuple[int, int], int], n_lanes: int, n_bins: int
-) -> list[list[int]]:
-    """Per lane and bin, the index in BAR_KINDS of the kind covering most of the bin."""
+) -> tuple[list[list[RGB]], set[int]]:
+    """Per lane and bin, the blended colour; and the kinds present."""
     width = float(simulation.trace.makespan or 1) / n_bins
     idle = BAR_KINDS.index("idle")
-    rows = []
+    rows: list[list[RGB]] = []
+    present: set[int] = set()
     for lane in _lanes(simulation, link_rows, n_lanes):
-        row = []
+        present.update(kind for *_, kind in lane)
+        row: list[RGB] = []
         for cover in _lane_cover(lane, n_bins, width):
-            cover[idle] = width - sum(cover)
-            row.append(max(range(len(cover)), key=lambda k: (cover[k], -k)))
+            cover[idle] = max(width - sum(cover), 0.0)
+            total = sum(cover) or 1.0
+            r, g, b = (
+                round(sum(cover[k] * _RGB[k][c] for k in range(len(cover))) / total)
+                for c in range(3)
+            )
+            row.append((r, g, b))
         rows.append(row)
-    return rows
+    present.add(idle)
+    return rows, present
 
 
-def bin_kinds(simulation: Simulation, /, *, n_bins: int = N_BINS) -> list[list[str]]:
-    """Per rank, the kind of bar (``F``, ``B``, ..., ``idle``) drawn in each time bin."""
-    kinds = _kinds(simulation, {}, simulation.trace.n_ranks, n_bins)
-    return [[BAR_KINDS[k] for k in row] for row in kinds]
+def bin_colors(simulation: Simulation, /, *, n_bins: int = N_BINS) -> list[list[RGB]]:
+    """Per rank, the colour of each time bin: the op colours mixed by the time each
+    kind covers in the bin, idle grey for the rest."""
+    return _colors(simulation, {}, simulation.trace.n_ranks, n_bins)[0]
+
+
+def png_bytes(rows: list[list[RGB]], /) -> bytes:
+    """An 8-bit RGB PNG (RFC 2083) of ``rows`` of pixels, filter 0, zlib level 9."""
+    height, width = len(rows), len(rows[0]) if rows else 0
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in rows)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 def binned_traces(
@@ -116,36 +155,30 @@ def binned_traces(
     /,
     *,
     link_rows: dict[tuple[int, int], int],
-    lane_names: tuple[str, ...],
+    n_lanes: int,
     factor: Fraction,
-    time_suffix: str,
     n_bins: int = N_BINS,
     showlegend: bool = True,
-) -> list[go.Heatmap | go.Scatter]:
-    """The heatmap of the binned timeline, plus one empty legend-only trace per kind
-    present (a heatmap has no legend of its own)."""
-    n_lanes = len(lane_names)
-    z = _kinds(simulation, link_rows, n_lanes, n_bins)
-    n_kinds = len(BAR_KINDS)
-    scale = []
-    for index, kind in enumerate(BAR_KINDS):  # a discrete colour scale: one band per kind
-        scale += [[index / n_kinds, OP_COLORS[kind]], [(index + 1) / n_kinds, OP_COLORS[kind]]]
+) -> list[go.Image | go.Scatter]:
+    """The binned timeline as one image trace (lane ``i`` covers ``y`` in
+    ``[i - 0.5, i + 0.3]``, then a white gap), plus one empty legend-only trace per kind
+    present (an image has no legend of its own)."""
+    colors, present = _colors(simulation, link_rows, n_lanes, n_bins)
+    white: list[RGB] = [(255, 255, 255)] * n_bins
+    pixels = []
+    for row in colors:
+        pixels += [row] * (_PX_PER_LANE - 1) + [white]
     width = Fraction(simulation.trace.makespan or 1) * factor / n_bins
-    heatmap = go.Heatmap(
-        z=z,
+    image = go.Image(
+        source="data:image/png;base64," + base64.b64encode(png_bytes(pixels)).decode("ascii"),
         x0=float(width / 2),
         dx=float(width),
-        y=list(range(n_lanes)),
-        zmin=-0.5,
-        zmax=n_kinds - 0.5,
-        colorscale=scale,
-        showscale=False,
-        # No per-cell text: 77k hover strings would weigh more than the picture.
-        hovertemplate="time %{x:.4g}" + time_suffix + "<extra>binned</extra>",
+        y0=-0.5 + 0.5 / _PX_PER_LANE,
+        dy=1 / _PX_PER_LANE,
+        hoverinfo="x",
         name="binned timeline",
         meta={"pipesim": "binned", "n_bins": n_bins},
     )
-    present = sorted({k for row in z for k in row})
     legend = [
         go.Scatter(
             x=[None],
@@ -157,6 +190,6 @@ def binned_traces(
             showlegend=showlegend,
             hoverinfo="skip",
         )
-        for k in present
+        for k in sorted(present)
     ]
-    return [heatmap, *legend]
+    return [image, *legend]

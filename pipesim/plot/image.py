@@ -33,7 +33,7 @@ def to_image(fig: go.Figure, /, *, fmt: str) -> bytes:
     import plotly.io as pio
 
     try:
-        import kaleido  # type: ignore[import-untyped]  # noqa: F401  (for the clear error)
+        import kaleido  # noqa: F401  (plotly imports it itself; this gives the clear error)
     except ImportError:
         raise PipesimError(
             f"writing a {fmt.upper()} image needs kaleido, which is not installed: {_INSTALL} "

@@ -44,6 +44,7 @@ __all__ = [
     "OVER_CAPACITY_COLOR",
     "Quantity",
     "memory_axis_title",
+    "memory_curves",
     "memory_divisor",
     "memory_figure",
     "memory_quantity",
@@ -52,6 +53,7 @@ __all__ = [
     "over_capacity",
     "peak_rank",
     "rank_colors",
+    "sample_ranks",
     "scaled",
 ]
 
@@ -109,21 +111,33 @@ def memory_steps(
     records the frees of one unit of work before the allocations of the next, so no
     peak is lost.
     """
-    offset = simulation.metrics.ranks[rank].param_bytes if quantity == "bytes" else 0
-    times: list[Time] = [0]
-    values = [offset]
-    for record in simulation.trace.memory:
-        if record.rank != rank:
-            continue
-        held = offset + (record.activation_bytes if quantity == "bytes" else record.inflight)
+    return memory_curves(simulation, quantity=quantity)[rank]
+
+
+def memory_curves(
+    simulation: Simulation, /, *, quantity: Quantity
+) -> list[tuple[list[Time], list[int]]]:
+    """:func:`memory_steps` of every rank, in one pass over the trace."""
+    trace = simulation.trace
+    by_bytes = quantity == "bytes"
+    curves: list[tuple[list[Time], list[int]]] = []
+    for rank in range(trace.n_ranks):
+        offset = simulation.metrics.ranks[rank].param_bytes if by_bytes else 0
+        curves.append(([0], [offset]))
+    for record in trace.memory:
+        times, values = curves[record.rank]
+        offset = simulation.metrics.ranks[record.rank].param_bytes if by_bytes else 0
+        held = offset + (record.activation_bytes if by_bytes else record.inflight)
         if record.time == times[-1]:
             values[-1] = held
         else:
             times.append(record.time)
             values.append(held)
-    times.append(simulation.trace.makespan)
-    values.append(values[-1])
-    return times, values
+    makespan = trace.makespan
+    for times, values in curves:
+        times.append(makespan)
+        values.append(values[-1])
+    return curves
 
 
 def envelope(
@@ -176,6 +190,28 @@ def peak_rank(simulation: Simulation, /, *, quantity: Quantity) -> int:
     return max(ranks, key=lambda r: (r.peak_inflight, -r.rank)).rank
 
 
+def sample_ranks(
+    simulation: Simulation, /, *, quantity: Quantity, most: int = 8
+) -> tuple[int, ...]:
+    """At most ``most`` ranks to draw memory for: evenly spread, the peak rank always in.
+
+    >>> from pipesim.engine import simulate
+    >>> from pipesim.schedules import generate
+    >>> sim = simulate(generate("1f1b", n_ranks=16, n_microbatches=16))
+    >>> sample_ranks(sim, quantity="inflight", most=4)
+    (0, 5, 10, 15)
+    """
+    n_ranks = simulation.trace.n_ranks
+    if n_ranks <= most:
+        return tuple(range(n_ranks))
+    chosen = {round(i * (n_ranks - 1) / (most - 1)) for i in range(most)}
+    peak = peak_rank(simulation, quantity=quantity)
+    if peak not in chosen:
+        chosen.discard(max(chosen - {0, n_ranks - 1}, key=lambda r: -abs(r - peak)))
+        chosen.add(peak)
+    return tuple(sorted(chosen))
+
+
 def rank_colors(n_ranks: int, /) -> list[str]:
     """One colour per rank, sampled evenly along Viridis (no clash with op colours)."""
     if n_ranks == 1:
@@ -208,7 +244,7 @@ def memory_traces(
     per-bin highs (:func:`envelope`) for very long steps."""
     n_ranks = simulation.trace.n_ranks
     ranks = tuple(range(n_ranks)) if ranks is None else ranks
-    colors = colors or rank_colors(n_ranks)
+    colors = colors or [rank_colors(n_ranks)[r] for r in ranks]
     time_unit = time_unit or simulation.costs.time_unit
     t_suffix = unit_suffix(time_unit)
     y_unit = f" {byte_unit}" if quantity == "bytes" else " in flight"
@@ -220,8 +256,9 @@ def memory_traces(
 
     traces = []
     over: list[tuple[Time, Time, int]] = []
+    curves = memory_curves(simulation, quantity=quantity)
     for index, rank in enumerate(ranks):
-        times, values = memory_steps(simulation, rank, quantity=quantity)
+        times, values = curves[rank]
         if capacity is not None:
             over += over_capacity(times, values, capacity)
         if n_bins is not None and makespan:

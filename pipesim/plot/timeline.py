@@ -56,6 +56,7 @@ from pipesim.plot.memory import (
     memory_quantity,
     memory_traces,
     peak_rank,
+    sample_ranks,
     scaled,
 )
 from pipesim.plot.style import BAR_KINDS, OP_COLORS, OP_NAMES, headline, kind_of, shade
@@ -342,8 +343,8 @@ def is_large(sim: Simulation, /, *, idle: bool = True) -> bool:
 
 def _binned_note(sim: Simulation) -> str:
     return (
-        f"{len(sim.trace.actions):,} actions: each row drawn as {N_BINS:,} time bins "
-        "coloured by the op that fills most of each bin (too many bars for a browser)"
+        f"{len(sim.trace.actions):,} actions, too many bars for a browser: each row is drawn "
+        f"as {N_BINS:,} time bins, each mixing the op colours by the time they fill in it"
     )
 
 
@@ -356,26 +357,25 @@ def _draw_rows(
     unit: str,
     idle: bool,
     shown: set[str],
+    large: bool,
 ) -> None:
-    """Bars (or the binned heatmap) of ``sim`` into subplot ``row``; one legend entry per
-    legend name across the figure."""
+    """Bars (or, when ``large``, the binned heatmap) of ``sim`` into subplot ``row``; one
+    legend entry per legend name across the figure."""
     labels, link_rows = lane_labels(sim)
-    if is_large(sim, idle=idle):
+    if large:
         traces: list[Any] = binned_traces(
-            sim,
-            link_rows=link_rows,
-            lane_names=labels,
-            factor=factor,
-            time_suffix=unit_suffix(unit),
+            sim, link_rows=link_rows, n_lanes=len(labels), factor=factor
         )
     else:
         traces = bar_traces(sim, idle=idle, factor=factor, time_unit=unit)
     for trace in traces:
-        if trace.type != "heatmap":
+        if trace.type != "image":
             trace.showlegend = trace.name not in shown
             shown.add(trace.name)
         fig.add_trace(trace, row=row, col=1)
     fig.update_yaxes(_lane_axis(labels), row=row, col=1)
+    if large:  # an image would otherwise pin the axes to square pixels
+        fig.update_yaxes(scaleanchor=False, row=row, col=1)
 
 
 def _time_axes(fig: go.Figure, rows: int, *, unit: str, longest: int | float) -> None:
@@ -437,18 +437,20 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
         row_heights=heights,
         vertical_spacing=_AXIS_PX / total_px if memory else 0.0,
     )
-    _draw_rows(fig, sim, row=1, factor=factor, unit=unit, idle=idle, shown=set())
+    large = is_large(sim, idle=idle)
+    _draw_rows(fig, sim, row=1, factor=factor, unit=unit, idle=idle, shown=set(), large=large)
     if memory:
         quantity = memory_quantity(sim)
         divisor, byte_unit = memory_divisor([sim]) if quantity == "bytes" else (1, "B")
         for line in memory_traces(
             sim,
             quantity=quantity,
+            ranks=sample_ranks(sim, quantity=quantity) if large else None,
             factor=factor,
             time_unit=unit,
             divisor=divisor,
             byte_unit=byte_unit,
-            n_bins=N_BINS if is_large(sim, idle=idle) else None,
+            n_bins=N_BINS if large else None,
         ):
             fig.add_trace(line, row=2, col=1)
         fig.update_yaxes(
@@ -462,8 +464,10 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
         f"{s.name}: {s.n_ranks} ranks, {s.n_stages} stages, {s.n_microbatches} micro-batches"
     )
     subtitle = headline(metrics)
-    if is_large(sim, idle=idle):
+    if large:
         subtitle += "<br>" + _binned_note(sim)
+        if memory and sim.trace.n_ranks > 8:
+            subtitle += "; memory of 8 ranks (the peak one among them), highest per bin"
     fig.update_layout(
         template="plotly_white",
         title=_title(heading, subtitle),
@@ -472,7 +476,7 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
         uniformtext={"minsize": 8, "mode": "hide"},  # hide labels that no longer fit
         hovermode="closest",
         legend=_legend(),
-        margin={"t": 110 if is_large(sim, idle=idle) else 90, "l": 80, "r": 20, "b": 50},
+        margin={"t": 110 if large else 90, "l": 80, "r": 20, "b": 50},
     )
     _time_axes(fig, rows, unit=unit, longest=scaled(sim.trace.makespan, factor))
     return fig
@@ -532,8 +536,12 @@ def compare_figure(
     for annotation in fig.layout.annotations:  # left-aligned: clear of the legend
         annotation.update(x=0, xanchor="left", font={"size": 13})
     shown: set[str] = set()  # one legend entry per bar kind; it toggles that kind everywhere
+    larges = [is_large(sim) for sim in sims]
     for index, sim in enumerate(sims):
-        _draw_rows(fig, sim, row=index + 1, factor=factor, unit=unit, idle=True, shown=shown)
+        large = larges[index]
+        _draw_rows(
+            fig, sim, row=index + 1, factor=factor, unit=unit, idle=True, shown=shown, large=large
+        )
         fig.add_vline(
             x=scaled(sim.trace.makespan, factor),
             line={"dash": "dot", "color": "#555555", "width": 1},
@@ -541,17 +549,19 @@ def compare_figure(
             col=1,
         )
     if memory:
-        _compare_memory(fig, sims, names, row=len(heights), factor=factor, unit=unit)
+        _compare_memory(fig, sims, names, row=len(heights), factor=factor, unit=unit, larges=larges)
     longest = max(scaled(sim.trace.makespan, factor) for sim in sims)
+    heading = title or f"{len(sims)} schedules on one time axis"
+    title_lines = heading.count("<br>") + 2  # the heading's lines and the labels' line
     fig.update_layout(
         template="plotly_white",
-        title=_title(title or f"{len(sims)} schedules on one time axis", " · ".join(names)),
+        title=_title(heading, " · ".join(names)),
         barmode="overlay",
-        height=total_px,
+        height=total_px + 18 * (title_lines - 2),
         uniformtext={"minsize": 8, "mode": "hide"},
         hovermode="closest",
         legend=_legend(),
-        margin={"t": 100, "l": 80, "r": 20, "b": 50},
+        margin={"t": 64 + 18 * title_lines, "l": 80, "r": 20, "b": 50},
     )
     _time_axes(fig, len(heights), unit=unit, longest=longest)
     return fig
@@ -565,6 +575,7 @@ def _compare_memory(
     row: int,
     factor: Fraction,
     unit: str,
+    larges: list[bool],
 ) -> None:
     quantities = {memory_quantity(sim) for sim in sims}
     quantity: Quantity = "bytes" if "bytes" in quantities else "inflight"
@@ -583,7 +594,7 @@ def _compare_memory(
             time_unit=unit,
             divisor=divisor,
             byte_unit=byte_unit,
-            n_bins=N_BINS if is_large(sim) else None,
+            n_bins=N_BINS if larges[index] else None,
         ):
             line.legendgrouptitle = None
             fig.add_trace(line, row=row, col=1)
