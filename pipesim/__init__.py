@@ -21,6 +21,7 @@ from pipesim.errors import (
     ScheduleError,
     UnknownNameError,
 )
+from pipesim.fair import per_chunk_costs
 from pipesim.graph import (
     CriticalPath,
     DataDependency,
@@ -67,6 +68,8 @@ from pipesim.schedules import (
     zbv,
 )
 from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
+from pipesim.trace_io import load_trace, save_trace, step_from_dict, step_to_dict
+from pipesim.views import Step, step_of
 
 __version__ = "0.1.0"
 
@@ -93,6 +96,7 @@ __all__ = [
     "ScheduleSpec",
     "Simulation",
     "StageCost",
+    "Step",
     "Trace",
     "TraceTotals",
     "TransferRecord",
@@ -116,13 +120,16 @@ __all__ = [
     "interleaved_zero_bubble",
     "load_costs",
     "load_schedule",
+    "load_trace",
     "looped_bfs",
     "metrics_from_totals",
     "one_f_one_b",
     "parse_action",
+    "per_chunk_costs",
     "register",
     "run_trace",
     "save_schedule",
+    "save_trace",
     "schedule_from_csv",
     "schedule_from_dict",
     "schedule_from_json",
@@ -132,6 +139,9 @@ __all__ = [
     "schedule_to_json",
     "sequential",
     "simulate",
+    "step_from_dict",
+    "step_of",
+    "step_to_dict",
     "validate",
     "zb_h1",
     "zb_h2",

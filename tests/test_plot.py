@@ -394,3 +394,144 @@ def test_cli_plot_errors(
 def test_cli_plot_unwritable_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plot", "gpipe", "-p", "2", "-m", "2", "-o", str(tmp_path / "no" / "t.html")]) == 1
     assert "cannot write" in capsys.readouterr().err
+
+
+# -- reading at a glance -----------------------------------------------------------------
+def test_every_panel_has_ticks_and_a_time_unit() -> None:
+    fig = timeline_figure(sim_of("1f1b", 4, 8, activation_bytes=100))
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert axis.showticklabels is True and axis.title.text == "time (units)"
+    sims = [sim_of("gpipe", 2, 4), sim_of("1f1b", 2, 4)]
+    compare = compare_figure(sims)
+    axes = [compare.layout[f"xaxis{n or ''}"] for n in ("", 2, 3)]
+    assert all(a.showticklabels and a.title.text == "time (units)" for a in axes)
+
+
+def test_times_are_drawn_in_a_readable_unit() -> None:
+    # F = 1 ms, B = 2 ms given in ns: drawn in ms, so 1F1B's 3F0 runs [3, 4] ms.
+    costs = CostModel.uniform(forward=10**6, backward=2 * 10**6, time_unit="ns")
+    sim = simulate(generate("1f1b", n_ranks=4, n_microbatches=8), costs=costs)
+    fig = timeline_figure(sim)
+    assert fig.layout.xaxis.title.text == "time (ms)"
+    assert fig.layout.xaxis.range == (0, 33)  # (m+p-1)(F+B) ms
+    by_name = {c[0]: (start, dur) for kind in ("F", "B") for _, start, dur, c in bars(fig, kind)}
+    assert by_name["3F0"] == (3, 1)
+    assert " ms" in next(t for t in fig.data if t.legendgroup == "F").hovertemplate
+    assert "makespan 33 ms" in fig.layout.title.text
+
+
+def test_chunks_of_a_rank_get_their_own_shade_and_legend() -> None:
+    p, m, v = 4, 8, 2
+    sim = sim_of("interleaved-1f1b", p, m)
+    fig = timeline_figure(sim, memory=False)
+    forward = [t for t in fig.data if t.legendgroup == "F"]
+    assert [t.name for t in forward] == ["F forward, chunk 0", "F forward, chunk 1"]
+    assert forward[0].marker.color == OP_COLORS["F"] and forward[1].marker.color != OP_COLORS["F"]
+    for chunk, trace in enumerate(forward):  # stage s sits on rank s mod p, chunk s // p
+        stages = {int(c[1]) for c in trace.customdata}
+        assert stages == {s for s in range(p * v) if s // p == chunk}
+        assert len(trace.x) == p * m  # each chunk runs every micro-batch on every rank
+
+
+def test_over_capacity_is_drawn_where_it_happens() -> None:
+    # 1F1B p=4, F=1, B=2, 100 bytes per micro-batch, capacity 250. Hand-worked: rank 0 runs
+    # F0..F3 at 0..3, so holds 300 B from 2 and 400 B from 3; B_k ends at 12 + 3k on rank 0
+    # and 10 + 3k on rank 1 (the last rank's B_k runs [4 + 3k, 6 + 3k], each rank up adds
+    # B = 2), each followed at once by the next forward until F7: rank 0 drops to 300 B
+    # when B4 ends at 24 and to 200 B at 27; rank 1 holds 300 B from F2 at 3 until B5
+    # ends at 25.
+    sim = sim_of("1f1b", 4, 8, activation_bytes=100, memory_capacity_bytes=250)
+    fig = timeline_figure(sim)
+    (over,) = [t for t in fig.data if t.name == "over capacity"]
+    segments = [(over.x[i], over.x[i + 1], over.y[i]) for i in range(0, len(over.x), 3)]
+    assert segments == [(2, 3, 300), (3, 24, 400), (24, 27, 300), (3, 25, 300)]
+    assert over.line.color == "#D62728"
+    assert "over capacity" not in [t.name for t in timeline_figure(sim_of("1f1b", 4, 8)).data]
+
+
+def test_page_title(tmp_path: Path) -> None:
+    page = write_html(timeline_figure(sim_of("1f1b", 4, 8)), tmp_path / "t.html").read_text()
+    assert "<title>1f1b: 4 ranks, 4 stages, 8 micro-batches · pipesim</title>" in page
+
+
+def test_views_take_a_trace() -> None:
+    sim = sim_of("1f1b", 4, 8, link=Link(latency=1), activation_bytes=10)
+    from_trace = timeline_figure(sim.trace, schedule=sim.schedule, costs=sim.costs)
+    assert from_trace.to_json() == timeline_figure(sim).to_json()
+    from pipesim.export import chrome_trace
+
+    assert chrome_trace(sim.trace, schedule=sim.schedule, costs=sim.costs) == chrome_trace(sim)
+    with pytest.raises(PipesimError, match="pass schedule="):
+        timeline_figure(sim.trace)
+    # a trace without memory records (a measured one) has no memory panel
+    from pipesim.trace import Trace
+
+    bare = Trace(n_ranks=4, actions=sim.trace.actions, transfers=sim.trace.transfers)
+    fig = timeline_figure(bare, schedule=sim.schedule)
+    assert not [t for t in fig.data if t.type == "scatter"] and "xaxis2" not in fig.layout
+
+
+def test_large_schedule_is_binned_and_small() -> None:
+    from pipesim.plot.binned import LARGE_BARS, bar_count, bin_colors
+
+    p, m = 32, 1024  # 65,536 actions: above the bar budget
+    sim = sim_of("1f1b", p, m, activation_bytes=1)
+    assert bar_count(sim) > LARGE_BARS
+    fig = timeline_figure(sim)
+    assert [t.type for t in fig.data][0] == "image" and not any(t.type == "bar" for t in fig.data)
+    assert "time bins" in fig.layout.title.text  # the page says it is aggregated
+    memory = [t for t in fig.data if t.type == "scatter" and t.name.endswith("memory")]
+    assert len(memory) == 8 and "rank 0 memory" in [t.name for t in memory]
+    assert max(memory[0].y) == p  # binning keeps the peak: rank 0 holds p micro-batches
+    assert len(to_html(fig, cdn=True)) < 600_000
+    # colours: rank 0 starts with p forwards back to back (blue), the last rank ends with
+    # its backward alone (red); a bin half F half idle would be the mean of the two.
+    colors = bin_colors(sim, n_bins=100)
+    rgb = {k: tuple(int(OP_COLORS[k][i : i + 2], 16) for i in (1, 3, 5)) for k in OP_COLORS}
+    assert colors[0][0] == rgb["F"]  # rank 0's first bin (31.65 long) is all forwards
+    assert colors[p - 1][-1] == rgb["idle"]  # the last rank is done at 3103 of 3165
+    # its first bin [0, 31.65]: idle until its F0 at p - 1 = 31, then forward
+    width = 3165 / 100
+    mix = tuple(
+        round(((p - 1) * i + (width - (p - 1)) * f) / width)
+        for i, f in zip(rgb["idle"], rgb["F"], strict=True)
+    )
+    assert colors[p - 1][0] == mix
+
+
+def test_bin_colors_mix_by_time_covered() -> None:
+    from pipesim.plot.binned import bin_colors
+
+    # GPipe forward-only p=2 m=1: rank 0 runs F [0,1], rank 1 F [1,2]; makespan 2, 1 bin
+    # per step: half forward, half idle -> the mean of the two colours, rounded.
+    sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=1, forward_only=True))
+    (row0,), (row1,) = bin_colors(sim, n_bins=1)
+    f = tuple(int(OP_COLORS["F"][i : i + 2], 16) for i in (1, 3, 5))
+    idle = tuple(int(OP_COLORS["idle"][i : i + 2], 16) for i in (1, 3, 5))
+    assert row0 == row1 == tuple(round((a + b) / 2) for a, b in zip(f, idle, strict=True))
+
+
+def test_cli_fair_compare_closed_form(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Same model on p=4 ranks, F=1 and B=2 per rank's layer block: interleaved v=2 gets
+    # F=1/2, B=1 per chunk, so its makespan is m(F+B) + (p-1)(F+B)/v = 24 + 4.5 (Narayanan
+    # et al. 2021: the bubble shrinks by v), and 1F1B keeps (m+p-1)(F+B) = 33.
+    argv = ["plot", "1f1b", "interleaved-1f1b:v=2", "--compare", "-p", "4", "-m", "8"]
+    assert main([*argv, "--activation-bytes", "1000", "--cdn", "-o", str(tmp_path / "c.html")]) == 0
+    out = capsys.readouterr().out
+    assert "1f1b p=4 m=8: makespan 33 units" in out
+    assert "interleaved-1f1b p=4 m=8 v=2: makespan 28.5 units" in out
+    assert "same model" in out
+    as_given = [*argv, "--chunk-costs", "as-given", "--cdn", "-o", str(tmp_path / "d.html")]
+    assert main(as_given) == 0
+    assert "v=2: makespan 57 units" in capsys.readouterr().out  # twice the model
+
+
+def test_cli_short_keys_and_did_you_mean(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["plot", "1f1b:m=4", "1f1b:p=2:m=8", "--compare", "-p", "2", "-m", "2", "--cdn"]
+    assert main([*argv, "-o", str(tmp_path / "k.html")]) == 0
+    out = capsys.readouterr().out
+    assert "1f1b p=2 m=4: makespan 15" in out and "1f1b p=2 m=8: makespan 27" in out
+    assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 1
+    assert "(did you mean 'microbatches'?)" in capsys.readouterr().err

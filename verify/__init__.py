@@ -9,6 +9,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo, CPU ranks);
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
+- :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
 - :mod:`verify.exactness`: the settings exactness needs, set or refused.
 
 >>> from pipesim.schedules import generate
@@ -39,6 +40,7 @@ from verify.local import (
     parse_devices,
     run_schedule,
 )
+from verify.measured import as_run_trace, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
@@ -54,6 +56,7 @@ __all__ = [
     "VerifyModel",
     "VerifyReport",
     "as_run_schedule",
+    "as_run_trace",
     "build_report",
     "build_stages",
     "calibrate",
@@ -76,4 +79,5 @@ __all__ = [
     "split_microbatches",
     "verify",
     "verify_distributed",
+    "write_measured_trace",
 ]

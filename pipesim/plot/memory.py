@@ -172,14 +172,21 @@ def over_capacity(
 ) -> list[tuple[Time, Time, int]]:
     """The ``(start, end, value)`` steps of a curve that lie above ``capacity``.
 
-    >>> over_capacity([0, 1, 3, 4], [50, 120, 80, 80], 100)
+    Neighbouring steps of one value join (a backward ending as the next forward starts
+    leaves the value where it was).
+
+    >>> over_capacity([0, 1, 2, 3, 4], [50, 120, 120, 80, 80], 100)
     [(1, 3, 120)]
     """
-    return [
-        (times[i], times[i + 1], values[i])
-        for i in range(len(times) - 1)
-        if values[i] > capacity and times[i + 1] > times[i]
-    ]
+    steps: list[tuple[Time, Time, int]] = []
+    for i in range(len(times) - 1):
+        if values[i] <= capacity or times[i + 1] <= times[i]:
+            continue
+        if steps and steps[-1][1] == times[i] and steps[-1][2] == values[i]:
+            steps[-1] = (steps[-1][0], times[i + 1], values[i])
+        else:
+            steps.append((times[i], times[i + 1], values[i]))
+    return steps
 
 
 def peak_rank(simulation: Simulation, /, *, quantity: Quantity) -> int:
