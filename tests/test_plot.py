@@ -478,7 +478,7 @@ def test_large_schedule_is_binned_and_small() -> None:
     sim = sim_of("1f1b", p, m, activation_bytes=1)
     assert bar_count(sim) > LARGE_BARS
     fig = timeline_figure(sim)
-    assert [t.type for t in fig.data][0] == "image" and not any(t.type == "bar" for t in fig.data)
+    assert fig.data[0].type == "image" and not any(t.type == "bar" for t in fig.data)
     assert "time bins" in fig.layout.title.text  # the page says it is aggregated
     memory = [t for t in fig.data if t.type == "scatter" and t.name.endswith("memory")]
     assert len(memory) == 8 and "rank 0 memory" in [t.name for t in memory]

@@ -59,7 +59,7 @@ def test_malformed_record_is_named() -> None:
     sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2))
     data = step_to_dict(sim.trace, schedule=sim.schedule)
     data["actions"][0] = [0, "0F0", 0]  # a missing end
-    with pytest.raises(ParseError, match="x.json: a malformed record"):
+    with pytest.raises(ParseError, match=r"x\.json: a malformed record"):
         step_from_dict(data, source="x.json")
 
 
