@@ -322,3 +322,81 @@ def test_large_schedule_renders(chromium: str, tmp_path: Path) -> None:
     sim = simulate(generate("1f1b", n_ranks=32, n_microbatches=256))
     n_idle = sum(len(idle_intervals(sim.trace, r)) for r in range(32))
     assert dom.count('class="point"') == 2 * 32 * 256 + n_idle
+
+
+# -- reading at a glance: ticks, units, chunks, capacity, large pages, images -------------
+def test_ticks_and_units_on_every_panel(chromium: str, tmp_path: Path) -> None:
+    html = tmp_path / "compare.html"
+    argv = ["plot", "gpipe", "1f1b", "--compare", "-p", "4", "-m", "8"]
+    assert main([*argv, "--activation-bytes", "3e6", "-o", str(html)]) == 0
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]" and console == []
+    # two schedule panels and the memory panel: each has its own time axis title and ticks
+    assert dom.count(">time (units)<") == 3
+    for axis in ("x", "x2", "x3"):  # tick labels 0, 10, 20, 30 under every panel
+        labels = re.findall(rf'<g class="{axis}tick"><text[^>]*>([^<]*)<', dom)
+        assert labels[:4] == ["0", "10", "20", "30"], (axis, labels)
+    # 1F1B / GPipe peaks of 4 and 8 micro-batches of 3e6 bytes: MiB, never "15B"-style
+    assert ">activation memory (MiB)<" in dom
+    assert "<title>2 schedules on one time axis · pipesim</title>" in dom
+
+
+def test_chunks_and_over_capacity_are_visible(chromium: str, tmp_path: Path) -> None:
+    from pipesim.plot.memory import OVER_CAPACITY_COLOR
+    from pipesim.plot.style import shade
+
+    html = tmp_path / "il.html"
+    argv = ["plot", "interleaved-1f1b", "-p", "4", "-m", "8", "-v", "2"]
+    flags = ["--activation-bytes", "100", "--memory-capacity", "500", "-o", str(html)]
+    assert main([*argv, *flags]) == 0
+    png = tmp_path / "shot.png"
+    result = _run(
+        chromium, tmp_path, f"--screenshot={png}", "--window-size=1100,800", html.resolve().as_uri()
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    _, _, counts = _pixel_counts(png)
+    assert counts.get(_rgb(OP_COLORS["F"]), 0) > 500  # chunk 0 in the forward colour
+    assert counts.get(_rgb(shade(OP_COLORS["F"], 1, 2)), 0) > 500  # chunk 1 darker
+    assert counts.get(_rgb(OVER_CAPACITY_COLOR), 0) > 300  # memory above 500 B drawn red
+
+
+@pytest.mark.slow
+def test_very_large_schedule_page_is_small_and_renders(chromium: str, tmp_path: Path) -> None:
+    """64 ranks x 1024 micro-batches (131,072 actions) of 1F1B: drawn binned, the page
+    stays a few MB and renders without errors within a minute (it was 11.7 MB of bars
+    that a browser could not draw)."""
+    import time
+
+    html = tmp_path / "huge.html"
+    argv = ["plot", "1f1b", "-p", "64", "-m", "1024", "--activation-bytes", "1e6"]
+    assert main([*argv, "-o", str(html)]) == 0
+    size = html.stat().st_size
+    assert size < 6_000_000  # plotly.js is ~4.7 MB of it
+    started = time.monotonic()
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    elapsed = time.monotonic() - started
+    assert _js_errors(dom) == "[]" and console == []
+    assert "<image" in dom and "time bins" in dom  # one picture, and the page says so
+    assert 'class="point"' not in dom  # no bar drawn one by one
+    assert "rank 63" in dom and ">time (units)<" in dom
+    assert elapsed < 60, f"the page took {elapsed:.0f} s to render"
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_static_images(suffix: str, tmp_path: Path, chromium: str) -> None:
+    """``-o x.png|svg|pdf`` through kaleido and the system chromium."""
+    target = tmp_path / f"timeline{suffix}"
+    argv = ["plot", "1f1b", "-p", "4", "-m", "8", "--activation-bytes", "100"]
+    assert main([*argv, "-o", str(target)]) == 0
+    data = target.read_bytes()
+    if suffix == ".png":
+        width, height, counts = _pixel_counts(target)
+        assert width == 1100 and height > 400
+        assert counts.get(_rgb(OP_COLORS["F"]), 0) > 2000
+        assert counts.get(_rgb(OP_COLORS["B"]), 0) > 2000
+    elif suffix == ".svg":
+        text = data.decode("utf-8")
+        assert text.lstrip().startswith("<svg") and "time (units)" in text
+        assert "1f1b: 4 ranks" in text
+    else:
+        assert data.startswith(b"%PDF") and len(data) > 5_000
