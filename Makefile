@@ -2,13 +2,14 @@
 #   make demo   - create .venv, install pipesim, simulate and draw built-in examples
 #   make test   - install chromium if missing (root + apt), create .venv, install pipesim
 #                 with its dev and verify extras, run every test
+#   make notebooks - install JupyterLab into .venv and open notebooks/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 OUT ?= out
 
-.PHONY: demo test lint clean browser-deps
+.PHONY: demo test lint clean browser-deps notebooks
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +26,17 @@ demo: $(VENV)/.installed
 	@mkdir -p $(OUT)
 	$(BIN)/pipesim simulate gpipe --stages 2 --microbatches 4 --forward-only --grid
 	$(BIN)/pipesim simulate 1f1b --stages 4 --microbatches 8 --activation-bytes 1e6
-	$(BIN)/pipesim plot gpipe 1f1b interleaved-1f1b:virtual=2:forward-time=0.5:backward-time=1 \
+	$(BIN)/pipesim plot gpipe 1f1b interleaved-1f1b:v=2 \
 		--compare --stages 4 --microbatches 8 --activation-bytes 1e6 -o $(OUT)/compare.html
 	$(BIN)/pipesim trace 1f1b --stages 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
 	$(BIN)/pipesim plan --model llama2-7b --devices 16 --accelerator h100-sxm --global-batch 128 \
 		--top 5 -o $(OUT)/plan.html
 	@echo "open $(OUT)/compare.html and $(OUT)/plan.html in a browser; $(OUT)/1f1b-trace.json in ui.perfetto.dev"
+	@echo "pipesim is installed in $(VENV): run $(BIN)/pipesim --help, or 'source $(BIN)/activate' first"
+
+notebooks: $(VENV)/.installed
+	$(PIP) install -e '.[notebooks]'
+	$(BIN)/jupyter lab notebooks/
 
 test: browser-deps $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
