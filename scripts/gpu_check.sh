@@ -32,9 +32,9 @@ DEVICES=$("$PY" -c "print(','.join(f'cuda:{r % $N}' for r in range(2)))")
 timeout 600 "$PY" -m pytest -q -m cuda tests/test_verify_cuda.py -p no:cacheprovider \
     --junitxml="$OUT/cuda-tests.xml"
 timeout 120 "$PIPESIM" verify 1f1b --stages 2 --microbatches 1 --batch-size 32 \
-    --devices "$DEVICES" --json --costs-out "$OUT/mlp-costs.json" > "$OUT/verify-mlp.json"
+    --device "$DEVICES" --json --costs-out "$OUT/mlp-costs.json" > "$OUT/verify-mlp.json"
 timeout 120 "$PIPESIM" verify interleaved-1f1b --stages 2 --virtual 2 --microbatches 8 \
-    --model gpt --gpt-layers 6 --devices "$DEVICES" --json \
+    --model gpt --gpt-layers 6 --device "$DEVICES" --json \
     --costs-out "$OUT/gpt-costs.json" > "$OUT/verify-gpt.json"
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys

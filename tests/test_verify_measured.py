@@ -24,7 +24,8 @@ pytestmark = pytest.mark.torch
 
 def test_trace_out_then_plot_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace_path = tmp_path / "measured.json"
-    argv = ["verify", "1f1b", "-p", "2", "-m", "4", "--json", "--trace-out", str(trace_path)]
+    argv = ["verify", "1f1b", "-p", "2", "-m", "4", "--device", "cpu", "--json"]
+    argv += ["--trace-out", str(trace_path)]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     step = load_trace(trace_path)
@@ -38,3 +39,10 @@ def test_trace_out_then_plot_measured(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["plot", "--measured", str(trace_path), "-o", str(out), "--cdn"]) == 0
     text = capsys.readouterr().out
     assert "makespan error" in text and out.stat().st_size > 0
+
+
+def test_device_list_is_not_spelled_like_plans_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    text = capsys.readouterr().out
+    assert "--device DEV[,DEV...]" in text and "--devices" not in text  # old spelling unlisted

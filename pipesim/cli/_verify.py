@@ -62,11 +62,14 @@ def register(subparsers: Any) -> None:
         help="initialisation seed (default 21 for the MLP, as the chapter; else 0)",
     )
     group.add_argument(
-        "--devices",
+        "--device",
+        dest="devices",
         metavar="DEV[,DEV...]",
-        help="one device per rank (or one for all), e.g. cuda:0,cuda:1 or cpu; default: the "
-        "CUDA devices present, else cpu",
+        help="the torch device of each rank (or one for all), e.g. cuda:0,cuda:1 or cpu; "
+        "default: the CUDA devices present, else cpu (plan's --devices N is a count)",
     )
+    # The list was spelled --devices before; kept, unlisted, so that scripts keep working.
+    group.add_argument("--devices", dest="devices", help=argparse.SUPPRESS)
     group.add_argument(
         "--batch-size",
         type=positive_int,
@@ -144,7 +147,7 @@ def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
 
     if args.devices and any(d.strip() not in ("cpu", "") for d in args.devices.split(",")):
         raise PipesimError(
-            f"--dist runs CPU ranks with gloo; drop --devices {args.devices} or run without --dist "
+            f"--dist runs CPU ranks with gloo; drop --device {args.devices} or run without --dist "
             "for CUDA devices"
         )
     if args.split or args.balance != "layers" or args.check_settings_only:
