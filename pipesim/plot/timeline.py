@@ -76,7 +76,7 @@ __all__ = [
 
 _LANE_PX = 24  # pixels per rank or link row
 _MEMORY_PX = 240
-_CHROME_PX = 190  # title, axis titles and margins
+_CHROME_PX = 200  # title, axis titles and margins
 _AXIS_PX = 56  # tick labels and the time axis title under a panel
 
 _ACTION_HOVER = (
@@ -333,7 +333,16 @@ def _lane_axis(labels: Sequence[str]) -> dict[str, Any]:
 
 
 def _title(text: str, subtitle: str) -> dict[str, Any]:
-    return {"text": f"{text}<br><sup>{subtitle}</sup>", "x": 0.01, "xanchor": "left"}
+    # Pinned to the top of the page: the margin below it is sized for its lines.
+    return {
+        "text": f"{text}<br><sup>{subtitle}</sup>",
+        "x": 0.01,
+        "xanchor": "left",
+        "yref": "container",
+        "y": 1,
+        "yanchor": "top",
+        "pad": {"t": 30},  # below plotly's mode bar
+    }
 
 
 def is_large(sim: Simulation, /, *, idle: bool = True) -> bool:
@@ -476,7 +485,7 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
         uniformtext={"minsize": 8, "mode": "hide"},  # hide labels that no longer fit
         hovermode="closest",
         legend=_legend(),
-        margin={"t": 110 if large else 90, "l": 80, "r": 20, "b": 50},
+        margin={"t": 120 if large else 100, "l": 80, "r": 20, "b": 50},
     )
     _time_axes(fig, rows, unit=unit, longest=scaled(sim.trace.makespan, factor))
     return fig
@@ -517,13 +526,12 @@ def compare_figure(
     memory = memory and all(sim.trace.memory for sim in sims)
     lane_sets = [lane_labels(sim)[0] for sim in sims]
     heights = [max(96, _LANE_PX * len(lanes)) for lanes in lane_sets]
-    titles = [
-        f"<b>{name}</b>: {headline(sim.metrics)}" for name, sim in zip(names, sims, strict=True)
-    ]
+    titles = [_block_title(name, sim) for name, sim in zip(names, sims, strict=True)]
     if memory:
         heights.append(_MEMORY_PX)
         titles.append("peak-memory rank of each schedule")
-    gap_px = _AXIS_PX + 28  # tick labels and axis title of a block, then the next one's title
+    # tick labels and axis title of a block, then the next one's title (two lines at most)
+    gap_px = _AXIS_PX + 28 + (16 if any("<br>" in t for t in titles) else 0)
     total_px = sum(heights) + gap_px * (len(heights) - 1) + _CHROME_PX
     fig = make_subplots(
         rows=len(heights),
@@ -534,7 +542,7 @@ def compare_figure(
         subplot_titles=titles,
     )
     for annotation in fig.layout.annotations:  # left-aligned: clear of the legend
-        annotation.update(x=0, xanchor="left", font={"size": 13})
+        annotation.update(x=0, xanchor="left", align="left", font={"size": 13})
     shown: set[str] = set()  # one legend entry per bar kind; it toggles that kind everywhere
     larges = [is_large(sim) for sim in sims]
     for index, sim in enumerate(sims):
@@ -553,18 +561,30 @@ def compare_figure(
     longest = max(scaled(sim.trace.makespan, factor) for sim in sims)
     heading = title or f"{len(sims)} schedules on one time axis"
     title_lines = heading.count("<br>") + 2  # the heading's lines and the labels' line
+    first_block = titles[0].count("<br>") + 1  # the first block's title sits in the margin
+    top_px = 40 + 20 * title_lines + 18 * first_block
     fig.update_layout(
         template="plotly_white",
         title=_title(heading, " · ".join(names)),
         barmode="overlay",
-        height=total_px + 18 * (title_lines - 2),
+        height=total_px + top_px - 100,
         uniformtext={"minsize": 8, "mode": "hide"},
         hovermode="closest",
         legend=_legend(),
-        margin={"t": 64 + 18 * title_lines, "l": 80, "r": 20, "b": 50},
+        margin={"t": top_px, "l": 80, "r": 20, "b": 50},
     )
     _time_axes(fig, len(heights), unit=unit, longest=longest)
     return fig
+
+
+def _block_title(name: str, sim: Simulation) -> str:
+    """``<b>name</b>: headline``, wrapped before the memory part when long, so that it
+    stays left of the legend at 1100 px."""
+    text = f"<b>{name}</b>: {headline(sim.metrics)}"
+    if len(text) - 7 > 96:  # 7: the <b></b> tags
+        head, _, memory = text.rpartition(" · peak memory")
+        text = f"{head}<br>peak memory{memory}"
+    return text
 
 
 def _compare_memory(
