@@ -9,6 +9,7 @@ reports (its predicted_makespan).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -45,4 +46,5 @@ def test_device_list_is_not_spelled_like_plans_count(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["verify", "--help"])
     text = capsys.readouterr().out
-    assert "--device DEV[,DEV...]" in text and "--devices" not in text  # old spelling unlisted
+    assert "--device DEV[,DEV...]" in text
+    assert "[--devices" not in text and not re.search(r"^\s+--devices", text, re.M)  # unlisted
