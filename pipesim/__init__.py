@@ -69,7 +69,7 @@ from pipesim.schedules import (
 )
 from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
 from pipesim.trace_io import load_trace, save_trace, step_from_dict, step_to_dict
-from pipesim.views import Step, step_of
+from pipesim.views import Viewable, step_of
 
 __version__ = "0.1.0"
 
@@ -96,11 +96,11 @@ __all__ = [
     "ScheduleSpec",
     "Simulation",
     "StageCost",
-    "Step",
     "Trace",
     "TraceTotals",
     "TransferRecord",
     "UnknownNameError",
+    "Viewable",
     "Work",
     "__version__",
     "build_graph",

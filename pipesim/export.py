@@ -60,7 +60,7 @@ from pipesim.files import write_text
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, TransferRecord
 from pipesim.units import SECONDS_PER_UNIT
-from pipesim.views import Step, step_of
+from pipesim.views import Viewable, step_of
 
 __all__ = [
     "US_PER_UNIT",
@@ -89,7 +89,7 @@ _INFLIGHT = "activations in flight"
 
 
 def chrome_trace(
-    step: Step,
+    step: Viewable,
     /,
     *,
     time_unit: str | None = None,
@@ -197,7 +197,7 @@ def chrome_trace(
 
 
 def chrome_trace_json(
-    step: Step,
+    step: Viewable,
     /,
     *,
     time_unit: str | None = None,
@@ -225,7 +225,7 @@ def chrome_trace_json(
 
 
 def write_chrome_trace(
-    step: Step,
+    step: Viewable,
     path: str | Path,
     /,
     *,

@@ -24,14 +24,14 @@ from pipesim.metrics import compute_metrics
 from pipesim.schedule import Schedule
 from pipesim.trace import Trace
 
-__all__ = ["Step", "step_of"]
+__all__ = ["Viewable", "step_of"]
 
 #: What a view takes: a simulation, or a (simulated or measured) trace.
-Step: TypeAlias = Simulation | Trace
+Viewable: TypeAlias = Simulation | Trace
 
 
 def step_of(
-    step: Step, /, *, schedule: Schedule | None = None, costs: CostModel | None = None
+    step: Viewable, /, *, schedule: Schedule | None = None, costs: CostModel | None = None
 ) -> Simulation:
     """``step`` as a Simulation: itself, or a Trace with ``schedule`` (required) and
     ``costs`` (default: unit costs; it gives the time unit, the slot and the capacity)

@@ -36,7 +36,7 @@ from pipesim.plot.memory import scaled
 from pipesim.plot.style import BAR_KINDS, headline, kind_of
 from pipesim.plot.timeline import bar_traces, time_scale
 from pipesim.units import format_duration, time_axis_title
-from pipesim.views import Step, step_of
+from pipesim.views import Viewable, step_of
 
 __all__ = ["KindErrors", "kind_errors", "overlay_figure"]
 
@@ -90,7 +90,7 @@ def _means(sim: Simulation) -> dict[str, Fraction]:
     return {kind: total[kind] / count[kind] for kind in BAR_KINDS if count.get(kind)}
 
 
-def kind_errors(predicted: Step, measured: Step) -> KindErrors:
+def kind_errors(predicted: Viewable, measured: Viewable) -> KindErrors:
     """Mean duration per kind of action in both steps and the relative errors."""
     pred, meas = step_of(predicted), step_of(measured)
     if pred.costs.time_unit != meas.costs.time_unit:
@@ -109,7 +109,9 @@ def kind_errors(predicted: Step, measured: Step) -> KindErrors:
     )
 
 
-def overlay_figure(predicted: Step, measured: Step, /, *, title: str | None = None) -> go.Figure:
+def overlay_figure(
+    predicted: Viewable, measured: Viewable, /, *, title: str | None = None
+) -> go.Figure:
     """Prediction and measurement of one schedule, a pair of rows per rank.
 
     >>> from pipesim.engine import simulate

@@ -62,7 +62,7 @@ from pipesim.plot.memory import (
 from pipesim.plot.style import BAR_KINDS, OP_COLORS, OP_NAMES, headline, kind_of, shade
 from pipesim.schedule import Schedule
 from pipesim.units import display_scale, time_axis_title, unit_suffix
-from pipesim.views import Step, step_of
+from pipesim.views import Viewable, step_of
 
 __all__ = [
     "bar_traces",
@@ -122,7 +122,7 @@ def time_scale(simulations: Sequence[Simulation], /) -> tuple[Fraction, str]:
     return display_scale(units.pop() if units else "unit", longest)
 
 
-def lane_labels(step: Step, /) -> tuple[tuple[str, ...], dict[tuple[int, int], int]]:
+def lane_labels(step: Viewable, /) -> tuple[tuple[str, ...], dict[tuple[int, int], int]]:
     """Row labels (ranks, then each link direction that carries time) and the row of
     each ``(src_rank, dst_rank)`` link.
 
@@ -239,7 +239,7 @@ def _fill_idle(sim: Simulation, factor: Fraction, col: _Columns) -> None:
 
 
 def bar_traces(
-    step: Step,
+    step: Viewable,
     /,
     *,
     schedule: Schedule | None = None,
@@ -303,7 +303,7 @@ def bar_traces(
     return bars
 
 
-def default_label(step: Step, /, *, schedule: Schedule | None = None) -> str:
+def default_label(step: Viewable, /, *, schedule: Schedule | None = None) -> str:
     """``name p=P m=M`` (and ``v=V`` when ranks hold several stages).
 
     >>> from pipesim.engine import simulate
@@ -407,7 +407,7 @@ def _legend() -> dict[str, Any]:
 
 
 def timeline_figure(
-    step: Step,
+    step: Viewable,
     /,
     *,
     schedule: Schedule | None = None,
@@ -492,7 +492,7 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
 
 
 def compare_figure(
-    steps: Sequence[Step],
+    steps: Sequence[Viewable],
     /,
     *,
     labels: Sequence[str] | None = None,
