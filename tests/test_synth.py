@@ -20,7 +20,8 @@ from pipesim.synth import lower_bound, make_problem, parse_memory_limit, synthes
 
 @st.composite
 def stage_costs(draw: st.DrawFn, n_stages: int, *, latency: bool = False) -> CostModel:
-    """Random integer F, I, W per stage; activations with a part kept for W."""
+    """Random integer F, I, W per stage; activations with a part kept for W; with
+    ``latency``, messages with latency, bandwidth and overheads, and a dispatch overhead."""
     stages = []
     for _ in range(n_stages):
         f = draw(st.integers(1, 6))
@@ -38,8 +39,15 @@ def stage_costs(draw: st.DrawFn, n_stages: int, *, latency: bool = False) -> Cos
                 output_bytes=draw(st.integers(0, 3)),
             )
         )
-    link = Link(latency=draw(st.integers(0, 2)), bandwidth_bytes_per_s=2) if latency else Link()
-    return CostModel(stages=tuple(stages), link=link)
+    if not latency:
+        return CostModel(stages=tuple(stages))
+    link = Link(
+        latency=draw(st.integers(0, 2)),
+        bandwidth_bytes_per_s=2,
+        send_overhead=draw(st.integers(0, 1)),
+        receive_overhead=draw(st.integers(0, 1)),
+    )
+    return CostModel(stages=tuple(stages), link=link, dispatch_overhead=draw(st.integers(0, 1)))
 
 
 def _baseline(name: str, p: int, m: int, costs: CostModel, virtual: int | None = None) -> int:
@@ -145,9 +153,11 @@ def test_unequal_costs_beat_zb_h1_and_report_the_winner() -> None:
 
 
 def test_lower_bound_by_hand() -> None:
-    # Two ranks, F=2, I=3, W=1, m=3, a message of latency 1: rank 1 starts at F + 1 = 3 and
-    # has 3 (2 + 3 + 1) = 18 of work: 21. One micro-batch: 2+1+2+3+1+3+1 = 13.
-    costs = CostModel.uniform(forward=2, input_grad=3, weight_grad=1, link=Link(latency=1))
+    # Two ranks, F=2, I=3, W=1 (B = I + W), m=3, a message of latency 1: rank 1 starts at
+    # F + 1 = 3 and has 3 (2 + 3 + 1) = 18 of work: 21. One micro-batch: 2+1+2+3+1+3+1 = 13.
+    costs = CostModel.uniform(
+        forward=2, input_grad=3, weight_grad=1, backward=4, link=Link(latency=1)
+    )
     pb = make_problem(n_ranks=2, n_microbatches=3, costs=costs, memory_limit=2)
     assert lower_bound(pb) == 21
 

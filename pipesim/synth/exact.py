@@ -15,8 +15,10 @@ The model (Qi et al. 2024 solve the same problem as an ILP, sec. 3.2):
   them in order (the only symmetry broken: every schedule can be renumbered so).
 
 Links are modelled without contention and senders never wait, a relaxation of
-the engine: the solver's bound is a lower bound for pipesim's makespan, and a
-solution's orders simulate to at most its objective. Times are scaled to
+the engine: the solver's bound is a lower bound for pipesim's makespan of any
+schedule that splits its backwards (of any schedule at all when I + W costs no
+more than B, :func:`pipesim.synth.bound.split_is_cheapest`), and a solution's
+orders simulate to at most its objective. Times are scaled to
 integers by the common denominator of the durations, exactly.
 
 Needs ``pip install 'pipesim[exact]'`` (OR-Tools); imported only when used.
@@ -30,14 +32,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from pipesim.actions import Action, Op
+from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.graph import validate
 from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
 from pipesim.step import message_bytes
-from pipesim.synth.problem import Problem
+from pipesim.synth.problem import Problem, durations_of
 
 __all__ = ["MAX_EXACT_ACTIONS", "ExactSolution", "solve_exact"]
 
@@ -173,10 +175,11 @@ def solve_exact(
 def _times(problem: Problem) -> tuple[dict[tuple[int, Op], Time], list[Time], list[Time]]:
     """Durations per (stage, op); message delays F: s -> s+1 and I: s+1 -> s."""
     costs, place = problem.costs, problem.placement
+    table = durations_of(problem)  # overheads included, as the engine takes them
     durations: dict[tuple[int, Op], Time] = {}
     for s in range(problem.n_stages):
         for op in _OPS:
-            durations[s, op] = costs.stage(s).duration(op)
+            durations[s, op] = table[4 * s + OP_INDEX[op]]
     delays_f: list[Time] = []
     delays_i: list[Time] = []
     for s in range(problem.n_stages - 1):

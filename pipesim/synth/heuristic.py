@@ -40,11 +40,11 @@ from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pipesim.actions import Action, Op
+from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.exact import Time
 from pipesim.memory import op_effects
 from pipesim.step import message_bytes
-from pipesim.synth.problem import Problem
+from pipesim.synth.problem import Problem, durations_of
 
 __all__ = ["Policy", "greedy_orders", "policies"]
 
@@ -130,9 +130,11 @@ class _Greedy:
         self.policy = policy
         n_stages, m = problem.n_stages, problem.n_microbatches
         costs, mem = problem.costs, problem.memory_costs
-        self.f = [costs.stage(s).forward for s in range(n_stages)]
-        self.i = [costs.stage(s).input_grad for s in range(n_stages)]
-        self.w = [costs.stage(s).weight_grad for s in range(n_stages)]
+        # Durations with the dispatch and message overheads, as the engine takes them.
+        table = durations_of(problem)
+        self.f = [table[4 * s + OP_INDEX[Op.F]] for s in range(n_stages)]
+        self.i = [table[4 * s + OP_INDEX[Op.I]] for s in range(n_stages)]
+        self.w = [table[4 * s + OP_INDEX[Op.W]] for s in range(n_stages)]
         # Memory effects from the one memory model (pipesim.memory): F allocates at its
         # start, I and W free at their ends.
         effects = [op_effects(mem.stage(s), forward_only=False) for s in range(n_stages)]

@@ -35,7 +35,9 @@ from fractions import Fraction
 
 from pipesim.costs import CostModel
 from pipesim.errors import CostError, PipesimError, ScheduleError
+from pipesim.exact import Time
 from pipesim.schedules.zbv import v_placement
+from pipesim.step import cost_tables
 
 __all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
 
@@ -137,6 +139,18 @@ class Problem:
     def microbatch_bytes(self, rank: int) -> int:
         """Activation bytes one micro-batch holds on ``rank`` (all its stages)."""
         return sum(self.memory_costs.stage(s).activation_bytes for s in self.stages_of(rank))
+
+
+def durations_of(problem: Problem, /) -> list[Time]:
+    """Per ``4 * stage + OP_INDEX[op]``: compute plus the dispatch and message overheads
+    (:func:`pipesim.step.cost_tables`, the engine's own table)."""
+    tables = cost_tables(
+        problem.costs,
+        n_stages=problem.n_stages,
+        forward_only=False,
+        placement=problem.placement,
+    )
+    return list(tables.durations)
 
 
 def make_problem(

@@ -35,7 +35,7 @@ from pipesim.metrics import Metrics
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
-from pipesim.synth.bound import lower_bound
+from pipesim.synth.bound import lower_bound, split_is_cheapest
 from pipesim.synth.heuristic import greedy_orders, policies
 from pipesim.synth.problem import MemoryLimit, Problem, make_problem
 
@@ -156,7 +156,8 @@ def synthesize(
 
         best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
         solution = solve_exact(problem, time_limit_s=exact_time_limit_s, horizon=best_so_far)
-        bound = max(bound, solution.bound)
+        if split_is_cheapest(problem):  # the solver's bound covers B schedules too
+            bound = max(bound, solution.bound)
         if solution.schedule is not None:
             candidates.append(evaluate_candidate(problem, solution.schedule, name="exact"))
         optimal = solution.optimal
