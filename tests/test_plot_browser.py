@@ -405,3 +405,24 @@ def test_static_images(suffix: str, tmp_path: Path, chromium: str) -> None:
         assert "1f1b: 4 ranks" in text
     else:
         assert data.startswith(b"%PDF") and len(data) > 5_000
+
+
+def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
+    """``plot --measured``: both sides drawn, one bar per action each, no script error."""
+    from pipesim import CostModel, generate, save_trace, simulate
+
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=4)
+    slow = simulate(schedule, costs=CostModel.uniform(forward=5, backward=8, time_unit="ms"))
+    trace = save_trace(
+        slow.trace,
+        tmp_path / "m.json",
+        schedule=schedule,
+        costs=CostModel.uniform(forward=4, backward=8, time_unit="ms"),
+    )
+    html = tmp_path / "overlay.html"
+    assert main(["plot", "--measured", str(trace), "-o", str(html)]) == 0
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]" and console == []
+    assert dom.count('class="point"') == 2 * 16  # 16 actions, predicted and measured
+    assert "rank 1 measured" in dom and ">time (ms)<" in dom
+    assert "F +0.0%" not in dom and "F -20.0%" in dom  # 4 ms predicted against 5 measured
