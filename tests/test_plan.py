@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -357,6 +358,10 @@ def test_cost_file_units_and_microbatch_scaling() -> None:
     assert point.peak_activation_bytes == 2 * 4 * 300
     with pytest.raises(ParseError, match="time_unit"):
         workload_from_costs(costs, meta={"time_unit": "h"})
+    # without meta.time_unit the cost model's own unit counts (abstract units: seconds)
+    in_ms = workload_from_costs(replace(costs, time_unit="ms"))
+    assert in_ms.layers[0].forward == Fraction(4000, 10**3)
+    assert workload_from_costs(costs).layers[0].forward == 4000
 
 
 def test_batch_that_does_not_divide_is_a_reason_not_an_error() -> None:

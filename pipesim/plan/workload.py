@@ -23,18 +23,15 @@ from pipesim.costs import CostModel
 from pipesim.errors import ParseError, PlanError
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
+from pipesim.units import SECONDS_PER_UNIT
 
 __all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
 
 Amount = int | Fraction
 
-#: Seconds per unit of the ``time_unit`` a cost file's ``meta`` may name.
-TIME_UNITS = {
-    "s": Fraction(1),
-    "ms": Fraction(1, 10**3),
-    "us": Fraction(1, 10**6),
-    "ns": Fraction(1, 10**9),
-}
+#: Seconds per unit of the ``time_unit`` a cost file's ``meta`` may name (one table for all
+#: of pipesim: :data:`pipesim.units.SECONDS_PER_UNIT`).
+TIME_UNITS = SECONDS_PER_UNIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,7 +117,8 @@ def workload_from_costs(
     """Each stage of a pipesim cost model becomes one layer.
 
     ``meta`` is the cost file's ``meta`` object; the planner reads
-    ``time_unit`` (s, ms, us, ns; default s; verify writes ns),
+    ``time_unit`` (s, ms, us, ns; default: the cost model's own unit when it has one,
+    else s; verify writes ns),
     ``microbatch_size`` (sequences per measured micro-batch, default 1),
     ``dtype`` of the parameters whose bytes the file lists (default fp32, what
     verify runs), ``seq_length`` (for tokens/s) and ``n_layers`` (how many
@@ -132,7 +130,7 @@ def workload_from_costs(
     (4, True)
     """
     meta = dict(meta or {})
-    unit_name = meta.get("time_unit", "s")
+    unit_name = meta.get("time_unit", costs.time_unit if costs.time_unit in TIME_UNITS else "s")
     if unit_name not in TIME_UNITS:
         raise ParseError(
             f"{name}: meta.time_unit must be one of {', '.join(TIME_UNITS)}, got {unit_name!r}"
