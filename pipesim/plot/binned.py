@@ -26,6 +26,7 @@ import base64
 import struct
 import zlib
 from fractions import Fraction
+from itertools import chain
 
 import plotly.graph_objects as go
 
@@ -69,19 +70,33 @@ def bar_count(simulation: Simulation, /, *, idle: bool = True) -> int:
 
 # Binning only decides colours on screen, so it runs in floats: exact Fractions would
 # make a 131,072-action step take seconds here.
-def _lane_cover(
-    intervals: list[tuple[float, float, int]], n_bins: int, width: float
-) -> list[list[float]]:
-    """Per bin, the time each kind covers: ``cover[bin][kind index]``."""
-    cover = [[0.0] * len(BAR_KINDS) for _ in range(n_bins)]
+def _lane_colors(intervals: list[tuple[float, float, int]], n_bins: int, width: float) -> list[RGB]:
+    """Per bin, the op colours weighted by the time each covers, idle for the rest."""
+    red, green, blue, covered = ([0.0] * n_bins for _ in range(4))
     for start, end, kind in intervals:
+        r, g, b = _RGB[kind]
         first = min(int(start / width), n_bins - 1)
         last = min(int(end / width), n_bins - 1)
-        for b in range(first, last + 1):
-            low, high = max(start, b * width), min(end, (b + 1) * width)
-            if high > low:
-                cover[b][kind] += high - low
-    return cover
+        for i in range(first, last + 1):
+            overlap = min(end, (i + 1) * width) - max(start, i * width)
+            if overlap > 0:
+                red[i] += overlap * r
+                green[i] += overlap * g
+                blue[i] += overlap * b
+                covered[i] += overlap
+    ir, ig, ib = _RGB[BAR_KINDS.index("idle")]
+    row: list[RGB] = []
+    for i in range(n_bins):
+        idle = max(width - covered[i], 0.0)
+        total = covered[i] + idle or 1.0
+        row.append(
+            (
+                round((red[i] + idle * ir) / total),
+                round((green[i] + idle * ig) / total),
+                round((blue[i] + idle * ib) / total),
+            )
+        )
+    return row
 
 
 def _lanes(
@@ -93,7 +108,7 @@ def _lanes(
         kind = BAR_KINDS.index(kind_of(record.work))
         lanes[record.rank].append((float(record.start), float(record.end), kind))
     transfer = BAR_KINDS.index("transfer")
-    for t in trace.transfers:
+    for t in trace.transfers if link_rows else ():  # reading them may build the records
         row = link_rows.get((t.src_rank, t.dst_rank))
         if row is not None and t.end > t.start:
             lanes[row].append((float(t.start), float(t.end), transfer))
@@ -113,16 +128,7 @@ def _colors(
     present: set[int] = set()
     for lane in _lanes(simulation, link_rows, n_lanes):
         present.update(kind for *_, kind in lane)
-        row: list[RGB] = []
-        for cover in _lane_cover(lane, n_bins, width):
-            cover[idle] = max(width - sum(cover), 0.0)
-            total = sum(cover) or 1.0
-            r, g, b = (
-                round(sum(cover[k] * _RGB[k][c] for k in range(len(cover))) / total)
-                for c in range(3)
-            )
-            row.append((r, g, b))
-        rows.append(row)
+        rows.append(_lane_colors(lane, n_bins, width))
     present.add(idle)
     return rows, present
 
@@ -141,7 +147,10 @@ def png_bytes(rows: list[list[RGB]], /) -> bytes:
         crc = struct.pack(">I", zlib.crc32(kind + body))
         return struct.pack(">I", len(body)) + kind + body + crc
 
-    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in rows)
+    lines: dict[int, bytes] = {}  # rows repeat (a lane is several pixel rows): pack once
+    raw = b"".join(
+        lines.setdefault(id(row), b"\x00" + bytes(chain.from_iterable(row))) for row in rows
+    )
     return (
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
