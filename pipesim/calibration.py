@@ -1,0 +1,364 @@
+"""Measured steps -> a cost model: per stage and op, plus the overheads that block a rank.
+
+An executor (``pipesim verify``) times the *compute* of each unit of work, not
+the waits, sends and receives around it. In pipesim's model
+(:mod:`pipesim.costs`) a unit of work holds its rank for ``dispatch + receive
+overheads + compute + send overheads``, and its messages arrive ``latency``
+after its sends are posted. :func:`fit_costs` inverts that from one or more
+measured steps (any schedules on one cut of the model, any micro-batch counts):
+
+1. **compute**: per (stage, op) the median over every micro-batch of every
+   step; an op never run falls back (B = I + W when only split backwards ran,
+   I = W = B / 2 when only full ones), and the fit says so in ``assumed``;
+2. **dispatch d and send overhead s**: from each rank's consecutive units
+   ``a -> b`` where ``b`` takes no cross-rank message, the gap between ``a``'s
+   compute end and ``b``'s compute start is ``s * (messages a sends) + d``;
+3. **receive overhead r**: where every message ``b`` takes was sent before ``a``
+   even started (so it has arrived), the gap is ``s * sent + d + r * taken``;
+4. **latency L**: where a message ``b`` takes was sent after ``a``'s node ended
+   (so the rank waited for it), ``b``'s compute starts at
+   ``last send + L + d + r * taken``.
+
+Each is a median over all such transitions, which keeps the noise of a shared
+machine out (a mean would not). Times keep the trace's unit (verify: ns) and
+are rounded to whole units. :func:`compute_only` is the converse: what an
+executor would measure of a simulated step, so predictions and measurements
+are compared on the same span (:func:`measured_makespan`, :func:`predict`).
+
+>>> from pipesim.costs import CostModel, Link
+>>> from pipesim.engine import simulate
+>>> from pipesim.schedules import generate
+>>> truth = CostModel.uniform(forward=40, backward=90, input_grad=50, weight_grad=45,
+...                           link=Link(latency=3, send_overhead=2, receive_overhead=4),
+...                           dispatch_overhead=1)
+>>> steps = []
+>>> for name in ("1f1b", "zb-h1"):
+...     schedule = generate(name, n_ranks=2, n_microbatches=4)
+...     trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
+...     steps.append(MeasuredStep(schedule=schedule, trace=trace))
+>>> fit = fit_costs(steps)
+>>> fit.costs.stage(1).weight_grad, fit.costs.link.receive_overhead, fit.costs.dispatch_overhead
+(45, 4, 1)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from pipesim.actions import Action, Op, Overlap, Work
+from pipesim.costs import CostModel, Link, StageCost
+from pipesim.engine import simulate
+from pipesim.errors import CostError
+from pipesim.exact import Time
+from pipesim.schedule import Schedule
+from pipesim.schedules import generate
+from pipesim.step import StepStructure, step_structure
+from pipesim.trace import ActionRecord, Trace
+
+__all__ = [
+    "CalibrationFit",
+    "MeasuredStep",
+    "calibration_schedule",
+    "compute_only",
+    "costs_for",
+    "fit_costs",
+    "measured_makespan",
+    "median",
+    "predict",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredStep:
+    """One measured step: the schedule that ran and its compute-only action records."""
+
+    schedule: Schedule
+    trace: Trace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationFit:
+    """What :func:`fit_costs` found."""
+
+    costs: CostModel
+    assumed: tuple[str, ...]
+    """Ops not measured and filled from others, e.g. ``"stage 0: I = W = B / 2"``."""
+    samples: Mapping[str, int]
+    """How many measurements each figure is the median of (``"0F"``, ``"dispatch"``, ...)."""
+
+
+def median(values: Sequence[Time], /) -> Time:
+    """The exact median (the mean of the middle two for an even count).
+
+    >>> median([3, 1, 2]), median([1, 2, 3, 5])
+    (2, Fraction(5, 2))
+    """
+    if not values:
+        raise ValueError("median of no values")
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[half]
+    middle = Fraction(ordered[half - 1] + ordered[half], 2)
+    return middle.numerator if middle.denominator == 1 else middle
+
+
+def _whole(value: Time) -> int:
+    """Whole time units, never negative (a fitted overhead below 0 is noise)."""
+    return max(round(value), 0)
+
+
+# -- what to run ------------------------------------------------------------------------
+def calibration_schedule(*, n_ranks: int, n_microbatches: int, virtual: int = 1) -> Schedule:
+    """1F1B (``virtual`` 1) or interleaved 1F1B with every odd micro-batch's backward split
+    into I then W, so that one run measures F, B, I and W of every stage.
+
+    It is none of the registered families, so every registered schedule is
+    predicted out of sample.
+
+    >>> s = calibration_schedule(n_ranks=2, n_microbatches=2)
+    >>> [str(w) for w in s.orders[1]]
+    ['1F0', '1B0', '1F1', '1I1', '1W1']
+    """
+    base = (
+        generate("1f1b", n_ranks=n_ranks, n_microbatches=n_microbatches)
+        if virtual == 1
+        else generate(
+            "interleaved-1f1b", n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual
+        )
+    )
+    orders: list[list[Work]] = []
+    for order in base.orders:
+        new: list[Work] = []
+        for work in order:
+            if isinstance(work, Action) and work.op is Op.B and work.microbatch % 2:
+                new.append(Action(stage=work.stage, op=Op.I, microbatch=work.microbatch))
+                new.append(Action(stage=work.stage, op=Op.W, microbatch=work.microbatch))
+            else:
+                new.append(work)
+        orders.append(new)
+    return Schedule.from_orders(
+        orders,
+        placement=base.placement,
+        n_microbatches=n_microbatches,
+        name=f"calibration (mixed-backward {base.name})",
+    )
+
+
+# -- which messages each unit of work sends and takes ------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    structure: StepStructure
+    sent: tuple[int, ...]
+    taken: tuple[int, ...]
+
+
+def _counts(schedule: Schedule) -> _Counts:
+    structure = step_structure(schedule)
+    n_messages = len(structure.messages)
+    sent = tuple(sum(1 for a in out if a < n_messages) for out in structure.outputs)
+    taken = tuple(sum(1 for a in ins if a < n_messages) for ins in structure.inputs)
+    return _Counts(structure, sent, taken)
+
+
+def _records_by_node(structure: StepStructure, trace: Trace) -> list[ActionRecord]:
+    by_work: dict[Work, ActionRecord] = {r.work: r for r in trace.actions}
+    missing = [str(w) for w in structure.works if w not in by_work]
+    if missing:
+        raise ValueError(
+            f"the measured trace has no record of {missing[:5]} of schedule "
+            f"{structure.schedule.name!r}; give the trace of that schedule's step"
+        )
+    return [by_work[w] for w in structure.works]
+
+
+# -- the converse: what an executor measures of a simulated step --------------------------
+def compute_only(trace: Trace, schedule: Schedule, costs: CostModel, /) -> Trace:
+    """``trace`` (simulated with ``costs``) as an executor measures it: each unit of work
+    without its dispatch, receive and send overheads; records shifted so the first
+    compute starts at 0."""
+    counts = _counts(schedule)
+    costs = costs.for_stages(schedule.n_stages)
+    link, d = costs.link, costs.dispatch_overhead
+    records = _records_by_node(counts.structure, trace)
+    inner = []
+    for node, record in enumerate(records):
+        start = record.start + d + link.receive_overhead * counts.taken[node]
+        end = record.end - link.send_overhead * counts.sent[node]
+        inner.append(replace(record, start=start, end=end))
+    origin = min((r.start for r in inner), default=0)
+    shifted = sorted(
+        (replace(r, start=r.start - origin, end=r.end - origin) for r in inner),
+        key=lambda r: (r.start, r.rank),
+    )
+    return Trace(n_ranks=trace.n_ranks, actions=tuple(shifted))
+
+
+def measured_makespan(trace: Trace, /) -> Time:
+    """First compute start to last compute end: the span an executor reports."""
+    if not trace.actions:
+        return 0
+    return max(r.end for r in trace.actions) - min(r.start for r in trace.actions)
+
+
+# -- the fit -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Transition:
+    gap: Time
+    """Compute end of ``a`` to compute start of ``b``."""
+    start_a: Time
+    end_a: Time
+    start_b: Time
+    sent_a: int
+    taken_b: int
+    sources: tuple[tuple[Time, int], ...]
+    """Per message ``b`` takes: its producer's compute end and how many messages it sends."""
+
+
+def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
+    found = []
+    for step in steps:
+        counts = _counts(step.schedule)
+        structure = counts.structure
+        records = _records_by_node(structure, step.trace)
+        for order in structure.orders:
+            for a, b in itertools.pairwise(order):
+                n_messages = len(structure.messages)
+                sources = tuple(
+                    (records[m.producer_node].end, counts.sent[m.producer_node])
+                    for m in (structure.messages[i] for i in structure.inputs[b] if i < n_messages)
+                )
+                found.append(
+                    _Transition(
+                        gap=records[b].start - records[a].end,
+                        start_a=records[a].start,
+                        end_a=records[a].end,
+                        start_b=records[b].start,
+                        sent_a=counts.sent[a],
+                        taken_b=counts.taken[b],
+                        sources=sources,
+                    )
+                )
+    return found
+
+
+def _fit_overheads(steps: Sequence[MeasuredStep]) -> tuple[Link, Time, dict[str, int]]:
+    """Dispatch, send, receive and latency from the gaps between units of work."""
+    found = _transitions(steps)
+    local = [t for t in found if t.taken_b == 0]
+    idle = [t.gap for t in local if t.sent_a == 0]
+    dispatch = median(idle) if idle else 0
+    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local if t.sent_a]
+    send = median(posting) if posting else 0
+
+    def departure(source: tuple[Time, int]) -> Time:
+        return source[0] + send * source[1]
+
+    taken = [t for t in found if t.taken_b]
+    arrived = [
+        Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b)
+        for t in taken
+        if max(departure(s) for s in t.sources) <= t.start_a
+    ]
+    receive = median(arrived) if arrived else 0
+    waited = []
+    for t in taken:
+        last = max(departure(s) for s in t.sources)
+        if last > t.end_a + send * t.sent_a:
+            waited.append(t.start_b - dispatch - receive * t.taken_b - last)
+    latency = median(waited) if waited else 0
+    link = Link(
+        latency=_whole(latency), send_overhead=_whole(send), receive_overhead=_whole(receive)
+    )
+    counts = {
+        "dispatch": len(idle),
+        "send_overhead": len(posting),
+        "receive_overhead": len(arrived),
+        "latency": len(waited),
+    }
+    return link, _whole(dispatch), counts
+
+
+def fit_costs(
+    steps: Sequence[MeasuredStep],
+    /,
+    *,
+    stage_bytes: Sequence[StageCost] = (),
+) -> CalibrationFit:
+    """A cost model from measured ``steps`` (all on one cut: the same stage count).
+
+    ``stage_bytes`` gives per stage the byte fields (``activation_bytes``,
+    ``weight_grad_bytes``, ``output_bytes``, ``param_bytes``) to keep; times come
+    from the steps (see the module docstring).
+    """
+    if not steps:
+        raise ValueError("fit_costs needs at least one measured step")
+    n_stages = {s.schedule.n_stages for s in steps}
+    if len(n_stages) != 1:
+        raise ValueError(
+            f"the steps cut the model into {sorted(n_stages)} stages; a cost file describes "
+            "one cut, so calibrate each cut from its own steps"
+        )
+    (count,) = n_stages
+    samples: dict[tuple[int, Op], list[Time]] = defaultdict(list)
+    pairs: dict[int, list[Time]] = defaultdict(list)
+    for step in steps:
+        for record in step.trace.actions:
+            work = record.work
+            if isinstance(work, Action):
+                samples[(work.stage, work.op)].append(record.end - record.start)
+            else:
+                assert isinstance(work, Overlap)
+                pairs[work.parts[0].stage].append(record.end - record.start)
+    stages, assumed = [], []
+    for stage in range(count):
+        times = {op: _whole(median(samples[(stage, op)])) for op in Op if samples[(stage, op)]}
+        if Op.B not in times and Op.I in times and Op.W in times:
+            times[Op.B] = times[Op.I] + times[Op.W]
+            assumed.append(f"stage {stage}: B = I + W")
+        if Op.B in times and (Op.I not in times or Op.W not in times):
+            times[Op.I], times[Op.W] = times[Op.B] // 2, times[Op.B] - times[Op.B] // 2
+            assumed.append(f"stage {stage}: I = W = B / 2")
+        base = stage_bytes[stage] if stage < len(stage_bytes) else StageCost()
+        stages.append(
+            replace(
+                base,
+                forward=times.get(Op.F, 0),
+                backward=times.get(Op.B, 0),
+                input_grad=times.get(Op.I, 0),
+                weight_grad=times.get(Op.W, 0),
+                overlap=_whole(median(pairs[stage])) if pairs[stage] else None,
+            )
+        )
+    link, dispatch, counts = _fit_overheads(steps)
+    counted = {f"{s}{op.value}": len(samples[(s, op)]) for s in range(count) for op in Op}
+    counted = {k: v for k, v in counted.items() if v}
+    return CalibrationFit(
+        costs=CostModel(stages=tuple(stages), link=link, dispatch_overhead=dispatch),
+        assumed=tuple(assumed),
+        samples={**counted, **counts},
+    )
+
+
+def costs_for(schedule: Schedule, cuts: Mapping[int, CostModel], /) -> CostModel:
+    """The cost model of ``schedule`` from calibrated ``cuts`` (stage count -> costs);
+    with ``n_copies > 1`` every copy is the cut into ``n_stages / n_copies`` stages."""
+    per_copy = schedule.n_stages // schedule.n_copies
+    costs = cuts.get(per_copy)
+    if costs is None:
+        raise CostError(
+            f"no calibration for a cut into {per_copy} stages (have {sorted(cuts)}); "
+            f"calibrate with --virtual {max(per_copy // schedule.n_ranks, 1)}"
+        )
+    return replace(costs, stages=costs.for_stages(per_copy).stages * schedule.n_copies)
+
+
+def predict(schedule: Schedule, costs: CostModel, /) -> Time:
+    """The step an executor would measure (first compute start to last compute end,
+    :func:`measured_makespan`) as pipesim predicts it from ``costs``."""
+    trace = simulate(schedule, costs=costs).trace
+    return measured_makespan(compute_only(trace, schedule, costs))

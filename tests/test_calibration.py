@@ -1,0 +1,236 @@
+"""Calibration arithmetic on synthetic timings (pipesim.calibration, pipesim.scaling).
+
+The fake clock is pipesim's own engine run with a known cost model: its trace,
+stripped to what an executor times (compute only), is a synthetic measured run.
+Calibration must recover the model exactly, and the prediction of any other
+schedule from the recovered model must equal its synthetic measurement.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesim.calibration import (
+    MeasuredStep,
+    calibration_schedule,
+    compute_only,
+    costs_for,
+    fit_costs,
+    measured_makespan,
+    median,
+    predict,
+)
+from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
+from pipesim.engine import simulate
+from pipesim.errors import CostError
+from pipesim.scaling import AffineCosts, costs_at_microbatch_size, scaling_meta
+from pipesim.schedule import Schedule
+from pipesim.schedules import generate, get_spec, schedule_names
+from pipesim.trace import ActionRecord, Trace
+
+
+def _truth(n_stages: int, *, seed: int = 0) -> CostModel:
+    # Distinct values per stage and op, all far above the latency (see fit_costs' rule 3).
+    stages = tuple(
+        StageCost(
+            forward=400 + 37 * s + seed,
+            backward=900 + 11 * s,
+            input_grad=300 + 29 * s,
+            weight_grad=650 - 13 * s + seed,
+            output_bytes=1024,
+            activation_bytes=4096,
+        )
+        for s in range(n_stages)
+    )
+    link = Link(latency=17, send_overhead=9, receive_overhead=23)
+    return CostModel(stages=stages, link=link, dispatch_overhead=5)
+
+
+def _synthetic(schedule: Schedule, costs: CostModel) -> MeasuredStep:
+    trace = simulate(schedule, costs=costs).trace
+    return MeasuredStep(schedule=schedule, trace=compute_only(trace, schedule, costs))
+
+
+def test_compute_only_strips_each_overhead_by_hand() -> None:
+    """1F1B, 2 ranks, 1 micro-batch, F=10, B=20, latency 3, send 1, receive 4, dispatch 2:
+    0F0's node is 0..13 (2 + 10 + 1), compute 2..12; arrives 16; 1F0 node 16..32,
+    compute 22..32; 1B0 node 32..55, compute 34..54; arrives 58; 0B0 node 58..84,
+    compute 64..84. Shifted by the first compute start (2)."""
+    costs = CostModel.uniform(
+        forward=10,
+        backward=20,
+        link=Link(latency=3, send_overhead=1, receive_overhead=4),
+        dispatch_overhead=2,
+    )
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+    step = _synthetic(schedule, costs)
+    spans = [(str(r.work), r.start, r.end) for r in step.trace.actions]
+    assert spans == [("0F0", 0, 10), ("1F0", 20, 30), ("1B0", 32, 52), ("0B0", 62, 82)]
+    assert measured_makespan(step.trace) == 82 == predict(schedule, costs)
+    assert simulate(schedule, costs=costs).metrics.makespan == 84
+
+
+def test_medians_keep_an_outlier_out() -> None:
+    """A fake clock: 0F takes 10, 11, 10 and once 50 (a noisy neighbour); 1F 7 twice."""
+    schedule = generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True)
+    durations = {"0F": [10, 11, 10, 50], "1F": [7, 7, 7, 9]}
+    records, clock = [], {0: 0, 1: 100}
+    for rank, order in enumerate(schedule.orders):
+        for k, work in enumerate(order):
+            d = durations[f"{work.parts[0].stage}F"][k]
+            records.append(
+                ActionRecord(rank=rank, work=work, start=clock[rank], end=clock[rank] + d)
+            )
+            clock[rank] += d + 1
+    fit = fit_costs(
+        [MeasuredStep(schedule=schedule, trace=Trace(n_ranks=2, actions=tuple(records)))]
+    )
+    # medians: (10 + 11) / 2 -> 10.5 rounds to 10 (banker's), 7; a mean would give 20.25
+    assert fit.costs.stage(0).forward == 10 and fit.costs.stage(1).forward == 7
+    assert fit.samples["0F"] == 4
+    assert median([10, 11, 10, 50]) == Fraction(21, 2)
+
+
+def test_calibration_recovers_every_figure_exactly() -> None:
+    truth = _truth(2)
+    schedule = calibration_schedule(n_ranks=2, n_microbatches=4)
+    fit = fit_costs([_synthetic(schedule, truth)], stage_bytes=truth.stages)
+    assert fit.costs == truth
+    assert fit.assumed == ()
+    assert min(fit.samples[k] for k in ("dispatch", "send_overhead", "receive_overhead")) > 0
+    assert fit.samples["latency"] > 0
+
+
+def test_calibration_schedule_runs_every_op_and_is_no_registered_family() -> None:
+    schedule = calibration_schedule(n_ranks=2, n_microbatches=4, virtual=2)
+    ops = {(a.stage, a.op.value) for a in schedule.actions()}
+    assert ops == {(s, op) for s in range(4) for op in "FBIW"}
+    assert schedule.name not in schedule_names()
+    assert str(schedule.orders[0][-1]) == "0W3"
+
+
+def test_unmeasured_ops_are_filled_and_said() -> None:
+    truth = _truth(2)
+    fit = fit_costs([_synthetic(generate("1f1b", n_ranks=2, n_microbatches=4), truth)])
+    assert fit.costs.stage(1).input_grad == truth.stage(1).backward // 2
+    assert fit.assumed == ("stage 0: I = W = B / 2", "stage 1: I = W = B / 2")
+    split = fit_costs([_synthetic(generate("zb-h1", n_ranks=2, n_microbatches=4), truth)])
+    assert split.costs.stage(0).backward == truth.stage(0).input_grad + truth.stage(0).weight_grad
+
+
+def _families_at_two_ranks() -> list[str]:
+    return [n for n in schedule_names() if n != "sequential"]
+
+
+@pytest.mark.parametrize("name", _families_at_two_ranks())
+@pytest.mark.parametrize("n_microbatches", [4, 8, 16])
+def test_prediction_of_a_synthetic_run_is_exact(name: str, n_microbatches: int) -> None:
+    """Calibrate on the mixed-backward schedule at m=4 (one file per cut), then predict
+    every registered family at m up to 4x from the files alone: exactly the measurement."""
+    cuts = {}
+    for virtual in (1, 2):
+        truth = _truth(2 * virtual)
+        schedule = calibration_schedule(n_ranks=2, n_microbatches=4, virtual=virtual)
+        cuts[2 * virtual] = fit_costs([_synthetic(schedule, truth)], stage_bytes=truth.stages).costs
+    spec = get_spec(name)
+    virtual = spec.default_virtual if spec.default_virtual else 1
+    target = generate(name, n_ranks=2, n_microbatches=n_microbatches, virtual=virtual)
+    true_costs = costs_for(target, {2: _truth(2), 4: _truth(4)})
+    measured = measured_makespan(_synthetic(target, true_costs).trace)
+    assert predict(target, costs_for(target, cuts)) == measured
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    forward=st.integers(200, 900),
+    backward=st.integers(200, 900),
+    split=st.integers(100, 800),
+    latency=st.integers(0, 60),
+    send=st.integers(0, 40),
+    receive=st.integers(0, 40),
+    dispatch=st.integers(0, 40),
+)
+def test_random_models_are_recovered(
+    forward: int, backward: int, split: int, latency: int, send: int, receive: int, dispatch: int
+) -> None:
+    truth = CostModel(
+        stages=(
+            StageCost(forward=forward, backward=backward, input_grad=split, weight_grad=backward),
+            StageCost(
+                forward=forward + 7,
+                backward=backward + 3,
+                input_grad=split + 1,
+                weight_grad=5 + split,
+            ),
+        ),
+        link=Link(latency=latency, send_overhead=send, receive_overhead=receive),
+        dispatch_overhead=dispatch,
+    )
+    schedule = calibration_schedule(n_ranks=2, n_microbatches=4)
+    assert fit_costs([_synthetic(schedule, truth)], stage_bytes=truth.stages).costs == truth
+
+
+def test_steps_of_two_cuts_are_refused() -> None:
+    steps = [
+        _synthetic(generate("1f1b", n_ranks=2, n_microbatches=2), _truth(2)),
+        _synthetic(generate("1f1b", n_ranks=3, n_microbatches=2), _truth(3)),
+    ]
+    with pytest.raises(ValueError, match=r"\[2, 3\] stages"):
+        fit_costs(steps)
+
+
+def test_a_trace_of_another_schedule_is_refused() -> None:
+    step = _synthetic(generate("1f1b", n_ranks=2, n_microbatches=2), _truth(2))
+    other = MeasuredStep(schedule=generate("zb-h1", n_ranks=2, n_microbatches=2), trace=step.trace)
+    with pytest.raises(ValueError, match=r"no record of \['0I0'"):
+        fit_costs([other])
+
+
+def test_costs_for_a_missing_cut_names_the_fix() -> None:
+    with pytest.raises(CostError, match="--virtual 2"):
+        costs_for(generate("zbv", n_ranks=2, n_microbatches=4), {2: _truth(2)})
+
+
+# -- micro-batch size: fixed overhead + cost per row --------------------------------------
+def test_affine_scaling_by_hand() -> None:
+    """F = 3.6 ms at 1 row and 4.7 ms at 2 rows: fixed 2.5 ms + 1.1 ms per row, so 8 rows
+    take 11.3 ms; activations scale with the rows, parameters do not."""
+    one = CostModel(
+        stages=(StageCost(forward=3600, activation_bytes=100, param_bytes=7),),
+        link=Link(latency=10, send_overhead=4),
+        dispatch_overhead=30,
+    )
+    two = CostModel(
+        stages=(StageCost(forward=4700, activation_bytes=200, param_bytes=7),),
+        link=Link(latency=12, send_overhead=4),
+        dispatch_overhead=30,
+    )
+    at8 = AffineCosts.fit(one, two, sizes=(1, 2)).at(8)
+    assert at8.stage(0).forward == 11300
+    assert at8.stage(0).activation_bytes == 800 and at8.stage(0).param_bytes == 7
+    assert at8.link.latency == 24 and at8.link.send_overhead == 4 and at8.dispatch_overhead == 30
+
+
+def test_affine_scaling_never_goes_below_zero() -> None:
+    one = CostModel.uniform(forward=10)
+    two = CostModel.uniform(forward=100)
+    assert AffineCosts.fit(one, two, sizes=(8, 16)).at(1).stage(0).forward == 0
+
+
+def test_a_cost_file_carries_its_second_size() -> None:
+    one = CostModel.uniform(forward=10, backward=20)
+    two = CostModel.uniform(forward=16, backward=36)
+    meta = {"microbatch_size": 4, "microbatch_scaling": scaling_meta(two, microbatch_size=8)}
+    data = costs_to_dict(one) | {"meta": meta}
+    loaded = costs_from_dict(data)
+    at12 = costs_at_microbatch_size(loaded, data["meta"], 12)
+    assert (at12.stage(0).forward, at12.stage(0).backward) == (22, 52)
+    assert costs_at_microbatch_size(loaded, {"microbatch_size": 4}, 4) == loaded
+    with pytest.raises(CostError, match="calibrate at a second size"):
+        costs_at_microbatch_size(loaded, {"microbatch_size": 4}, 8)
+    with pytest.raises(CostError, match="two different micro-batch sizes"):
+        AffineCosts.fit(one, two, sizes=(4, 4))
