@@ -29,6 +29,7 @@ _VERB_MODULES = (
     "_plot",
     "_trace",
     "_verify",
+    "_calibrate",
     "_plan",
     "_completion",
 )

@@ -1,0 +1,247 @@
+"""``pipesim calibrate``: measure a model on real ranks once, write a cost file that
+predicts other schedules, micro-batch counts and sizes; optionally check predictions.
+
+It runs the mixed-backward calibration schedule (1F1B, or interleaved 1F1B with
+``--virtual 2``, with odd micro-batches' backward split into I + W) with one
+process per rank (``verify --dist``: gloo on the CPU), ``--repeats`` times after
+a warm-up step each, ``--threads`` intra-op threads per rank, and fits per stage
+and op medians plus per-message send / receive overheads, link latency and a
+per-action dispatch overhead (:mod:`pipesim.calibration`). With two
+``--microbatch-sizes`` it also measures the second size, and the file scales to
+any size (:mod:`pipesim.scaling`). ``--check`` then runs other schedules, and
+prints pipesim's prediction from the file next to the measured median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import warnings
+from typing import Any
+
+from pipesim.cli._common import positive_int
+from pipesim.errors import PipesimError
+
+_INSTALL = "pip install 'pipesim[verify]'"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give whole numbers like 4,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"give whole numbers >= 1, got {text!r}")
+    return values
+
+
+def register(subparsers: Any) -> None:
+    """Add ``calibrate``."""
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure a model on CPU ranks once; write a cost file that predicts other "
+        "schedules and sizes",
+        description=__doc__.split("\n\n")[0].replace("``", "") + f" Needs torch: {_INSTALL}.",
+    )
+    parser.add_argument(
+        "-p",
+        "--stages",
+        type=positive_int,
+        default=2,
+        metavar="P",
+        help="ranks (pipeline depth), default 2",
+    )
+    parser.add_argument(
+        "--virtual",
+        type=positive_int,
+        default=1,
+        metavar="V",
+        help="stages per rank of the cut to calibrate (1 or 2), default 1",
+    )
+    parser.add_argument(
+        "-m",
+        "--microbatches",
+        type=positive_int,
+        default=4,
+        metavar="M",
+        help="micro-batches of the calibration runs, default 4",
+    )
+    parser.add_argument(
+        "--microbatch-sizes",
+        type=_ints,
+        default=[8],
+        metavar="B[,B2]",
+        help="rows per micro-batch; two sizes fit the affine size model (default 8)",
+    )
+    parser.add_argument(
+        "--model", default="gpt", metavar="gpt|mlp|MODULE:FACTORY", help="the model (default gpt)"
+    )
+    parser.add_argument("--gpt-layers", type=positive_int, default=6, metavar="N")
+    parser.add_argument("--gpt-width", type=positive_int, default=256, metavar="D")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        metavar="K",
+        help="measured runs, each in fresh processes after a warm-up (default 3)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="T",
+        help="intra-op threads per rank (default 1; recorded in the file)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="W",
+        help="untimed steps before each measured one (default 1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="stop a run after S seconds (default 300)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="the cost file to write (time unit: ns, provenance in meta)",
+    )
+    parser.add_argument(
+        "--check",
+        metavar="NAME[,NAME...]",
+        help="then measure these registered schedules and compare with the "
+        "prediction from the file",
+    )
+    parser.add_argument(
+        "--check-microbatches",
+        type=_ints,
+        default=None,
+        metavar="M[,M...]",
+        help="micro-batch counts for --check (default: -m and 4x -m)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    try:
+        importlib.import_module("torch")
+    except ImportError as exc:
+        raise PipesimError(
+            f"pipesim calibrate needs torch, which is not importable here ({exc}); install "
+            f"the extra: {_INSTALL}"
+        ) from None
+    if len(args.microbatch_sizes) > 2:
+        raise PipesimError(
+            f"--microbatch-sizes takes one or two sizes, got {args.microbatch_sizes}"
+        )
+    costs, meta = _calibrate(args, args.microbatch_sizes[0])
+    if len(args.microbatch_sizes) == 2:
+        from pipesim.scaling import scaling_meta
+
+        second, _ = _calibrate(args, args.microbatch_sizes[1])
+        meta["microbatch_scaling"] = scaling_meta(second, microbatch_size=args.microbatch_sizes[1])
+    _write(costs, meta, args.output)
+    _print_costs(costs, meta, args.output)
+    if args.check:
+        return _check(args, costs)
+    return 0
+
+
+def _options(args: argparse.Namespace) -> dict[str, int]:
+    return {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
+
+
+def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dict[str, Any]]:
+    from verify.fidelity import calibrate_cut
+
+    return calibrate_cut(
+        model=args.model,
+        model_options=_options(args),
+        n_ranks=args.stages,
+        virtual=args.virtual,
+        n_microbatches=args.microbatches,
+        microbatch_size=microbatch_size,
+        repeats=args.repeats,
+        threads=args.threads,
+        warmup=max(args.warmup, 0),
+        timeout_s=args.timeout,
+    )
+
+
+def _write(costs: Any, meta: dict[str, Any], path: str) -> None:
+    import json
+
+    from pipesim.costs import costs_to_dict
+    from pipesim.files import write_text
+
+    write_text(path, json.dumps(costs_to_dict(costs) | {"meta": meta}, indent=2) + "\n")
+
+
+def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
+    def ms(values: list[Any]) -> str:
+        return "/".join(f"{float(v) / 1e6:.2f}" for v in values)
+
+    link = costs.link
+    print(
+        f"calibrated {meta['n_stages']} stages from {meta['repeats']} runs of "
+        f"{meta['schedule']} (m={meta['n_microbatches']}, {meta['microbatch_size']} rows, "
+        f"{meta['threads_per_rank']} thread(s) per rank, load {meta['load_average'][0]}):"
+    )
+    for op, name in (
+        ("F", "forward"),
+        ("B", "backward"),
+        ("I", "input_grad"),
+        ("W", "weight_grad"),
+    ):
+        print(f"  {op} per stage (ms): {ms([getattr(s, name) for s in costs.stages])}")
+    print(
+        f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
+        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
+        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
+    )
+    if meta["assumed"]:
+        print(f"  assumed: {'; '.join(meta['assumed'])}")
+    print(f"wrote {path}")
+
+
+def _check(args: argparse.Namespace, costs: Any) -> int:
+    from pipesim.calibration import costs_for, predict
+    from pipesim.schedules import generate, get_spec
+    from verify.fidelity import measure
+
+    counts = args.check_microbatches or [args.microbatches, 4 * args.microbatches]
+    errors = []
+    cuts = {args.stages * args.virtual: costs}
+    print("schedule            m   predicted   measured (spread)   error")
+    for name in args.check.split(","):
+        spec = get_spec(name.strip())
+        for m in counts:
+            virtual = 1 if spec.default_virtual == 1 else args.virtual
+            schedule = generate(spec.name, n_ranks=args.stages, n_microbatches=m, virtual=virtual)
+            predicted = predict(schedule, costs_for(schedule, cuts))
+            got = measure(
+                schedule,
+                model=args.model,
+                model_options=_options(args),
+                microbatch_size=args.microbatch_sizes[0],
+                repeats=args.repeats,
+                threads=args.threads,
+                warmup=max(args.warmup, 0),
+                timeout_s=args.timeout,
+            )
+            error = float((predicted - got.median_ns) / got.median_ns) * 100
+            errors.append(abs(error))
+            print(
+                f"{spec.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
+                f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}%"
+            )
+    print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
+    return 0

@@ -1,0 +1,74 @@
+"""``pipesim calibrate``: real CPU ranks, a cost file with units and provenance, checks.
+
+The figures themselves depend on the machine; these tests check what the file
+holds and that the pieces fit together (the arithmetic is tests/test_calibration.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipesim.calibration import calibration_schedule, predict  # noqa: E402
+from pipesim.cli import main  # noqa: E402
+from pipesim.costs import costs_from_dict  # noqa: E402
+from pipesim.scaling import costs_at_microbatch_size  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(240)]
+
+
+def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mlp.json"
+    status = main(
+        [
+            "calibrate",
+            "--model",
+            "mlp",
+            "-p",
+            "2",
+            "-m",
+            "2",
+            "--microbatch-sizes",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--timeout",
+            "120",
+            "-o",
+            str(out),
+            "--check",
+            "gpipe",
+            "--check-microbatches",
+            "2",
+        ]
+    )
+    text = capsys.readouterr().out
+    assert status == 0, text
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    assert meta["time_unit"] == "ns"
+    assert meta["threads_per_rank"] == 1 and meta["microbatch_size"] == 2
+    assert meta["schedule"] == calibration_schedule(n_ranks=2, n_microbatches=2).name
+    assert (meta["n_ranks"], meta["n_stages"], meta["repeats"]) == (2, 2, 1)
+    assert meta["assumed"] == []  # F, B, I and W all measured
+    assert meta["samples"]["0I"] == 1 and meta["samples"]["1B"] == 1
+    costs = costs_from_dict(data)
+    assert all(s.forward > 0 and s.backward > 0 and s.weight_grad > 0 for s in costs.stages)
+    assert costs.stage(0).output_bytes == 2 * 96 * 4  # 2 rows of the MLP's 96-wide hidden
+    assert costs_at_microbatch_size(costs, meta, 2) == costs  # measured at one size only
+    assert predict(calibration_schedule(n_ranks=2, n_microbatches=2), costs) > 0
+    assert "gpipe" in text and "error: mean" in text
+
+
+def test_three_sizes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["calibrate", "--microbatch-sizes", "2,4,8", "-o", str(tmp_path / "c.json")])
+    assert status == 1
+    assert "one or two sizes" in capsys.readouterr().err
