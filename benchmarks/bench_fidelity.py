@@ -15,6 +15,9 @@ counts up to 4x the calibration's and for schedules not used in calibration.
 3. Measure each with ``verify --dist`` (``--repeats`` runs in fresh processes,
    median) and print per configuration the prediction, the median, the
    run-to-run spread ((slowest - fastest) / median) and the error.
+4. Micro-batch size (not with ``--quick``): calibrate the 2-stage cut at 4 and
+   8 rows, predict 1F1B and ZB-H1 at 2 and 16 rows from the affine fit
+   (``pipesim.scaling``: a fixed cost plus a cost per row) and measure them.
 
 Model error and run-to-run spread are printed apart: ``error`` is the
 prediction against the median; ``spread`` is how far the same configuration
@@ -43,6 +46,7 @@ from typing import Any
 from pipesim.calibration import calibration_schedule, costs_for, predict
 from pipesim.costs import CostModel, costs_to_dict
 from pipesim.errors import PipesimError
+from pipesim.scaling import AffineCosts
 from pipesim.schedules import generate, get_spec, schedule_names
 from verify.fidelity import Measurement, calibrate_cut, measure
 
@@ -100,9 +104,16 @@ def _row(
     }
 
 
-def _calibrate(args: argparse.Namespace, options: dict[str, int]) -> dict[int, CostModel]:
+def _calibrate(
+    args: argparse.Namespace,
+    options: dict[str, int],
+    *,
+    virtuals: tuple[int, ...] = (1, 2),
+    microbatch_size: int | None = None,
+) -> dict[int, CostModel]:
     cuts = {}
-    for virtual in (1, 2):
+    rows = microbatch_size or args.microbatch_size
+    for virtual in virtuals:
         load = _load()
         start = time.perf_counter()
         costs, meta = calibrate_cut(
@@ -111,7 +122,7 @@ def _calibrate(args: argparse.Namespace, options: dict[str, int]) -> dict[int, C
             n_ranks=2,
             virtual=virtual,
             n_microbatches=args.calibration_microbatches,
-            microbatch_size=args.microbatch_size,
+            microbatch_size=rows,
             repeats=args.repeats,
             threads=args.threads,
             timeout_s=args.timeout,
@@ -119,7 +130,8 @@ def _calibrate(args: argparse.Namespace, options: dict[str, int]) -> dict[int, C
         cuts[2 * virtual] = costs
         link = costs.link
         print(
-            f"  calibrated {2 * virtual} stages in {time.perf_counter() - start:.0f} s "
+            f"  calibrated {2 * virtual} stages, {rows} rows, in "
+            f"{time.perf_counter() - start:.0f} s "
             f"(load {load:.1f}): F {[s.forward // 1000 for s in costs.stages]} us, "
             f"B {[s.backward // 1000 for s in costs.stages]} us, "
             f"I {[s.input_grad // 1000 for s in costs.stages]} us, "
@@ -132,19 +144,24 @@ def _calibrate(args: argparse.Namespace, options: dict[str, int]) -> dict[int, C
         if args.costs_dir:
             os.makedirs(args.costs_dir, exist_ok=True)
             tag = "x".join(str(options[k]) for k in ("n_layers", "width"))
-            path = os.path.join(args.costs_dir, f"gpt{tag}-{2 * virtual}stages.json")
+            name = f"gpt{tag}-{2 * virtual}stages-b{rows}.json"
+            path = os.path.join(args.costs_dir, name)
             data = costs_to_dict(costs) | {"meta": meta}
             with open(path, "w", encoding="utf-8") as out:
                 json.dump(data, out, indent=2)
     return cuts
 
 
-def _families(quick: bool) -> list[str]:
-    return list(_QUICK_FAMILIES) if quick else list(schedule_names())
+def _families(args: argparse.Namespace) -> list[str]:
+    if args.families:
+        return [get_spec(n.strip()).name for n in args.families.split(",")]
+    return list(_QUICK_FAMILIES) if args.quick else list(schedule_names())
 
 
 def run(args: argparse.Namespace) -> int:
-    max_load = args.max_load if args.max_load is not None else 1.5 * (os.cpu_count() or 1)
+    # The two ranks and this process account for up to about 3 of the load by themselves.
+    default = 3 + 0.5 * (os.cpu_count() or 1)
+    max_load = args.max_load if args.max_load is not None else default
     sizes = _parse_sizes(args.sizes)
     print(
         f"fidelity: p=2, calibration m={args.calibration_microbatches}, "
@@ -153,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
         f"{os.getloadavg()} (BUSY above {max_load:.1f})",
         flush=True,
     )
+    if _load() > max_load:
+        print(
+            f"warning: the machine is busy now (load {_load():.1f} > {max_load:.1f}); lines "
+            "measured while it stays busy are flagged BUSY and the summary is refused",
+            flush=True,
+        )
     rows: list[dict[str, Any]] = []
     floor: list[dict[str, Any]] = []
     for layers, width in sizes:
@@ -183,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         )
         floor.append(row)
         print("  in sample: " + _line(row), flush=True)
-        for name in _families(args.quick):
+        for name in _families(args):
             virtual = get_spec(name).default_virtual
             for m in args.microbatches:
                 try:
@@ -205,7 +228,41 @@ def run(args: argparse.Namespace) -> int:
                 row = _row(model, name, virtual, m, predicted, got, load, max_load)
                 rows.append(row)
                 print("  " + _line(row), flush=True)
+        if args.scale_sizes:
+            rows += _scaling(args, options, model, max_load)
     return _summary(args, rows, floor)
+
+
+def _scaling(
+    args: argparse.Namespace, options: dict[str, int], model: str, max_load: float
+) -> list[dict[str, Any]]:
+    """Calibrate the 2-stage cut at two micro-batch sizes; predict other sizes from the
+    affine fit (pipesim.scaling) and measure them."""
+    b1, b2 = args.scale_sizes
+    first = _calibrate(args, options, virtuals=(1,), microbatch_size=b1)[2]
+    second = _calibrate(args, options, virtuals=(1,), microbatch_size=b2)[2]
+    fit = AffineCosts.fit(first, second, sizes=(b1, b2))
+    rows = []
+    for b in args.scale_targets:
+        for name in ("1f1b", "zb-h1"):
+            schedule = generate(name, n_ranks=2, n_microbatches=args.calibration_microbatches * 2)
+            predicted = int(predict(schedule, fit.at(b)))
+            load = _load()
+            got = measure(
+                schedule,
+                model="gpt",
+                model_options=options,
+                microbatch_size=b,
+                repeats=args.repeats,
+                threads=args.threads,
+                timeout_s=args.timeout,
+            )
+            row = _row(
+                model, f"{name} b={b}", 1, schedule.n_microbatches, predicted, got, load, max_load
+            )
+            rows.append(row)
+            print("  " + _line(row), flush=True)
+    return rows
 
 
 def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[Any]) -> int:
@@ -259,14 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one model, 4 families, m=8, 2 runs")
     parser.add_argument("--sizes", default=None, help="GPT sizes LAYERSxWIDTH,... (6x256,6x512)")
+    parser.add_argument("--families", default=None, help="schedules to predict (all registered)")
     parser.add_argument("--microbatches", default=None, help="m values to predict (4,8,16)")
     parser.add_argument("--calibration-microbatches", type=int, default=4)
     parser.add_argument("--microbatch-size", type=int, default=8, help="rows per micro-batch")
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (3)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
-    parser.add_argument("--max-load", type=float, default=None, help="BUSY above (1.5 x CPUs)")
+    parser.add_argument("--max-load", type=float, default=None, help="BUSY above (3 + CPUs / 2)")
     parser.add_argument("--allow-busy", action="store_true", help="summarise a busy run anyway")
+    parser.add_argument(
+        "--scale-sizes",
+        default=None,
+        help="two calibration micro-batch sizes for the size check (4,8; 'none' skips it)",
+    )
+    parser.add_argument("--scale-targets", default="2,16", help="sizes predicted from them")
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
     args = parser.parse_args(argv)
@@ -274,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     m_text = args.microbatches or ("8" if args.quick else "4,8,16")
     args.microbatches = [int(v) for v in m_text.split(",")]
     args.repeats = args.repeats or (2 if args.quick else 3)
+    scale = args.scale_sizes or ("none" if args.quick else "4,8")
+    args.scale_sizes = None if scale == "none" else [int(v) for v in scale.split(",")]
+    args.scale_targets = [int(v) for v in args.scale_targets.split(",")]
     return run(args)
 
 
