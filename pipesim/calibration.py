@@ -13,11 +13,13 @@ measured steps (any schedules on one cut of the model, any micro-batch counts):
 2. **dispatch d and send overhead s**: from each rank's consecutive units
    ``a -> b`` where ``b`` takes no cross-rank message, the gap between ``a``'s
    compute end and ``b``'s compute start is ``s * (messages a sends) + d``;
-3. **receive overhead r**: where every message ``b`` takes was sent before ``a``
-   even started (so it has arrived), the gap is ``s * sent + d + r * taken``;
-4. **latency L**: where a message ``b`` takes was sent after ``a``'s node ended
+3. **latency L**: where a message ``b`` takes was sent after ``a``'s node ended
    (so the rank waited for it), ``b``'s compute starts at
-   ``last send + L + d + r * taken``.
+   ``last send + L + d + r * taken``; the median of those ``L + r * taken``
+   bounds L from above;
+4. **receive overhead r**: where every message ``b`` takes had arrived when the
+   rank became free (sent early enough by that bound; without one, sent before
+   ``a`` started), the gap is ``s * sent + d + r * taken``; then L follows from 3.
 
 Each is a median over all such transitions, which keeps the noise of a shared
 machine out (a mean would not). Times keep the trace's unit (verify: ns) and
@@ -89,6 +91,9 @@ class CalibrationFit:
     """Ops not measured and filled from others, e.g. ``"stage 0: I = W = B / 2"``."""
     samples: Mapping[str, int]
     """How many measurements each figure is the median of (``"0F"``, ``"dispatch"``, ...)."""
+    pair_links: Mapping[tuple[int, int], Link]
+    """The message costs fitted per direction (ordered rank pair), from the transitions
+    whose messages all use that pair (the others' figures where it has none)."""
 
 
 def median(values: Sequence[Time], /) -> Time:
@@ -217,6 +222,10 @@ class _Transition:
     taken_b: int
     sources: tuple[tuple[Time, int], ...]
     """Per message ``b`` takes: its producer's compute end and how many messages it sends."""
+    sent_pairs: frozenset[tuple[int, int]]
+    """The (source, destination) rank pairs of the messages ``a`` sends."""
+    taken_pairs: frozenset[tuple[int, int]]
+    """The rank pairs of the messages ``b`` takes."""
 
 
 def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
@@ -228,9 +237,10 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
         for order in structure.orders:
             for a, b in itertools.pairwise(order):
                 n_messages = len(structure.messages)
+                ins = [structure.messages[i] for i in structure.inputs[b] if i < n_messages]
+                outs = [structure.messages[i] for i in structure.outputs[a] if i < n_messages]
                 sources = tuple(
-                    (records[m.producer_node].end, counts.sent[m.producer_node])
-                    for m in (structure.messages[i] for i in structure.inputs[b] if i < n_messages)
+                    (records[m.producer_node].end, counts.sent[m.producer_node]) for m in ins
                 )
                 found.append(
                     _Transition(
@@ -241,46 +251,79 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
                         sent_a=counts.sent[a],
                         taken_b=counts.taken[b],
                         sources=sources,
+                        sent_pairs=frozenset((m.src_rank, m.dst_rank) for m in outs),
+                        taken_pairs=frozenset((m.src_rank, m.dst_rank) for m in ins),
                     )
                 )
     return found
 
 
-def _fit_overheads(steps: Sequence[MeasuredStep]) -> tuple[Link, Time, dict[str, int]]:
-    """Dispatch, send, receive and latency from the gaps between units of work."""
+def _fit_overheads(
+    steps: Sequence[MeasuredStep],
+) -> tuple[Link, Time, dict[str, int], dict[tuple[int, int], Link]]:
+    """Dispatch, send, receive and latency from the gaps between units of work; the
+    same per ordered rank pair (direction) where its messages can be told apart."""
     found = _transitions(steps)
-    local = [t for t in found if t.taken_b == 0]
-    idle = [t.gap for t in local if t.sent_a == 0]
+    idle = [t.gap for t in found if t.taken_b == 0 and t.sent_a == 0]
     dispatch = median(idle) if idle else 0
-    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local if t.sent_a]
-    send = median(posting) if posting else 0
+    link, counts = _message_costs(found, dispatch)
+    pairs = sorted({p for t in found for p in t.sent_pairs | t.taken_pairs})
+    by_pair = {}
+    for pair in pairs:
+        only = [t for t in found if t.sent_pairs <= {pair} and t.taken_pairs <= {pair}]
+        by_pair[pair], _ = _message_costs(only, dispatch, fallback=link)
+    return link, _whole(dispatch), {"dispatch": len(idle), **counts}, by_pair
+
+
+def _had_arrived(last: Time, t: _Transition, bound: Time | None, send: Time) -> bool:
+    """Whether the last message ``b`` takes had surely arrived when the rank became free:
+    by the latency bound when there is one, else sent before ``a`` even started."""
+    if bound is None:
+        return last <= t.start_a
+    return last + bound <= t.end_a + send * t.sent_a
+
+
+def _message_costs(
+    found: Sequence[_Transition], dispatch: Time, *, fallback: Link | None = None
+) -> tuple[Link, dict[str, int]]:
+    """Rules 2-4 of the module docstring over ``found``; a figure without samples is
+    ``fallback``'s (0 without one)."""
+    base = fallback or Link()
+    local = [t for t in found if t.taken_b == 0 and t.sent_a]
+    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local]
+    send = median(posting) if posting else base.send_overhead
 
     def departure(source: tuple[Time, int]) -> Time:
         return source[0] + send * source[1]
 
     taken = [t for t in found if t.taken_b]
+    # Waited: the rank was free before the message even left, so b's compute starts
+    # latency + receive * taken after the last departure (plus the dispatch).
+    waited = [
+        (t, t.start_b - dispatch - last)
+        for t in taken
+        if (last := max(departure(s) for s in t.sources)) > t.end_a + send * t.sent_a
+    ]
+    # Each waited value is latency + receive * taken >= latency: a bound on the latency
+    # that tells which messages had arrived when the rank became free.
+    bound = median([v for _, v in waited]) if waited else None
     arrived = [
         Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b)
         for t in taken
-        if max(departure(s) for s in t.sources) <= t.start_a
+        if _had_arrived(max(departure(s) for s in t.sources), t, bound, send)
     ]
-    receive = median(arrived) if arrived else 0
-    waited = []
-    for t in taken:
-        last = max(departure(s) for s in t.sources)
-        if last > t.end_a + send * t.sent_a:
-            waited.append(t.start_b - dispatch - receive * t.taken_b - last)
-    latency = median(waited) if waited else 0
+    receive = median(arrived) if arrived else base.receive_overhead
+    values = [v - receive * t.taken_b for t, v in waited]
+    latency = median(values) if values else base.latency
     link = Link(
         latency=_whole(latency), send_overhead=_whole(send), receive_overhead=_whole(receive)
     )
     counts = {
-        "dispatch": len(idle),
         "send_overhead": len(posting),
         "receive_overhead": len(arrived),
         "latency": len(waited),
     }
-    return link, _whole(dispatch), counts
+    return link, counts
 
 
 def fit_costs(
@@ -334,13 +377,14 @@ def fit_costs(
                 overlap=_whole(median(pairs[stage])) if pairs[stage] else None,
             )
         )
-    link, dispatch, counts = _fit_overheads(steps)
+    link, dispatch, counts, by_pair = _fit_overheads(steps)
     counted = {f"{s}{op.value}": len(samples[(s, op)]) for s in range(count) for op in Op}
     counted = {k: v for k, v in counted.items() if v}
     return CalibrationFit(
         costs=CostModel(stages=tuple(stages), link=link, dispatch_overhead=dispatch),
         assumed=tuple(assumed),
         samples={**counted, **counts},
+        pair_links=by_pair,
     )
 
 

@@ -37,7 +37,7 @@ from pipesim.calibration import (
     measured_makespan,
     median,
 )
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, costs_to_dict
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from verify.dist import verify_distributed
@@ -174,6 +174,10 @@ def calibrate_cut(
         "statistic": "median over every micro-batch of every measured step",
         "assumed": list(fit.assumed),
         "samples": dict(fit.samples),
+        "links_by_direction": {
+            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
+            for (src, dst), link in fit.pair_links.items()
+        },
         "measured_makespans_ns": [int(t) for t in measured.makespans_ns],
         "host": socket.gethostname(),
         "cpus": os.cpu_count(),
