@@ -10,7 +10,8 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
-- :mod:`verify.exactness`: the settings exactness needs, set or refused.
+- :mod:`verify.exactness`: the settings exactness needs, set or refused;
+- :mod:`verify.fidelity`: calibrate on real ranks once, measure other schedules.
 
 >>> from pipesim.schedules import generate
 >>> verify(generate("gpipe", n_ranks=2, n_microbatches=4), model="mlp").bit_identical
@@ -32,6 +33,7 @@ from verify.compare import (
 from verify.dist import verify_distributed
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
+from verify.fidelity import Measurement, calibrate_cut, measure, threads_per_rank
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -50,6 +52,7 @@ __all__ = [
     "ActionTiming",
     "ExactnessError",
     "LocalRun",
+    "Measurement",
     "Reference",
     "TransferTiming",
     "VerifyError",
@@ -60,6 +63,7 @@ __all__ = [
     "build_report",
     "build_stages",
     "calibrate",
+    "calibrate_cut",
     "exact_settings",
     "exactness_problems",
     "execution_order",
@@ -67,6 +71,7 @@ __all__ = [
     "from_factory",
     "gpt",
     "load_model",
+    "measure",
     "measured_trace",
     "mlp",
     "param_bytes",
@@ -77,6 +82,7 @@ __all__ = [
     "save_costs",
     "schedule_accumulation_orders",
     "split_microbatches",
+    "threads_per_rank",
     "verify",
     "verify_distributed",
     "write_measured_trace",
