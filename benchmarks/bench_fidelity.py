@@ -19,6 +19,9 @@ counts up to 4x the calibration's and for schedules not used in calibration.
    8 rows, predict 1F1B and ZB-H1 at 2 and 16 rows from the affine fit
    (``pipesim.scaling``: a fixed cost plus a cost per row) and measure them.
 
+5. Effects the calibration controls for (not with ``--quick``): 1F1B m=8 measured
+   without a warm-up step, and with twice the intra-op threads per rank.
+
 Model error and run-to-run spread are printed apart: ``error`` is the
 prediction against the median; ``spread`` is how far the same configuration
 moves between runs, which no model can beat; ``excess`` is the error beyond
@@ -230,7 +233,39 @@ def run(args: argparse.Namespace) -> int:
                 print("  " + _line(row), flush=True)
         if args.scale_sizes:
             rows += _scaling(args, options, model, max_load)
+        if args.effects and (layers, width) == sizes[0]:
+            _effects(args, options)
     return _summary(args, rows, floor)
+
+
+def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
+    """What the calibration controls for, in numbers: the first step in fresh processes
+    (no warm-up) and two intra-op threads per rank instead of one, on 1F1B m=8."""
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=8)
+
+    def run(warmup: int, threads: int) -> Measurement:
+        return measure(
+            schedule,
+            model="gpt",
+            model_options=options,
+            microbatch_size=args.microbatch_size,
+            repeats=args.repeats,
+            threads=threads,
+            warmup=warmup,
+            timeout_s=args.timeout,
+        )
+
+    base = run(1, args.threads)
+    for label, got in (
+        ("no warm-up step", run(0, args.threads)),
+        (f"{2 * args.threads} threads per rank", run(1, 2 * args.threads)),
+    ):
+        ratio = float(got.median_ns / base.median_ns)
+        print(
+            f"  effect of {label} on 1f1b m=8: median step x{ratio:.2f} "
+            f"(spread {got.spread * 100:.0f}% against {base.spread * 100:.0f}%)",
+            flush=True,
+        )
 
 
 def _scaling(
@@ -330,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="two calibration micro-batch sizes for the size check (4,8; 'none' skips it)",
     )
+    parser.add_argument(
+        "--effects",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure warm-up and threads effects (default: on, off with --quick)",
+    )
     parser.add_argument("--scale-targets", default="2,16", help="sizes predicted from them")
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
@@ -341,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = args.scale_sizes or ("none" if args.quick else "4,8")
     args.scale_sizes = None if scale == "none" else [int(v) for v in scale.split(",")]
     args.scale_targets = [int(v) for v in args.scale_targets.split(",")]
+    args.effects = (not args.quick) if args.effects is None else args.effects
     return run(args)
 
 

@@ -76,8 +76,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--model", default="gpt", metavar="gpt|mlp|MODULE:FACTORY", help="the model (default gpt)"
     )
-    parser.add_argument("--gpt-layers", type=positive_int, default=6, metavar="N")
-    parser.add_argument("--gpt-width", type=positive_int, default=256, metavar="D")
+    parser.add_argument(
+        "--gpt-layers", type=positive_int, default=6, metavar="N", help="GPT blocks (default 6)"
+    )
+    parser.add_argument(
+        "--gpt-width", type=positive_int, default=256, metavar="D", help="GPT width (default 256)"
+    )
     parser.add_argument(
         "--repeats",
         type=positive_int,
