@@ -331,12 +331,13 @@ def fit_costs(
     /,
     *,
     stage_bytes: Sequence[StageCost] = (),
+    time_unit: str = "unit",
 ) -> CalibrationFit:
     """A cost model from measured ``steps`` (all on one cut: the same stage count).
 
     ``stage_bytes`` gives per stage the byte fields (``activation_bytes``,
     ``weight_grad_bytes``, ``output_bytes``, ``param_bytes``) to keep; times come
-    from the steps (see the module docstring).
+    from the steps (see the module docstring), in their ``time_unit``.
     """
     if not steps:
         raise ValueError("fit_costs needs at least one measured step")
@@ -381,7 +382,9 @@ def fit_costs(
     counted = {f"{s}{op.value}": len(samples[(s, op)]) for s in range(count) for op in Op}
     counted = {k: v for k, v in counted.items() if v}
     return CalibrationFit(
-        costs=CostModel(stages=tuple(stages), link=link, dispatch_overhead=dispatch),
+        costs=CostModel(
+            stages=tuple(stages), link=link, dispatch_overhead=dispatch, time_unit=time_unit
+        ),
         assumed=tuple(assumed),
         samples={**counted, **counts},
         pair_links=by_pair,

@@ -61,6 +61,7 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert meta["assumed"] == []  # F, B, I and W all measured
     assert meta["samples"]["0I"] == 1 and meta["samples"]["1B"] == 1
     costs = costs_from_dict(data)
+    assert costs.time_unit == "ns"
     assert all(s.forward > 0 and s.backward > 0 and s.weight_grad > 0 for s in costs.stages)
     assert costs.stage(0).output_bytes == 2 * 96 * 4  # 2 rows of the MLP's 96-wide hidden
     assert costs_at_microbatch_size(costs, meta, 2) == costs  # measured at one size only

@@ -156,7 +156,7 @@ def calibrate_cut(
         warmup=warmup,
         timeout_s=timeout_s,
     )
-    fit = fit_costs(measured.steps, stage_bytes=measured.stage_bytes)
+    fit = fit_costs(measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns")
     meta: dict[str, Any] = {
         "time_unit": "ns",
         "source": "pipesim calibrate (verify --dist)",
