@@ -14,6 +14,7 @@ from pipesim.engine import Simulation, run_trace, simulate
 from pipesim.errors import (
     CostError,
     DeadlockError,
+    LimitError,
     ParseError,
     PartitionError,
     PipesimError,
@@ -81,6 +82,7 @@ __all__ = [
     "CriticalPath",
     "DataDependency",
     "DeadlockError",
+    "LimitError",
     "Link",
     "MemoryRecord",
     "Metrics",

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from pipesim.errors import ParseError
+from pipesim.errors import ParseError, brief
+from pipesim.limits import MAX_INDEX_DIGITS, MAX_MICROBATCHES, MAX_STAGES, as_int, check_range
 
 __all__ = ["Action", "Op", "Overlap", "Work", "parse_action"]
 
@@ -57,6 +58,14 @@ class Op(enum.Enum):
 OP_INDEX: dict[Op, int] = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
 
 
+# An action's indices stay within the documented limits, so no schedule can name a stage
+# or micro-batch that would make a later check loop over 10**25 of them.
+_INDEX_LIMITS = (
+    ("stage", MAX_STAGES - 1, "MAX_STAGES"),
+    ("microbatch", MAX_MICROBATCHES - 1, "MAX_MICROBATCHES"),
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Action:
     """One unit of work: ``op`` of ``stage`` on ``microbatch``.
@@ -72,10 +81,20 @@ class Action:
     microbatch: int
 
     def __post_init__(self) -> None:
-        for name in ("stage", "microbatch"):
+        for name, maximum, limit in _INDEX_LIMITS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ParseError(f"action {name} must be a non-negative integer, got {value!r}")
+            if type(value) is not int:  # numpy integers and other __index__ types are fine
+                index = as_int(value)
+                if index is None:
+                    raise ParseError(
+                        f"action {name} must be a non-negative integer, got {brief(value)}"
+                    )
+                object.__setattr__(self, name, index)
+                value = index
+            if value < 0:
+                raise ParseError(f"action {name} must be a non-negative integer, got {value}")
+            if value > maximum:
+                check_range(value, name=f"action {name}", maximum=maximum, limit=limit)
         if not isinstance(self.op, Op):
             raise ParseError(f"action op must be one of F, B, I, W, got {self.op!r}")
 
@@ -117,8 +136,9 @@ class Overlap:
 #: One entry of a rank's order: a simple action or an overlapped group.
 Work: TypeAlias = Action | Overlap
 
-_ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
-_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
+# ASCII digits only: "\d" would also read Arabic-Indic or full-width digits as numbers.
+_ACTION = re.compile(r"([0-9]+)([FBIW])([0-9]+)", re.ASCII)
+_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B", re.ASCII)
 
 
 def parse_action(text: str) -> Work:
@@ -126,22 +146,50 @@ def parse_action(text: str) -> Work:
 
     >>> parse_action("12W7")
     Action(stage=12, op=<Op.W: 'W'>, microbatch=7)
+    >>> parse_action("0F\u0663")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.ParseError: cannot parse action '0F٣': it has the non-ASCII digit '٣' \
+(U+0663) at character 3; write indices with the digits 0-9
     """
     if not isinstance(text, str):
-        raise ParseError(f"an action must be a string like '0F3', got {text!r}")
+        raise ParseError(f"an action must be a string like '0F3', got {brief(text)}")
     match = _ACTION.fullmatch(text)
     if match is not None:
-        return Action(stage=int(match[1]), op=Op(match[2]), microbatch=int(match[3]))
+        return _simple(match)
     match = _OVERLAP.fullmatch(text)
     if match is not None:
         parts = []
         for piece in match[1].split(";"):
             part = _ACTION.fullmatch(piece)
             if part is None:
-                raise ParseError(f"bad part {piece!r} in overlapped action {text!r}")
-            parts.append(Action(stage=int(part[1]), op=Op(part[2]), microbatch=int(part[3])))
+                raise ParseError(
+                    f"bad part {brief(piece)} in overlapped action {brief(text)}: " + _why(piece)
+                )
+            parts.append(_simple(part))
         return Overlap(parts=tuple(parts))
-    raise ParseError(
-        f"cannot parse action {text!r}: write {{stage}}{{op}}{{microbatch}} with op one of "
-        "F, B, I, W (e.g. '0F3', '2I1'), or '(0F3;3B1)OVERLAP_F_B' for an overlapped pair"
+    raise ParseError(f"cannot parse action {brief(text)}: {_why(text)}")
+
+
+def _simple(match: re.Match[str]) -> Action:
+    for digits, name in ((match[1], "stage"), (match[3], "micro-batch")):
+        if len(digits) > MAX_INDEX_DIGITS:  # refused before int() reads 5000 digits
+            raise ParseError(
+                f"action {brief(match[0])}: the {name} index has {len(digits)} digits, above "
+                f"pipesim's limit of {MAX_INDEX_DIGITS} (MAX_INDEX_DIGITS in pipesim.limits)"
+            )
+    return Action(stage=int(match[1]), op=Op(match[2]), microbatch=int(match[3]))
+
+
+def _why(text: str) -> str:
+    """What is wrong with an action string that does not parse, and the fix."""
+    for position, char in enumerate(text, start=1):
+        if char.isdigit() and not char.isascii():
+            return (
+                f"it has the non-ASCII digit {char!r} (U+{ord(char):04X}) at character "
+                f"{position}; write indices with the digits 0-9"
+            )
+    return (
+        "write {stage}{op}{microbatch} with op one of F, B, I, W (e.g. '0F3', '2I1'), or "
+        "'(0F3;3B1)OVERLAP_F_B' for an overlapped pair"
     )

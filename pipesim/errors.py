@@ -9,15 +9,19 @@ into ``pipesim: error: ...`` and a non-zero exit status.
 
 from __future__ import annotations
 
+import reprlib
+
 __all__ = [
     "CostError",
     "DeadlockError",
+    "LimitError",
     "ParseError",
     "PartitionError",
     "PipesimError",
     "PlanError",
     "ScheduleError",
     "UnknownNameError",
+    "brief",
 ]
 
 
@@ -54,6 +58,10 @@ class PartitionError(PipesimError, ValueError):
     """Layers cannot be cut into the stages asked (more stages than layers)."""
 
 
+class LimitError(PipesimError, ValueError):
+    """An input passes one of the documented limits of :mod:`pipesim.limits`."""
+
+
 class PlanError(PipesimError, ValueError):
     """A capacity-planning request is impossible (devices, batch, model or hardware)."""
 
@@ -63,3 +71,30 @@ class UnknownNameError(PipesimError, LookupError):
 
     def __str__(self) -> str:  # LookupError would quote the message like a KeyError
         return str(self.args[0]) if self.args else ""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 60
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 4
+_BRIEF.maxlevel = 2
+
+
+def brief(value: object) -> str:
+    """A short repr of ``value`` for an error message: bounded in length and in the work
+    to build it, whatever the value holds (a huge list, deep nesting, a 5000-digit int).
+
+    >>> brief(list(range(1000)))
+    '[0, 1, 2, 3, ...]'
+    >>> brief(10**1000), brief(-(10**50000))
+    ('an integer of 1001 digits', 'an integer of about 50001 digits')
+    >>> brief("x" * 100)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx'"
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        # str() of a huge int is slow (and refused past 4300 digits): count the digits instead
+        digits = len(str(abs(value))) if value.bit_length() < 14_000 else None
+        if digits is None:
+            digits = int(value.bit_length() * 0.30103) + 1
+            return f"an integer of about {digits} digits"
+        return f"an integer of {digits} digits"
+    return _BRIEF.repr(value)

@@ -25,11 +25,20 @@ complete, consistent and deadlock-free is :func:`pipesim.graph.validate`'s job.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pipesim.actions import Action, Op, Overlap, Work, parse_action
-from pipesim.errors import ScheduleError
+from pipesim.errors import ScheduleError, brief
+from pipesim.limits import (
+    MAX_MICROBATCHES,
+    MAX_RANKS,
+    MAX_STAGES,
+    as_int,
+    check_actions,
+    check_range,
+)
 
 __all__ = ["Schedule"]
 
@@ -63,22 +72,36 @@ class Schedule:
             raise ScheduleError("a schedule needs at least one rank, got an empty order list")
         if not self.placement:
             raise ScheduleError("a schedule needs at least one stage, got an empty placement")
-        _check_count("n_microbatches", self.n_microbatches)
+        check_range(len(self.orders), name="ranks", maximum=MAX_RANKS, limit="MAX_RANKS")
+        check_range(len(self.placement), name="stages", maximum=MAX_STAGES, limit="MAX_STAGES")
+        object.__setattr__(
+            self, "n_microbatches", _check_count("n_microbatches", self.n_microbatches)
+        )
+        check_range(
+            self.n_microbatches,
+            name="n_microbatches",
+            maximum=MAX_MICROBATCHES,
+            limit="MAX_MICROBATCHES",
+        )
+        if not all(type(rank) is int for rank in self.placement):  # numpy integers are fine
+            object.__setattr__(self, "placement", _placement(self.placement))
         for stage, rank in enumerate(self.placement):
-            if isinstance(rank, bool) or not isinstance(rank, int):
-                raise ScheduleError(
-                    f"placement of stage {stage} must be a rank index, got {rank!r}"
-                )
             if not 0 <= rank < len(self.orders):
                 raise ScheduleError(
                     f"stage {stage} is placed on rank {rank}, but the schedule has "
                     f"{len(self.orders)} ranks (0..{len(self.orders) - 1}); fix the placement"
                 )
+        n_actions = 0
         for rank, order in enumerate(self.orders):
             for work in order:
-                if not isinstance(work, Action | Overlap):
-                    raise ScheduleError(f"rank {rank} order holds {work!r}, not an action")
-        _check_count("n_copies", self.n_copies)
+                if type(work) is Action:
+                    n_actions += 1
+                elif isinstance(work, Action | Overlap):
+                    n_actions += len(work.parts)
+                else:
+                    raise ScheduleError(f"rank {rank} order holds {brief(work)}, not an action")
+        check_actions(n_actions, what=f"schedule {self.name!r}")
+        object.__setattr__(self, "n_copies", _check_count("n_copies", self.n_copies))
         if len(self.placement) % self.n_copies or self.n_microbatches % self.n_copies:
             raise ScheduleError(
                 f"n_copies={self.n_copies} must divide both the stages ({len(self.placement)}) "
@@ -193,15 +216,36 @@ def infer_placement(orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
     if not owner:
         raise ScheduleError("cannot infer a placement: no rank runs any action")
     n_stages = max(owner) + 1
-    missing = [s for s in range(n_stages) if s not in owner]
-    if missing:
+    if len(owner) < n_stages:
+        # At most len(owner) + _LISTED stages are looked at: the work follows the actions
+        # given, not the largest stage index named.
+        missing = list(itertools.islice((s for s in range(n_stages) if s not in owner), _LISTED))
+        more = n_stages - len(owner) - len(missing)
         raise ScheduleError(
-            f"stages {missing} appear in no rank's order, so their rank is unknown; "
-            "give the placement explicitly or add their actions"
+            f"stages {missing}{f' and {more} more' if more else ''} appear "
+            "in no rank's order, so their rank is unknown; give the placement explicitly or add "
+            "their actions"
         )
     return tuple(owner[s] for s in range(n_stages))
 
 
-def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
+_LISTED = 8  # stages named in one error message
+
+
+def _check_count(name: str, value: object) -> int:
+    count = as_int(value)
+    if count is None or count < 1:
+        raise ScheduleError(f"{name} must be a positive integer, got {brief(value)}")
+    return count
+
+
+def _placement(placement: Sequence[object]) -> tuple[int, ...]:
+    ranks = []
+    for stage, rank in enumerate(placement):
+        index = as_int(rank)
+        if index is None:
+            raise ScheduleError(
+                f"placement of stage {stage} must be a rank index, got {brief(rank)}"
+            )
+        ranks.append(index)
+    return tuple(ranks)

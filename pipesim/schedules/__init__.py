@@ -160,6 +160,7 @@ register(
         "micro-batches even and >= 2P; training only",
         source="DeepSeek-V3 Technical Report, sec. 3.2.1; github.com/deepseek-ai/DualPipe",
         default_virtual=2,
+        n_copies=2,
     )
 )
 register(

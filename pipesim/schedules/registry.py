@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipesim.errors import ScheduleError, UnknownNameError
+from pipesim import limits
+from pipesim.errors import ScheduleError, UnknownNameError, brief
+from pipesim.limits import MAX_STAGES, as_int, check_actions, check_range
 from pipesim.schedule import Schedule
 from pipesim.suggest import did_you_mean
 
@@ -40,6 +42,8 @@ class ScheduleSpec:
     """Whether a forward-only (inference) variant exists."""
     options: tuple[str, ...] = ()
     """Extra keyword options the generator takes (e.g. ``group_size``)."""
+    n_copies: int = 1
+    """Model copies the schedule runs (DualPipe: 2), each on its share of the micro-batches."""
 
 
 _REGISTRY: dict[str, ScheduleSpec] = {}
@@ -90,6 +94,7 @@ def generate(
     2
     """
     spec = get_spec(name)
+    n_ranks, n_microbatches, virtual = _sizes(spec, n_ranks, n_microbatches, virtual, forward_only)
     options = dict(options or {})
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
@@ -104,7 +109,36 @@ def generate(
     return spec.generator(
         n_ranks=n_ranks,
         n_microbatches=n_microbatches,
-        virtual=spec.default_virtual if virtual is None else virtual,
+        virtual=virtual,
         forward_only=forward_only,
         **options,
     )
+
+
+def _sizes(
+    spec: ScheduleSpec,
+    n_ranks: object,
+    n_microbatches: object,
+    virtual: object,
+    forward_only: bool,
+) -> tuple[int, int, int]:
+    """The sizes as ints (numpy integers are fine), refused up front when a schedule of
+    that size would pass a limit of :mod:`pipesim.limits`, before anything is built."""
+    sizes = []
+    for name, value, limit in (
+        ("n_ranks", n_ranks, "MAX_RANKS"),
+        ("n_microbatches", n_microbatches, "MAX_MICROBATCHES"),
+        ("virtual", spec.default_virtual if virtual is None else virtual, "MAX_STAGES"),
+    ):
+        size = as_int(value)
+        if size is None or size < 1:
+            raise ScheduleError(f"{name} must be a whole number >= 1, got {brief(value)}")
+        sizes.append(check_range(size, name=name, maximum=getattr(limits, limit), limit=limit))
+    p, m, v = sizes
+    check_range(p * v, name="stages (n_ranks x virtual)", maximum=MAX_STAGES, limit="MAX_STAGES")
+    # Every stage runs F and, when training, B or I+W of each micro-batch of its model copy.
+    check_actions(
+        p * v * (m // spec.n_copies) * (1 if forward_only else 2),
+        what=f"{spec.name} with {p} ranks, {v} stages per rank and {m} micro-batches",
+    )
+    return p, m, v
