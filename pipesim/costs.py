@@ -33,15 +33,17 @@ written there once), so a unit of work holds its rank for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from pipesim.actions import Action, Op, Overlap, Work
-from pipesim.errors import CostError, ParseError, UnknownNameError
+from pipesim.errors import CostError, ParseError, UnknownNameError, brief
 from pipesim.exact import Time, to_count, to_time
 from pipesim.files import read_json
+from pipesim.limits import MAX_DENOMINATOR_DIGITS, MAX_STAGES, check_range
 from pipesim.units import check_time_unit
 
 __all__ = ["CostModel", "Link", "StageCost", "costs_from_dict", "costs_to_dict", "load_costs"]
@@ -163,10 +165,20 @@ class CostModel:
         object.__setattr__(
             self, "dispatch_overhead", to_time(self.dispatch_overhead, name="dispatch_overhead")
         )
-        stages = tuple(self.stages)
+        stages = tuple(self.stages) if isinstance(self.stages, tuple | list) else ()
         if not stages or not all(isinstance(s, StageCost) for s in stages):
-            raise CostError(f"stages must be a non-empty list of StageCost, got {self.stages!r}")
+            raise CostError(
+                f"stages must be a non-empty list of StageCost, got {brief(self.stages)}"
+            )
+        check_range(
+            len(stages), name="cost stages", maximum=MAX_STAGES, limit="MAX_STAGES", error=CostError
+        )
         object.__setattr__(self, "stages", stages)
+        if not isinstance(self.link, Link):
+            raise CostError(f"link must be a Link, got {brief(self.link)}")
+        if not isinstance(self.overlap_comm, bool):
+            raise CostError(f"overlap_comm must be True or False, got {brief(self.overlap_comm)}")
+        _check_denominator(stages, self.link)
         if self.memory_capacity_bytes is not None:
             object.__setattr__(
                 self,
@@ -221,6 +233,29 @@ class CostModel:
         return sum((self.stage(a.stage).duration(a.op) for a in work.parts), start=0)
 
 
+def _check_denominator(stages: tuple[StageCost, ...], link: Link) -> None:
+    """Refuse times whose exact sums would need huge numbers: every time the engine adds
+    is a multiple of one over the common denominator of the durations, the latency and
+    bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
+    denominators = {1}
+    for stage in set(stages):  # broadcast models repeat one entry
+        for time in (stage.forward, stage.backward, stage.input_grad, stage.weight_grad):
+            denominators.add(time.denominator)
+        if stage.overlap is not None:
+            denominators.add(stage.overlap.denominator)
+    denominators.add(link.latency.denominator)
+    if link.bandwidth_bytes_per_s is not None:
+        denominators.add(link.bandwidth_bytes_per_s.numerator)
+    common = math.lcm(*denominators)
+    if common >= 10**MAX_DENOMINATOR_DIGITS:
+        raise CostError(
+            f"the cost model's times need a common denominator of {brief(common)}, above "
+            f"pipesim's limit of {MAX_DENOMINATOR_DIGITS} digits (MAX_DENOMINATOR_DIGITS in "
+            "pipesim.limits) for exact arithmetic; round the durations, latency and bandwidth "
+            "to fewer digits"
+        )
+
+
 # -- files ----------------------------------------------------------------------------
 _STAGE_FIELDS = {f.name for f in fields(StageCost)}
 _LINK_FIELDS = {f.name for f in fields(Link)}
@@ -244,14 +279,21 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "format",
         "meta",
     }
-    unknown = sorted(set(data) - known)
+    unknown = sorted(map(str, set(data) - known))
     if unknown:
-        raise ParseError(f"{source}: unknown keys {unknown}; valid keys are {sorted(known)}")
+        raise ParseError(f"{source}: unknown keys {brief(unknown)}; valid keys are {sorted(known)}")
     if ("stage" in data) == ("stages" in data):
         raise ParseError(f"{source}: give exactly one of 'stage' (uniform) or 'stages' (a list)")
     raw_stages = [data["stage"]] if "stage" in data else data["stages"]
     if not isinstance(raw_stages, list) or not raw_stages:
         raise ParseError(f"{source}: 'stages' must be a non-empty list of objects")
+    check_range(
+        len(raw_stages),
+        name=f"{source}: stages",
+        maximum=MAX_STAGES,
+        limit="MAX_STAGES",
+        error=ParseError,
+    )
     stages = []
     for index, raw in enumerate(raw_stages):
         where = f"{source}: stage {index}" if "stages" in data else f"{source}: stage"
@@ -259,7 +301,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
     link = _build(Link, data.get("link", {}), _LINK_FIELDS, f"{source}: link")
     overlap_comm = data.get("overlap_comm", True)
     if not isinstance(overlap_comm, bool):
-        raise ParseError(f"{source}: overlap_comm must be true or false, got {overlap_comm!r}")
+        raise ParseError(f"{source}: overlap_comm must be true or false, got {brief(overlap_comm)}")
     meta = data.get("meta")
     raw_unit = data.get("time_unit", meta.get("time_unit") if isinstance(meta, dict) else None)
     try:
@@ -281,10 +323,12 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
 
 def _build(cls: Any, raw: object, allowed: set[str], where: str) -> Any:
     if not isinstance(raw, dict):
-        raise ParseError(f"{where}: expected an object, got {raw!r:.60}")
-    unknown = sorted(set(raw) - allowed)
+        raise ParseError(f"{where}: expected an object, got {brief(raw)}")
+    unknown = sorted(map(str, set(raw) - allowed))
     if unknown:
-        raise ParseError(f"{where}: unknown fields {unknown}; valid fields are {sorted(allowed)}")
+        raise ParseError(
+            f"{where}: unknown fields {brief(unknown)}; valid fields are {sorted(allowed)}"
+        )
     try:
         return cls(**raw)
     except CostError as exc:

@@ -117,7 +117,7 @@ def _parse(text: str, value: object, *, name: str, kind: str) -> Fraction:
     if match["num"] is not None:
         numerator, denominator = int(match["num"]), int(match["den"])
         if denominator == 0:
-            raise CostError(f"{name} divides by zero: {brief(value)}")
+            raise CostError(f"{name} must be {kind}, got {brief(value)}: it divides by zero")
         return _bounded(Fraction(sign * numerator, denominator), value, name)
     digits = (match["int"] or "") + (match["frac"] or "")
     mantissa = int(digits)

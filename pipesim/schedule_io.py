@@ -27,9 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipesim.actions import Action, parse_action
-from pipesim.errors import ParseError, PipesimError
+from pipesim.actions import Action, Work, parse_action
+from pipesim.errors import ParseError, PipesimError, brief
 from pipesim.files import parse_json, read_text, write_text
+from pipesim.limits import MAX_RANKS, check_range
 from pipesim.schedule import Schedule
 
 __all__ = [
@@ -71,47 +72,78 @@ def schedule_to_json(schedule: Schedule, /) -> str:
 
 
 def schedule_from_dict(data: object, /, *, source: str = "schedule") -> Schedule:
-    """Build a schedule from the dictionary form; ParseError names what is wrong."""
+    """Build a schedule from the dictionary form; ParseError names what is wrong and where.
+
+    >>> schedule_from_dict({"ranks": [["0F0", "0B0"]], "happens_before": 5})
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.ParseError: schedule: 'happens_before' must be a list of [before, after] \
+pairs of action strings, got 5
+    """
     if not isinstance(data, dict):
         raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
     if data.get("format", _FORMAT) != _FORMAT:
-        raise ParseError(f"{source}: 'format' is {data['format']!r}, expected {_FORMAT!r}")
+        raise ParseError(f"{source}: 'format' is {brief(data['format'])}, expected {_FORMAT!r}")
     ranks = data.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(r, list) for r in ranks):
         raise ParseError(
             f"{source}: 'ranks' must be a list with one list of action strings per rank, "
-            f"got {ranks!r:.80}"
+            f"got {brief(ranks)}"
         )
+    check_range(len(ranks), name=f"{source}: ranks", maximum=MAX_RANKS, limit="MAX_RANKS")
     orders = []
     for rank, row in enumerate(ranks):
         order = []
         for position, text in enumerate(row):
             try:
                 order.append(parse_action(text))
-            except ParseError as exc:
-                raise ParseError(f"{source}: rank {rank}, position {position}: {exc}") from None
+            except PipesimError as exc:
+                raise type(exc)(f"{source}: rank {rank}, position {position}: {exc}") from None
         orders.append(order)
-    happens_before: list[tuple[Action, Action]] = []
-    for pair in data.get("happens_before", []):
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise ParseError(
-                f"{source}: each happens_before entry is [before, after], got {pair!r}"
-            )
-        a, b = (parse_action(x) for x in pair)
-        if not (isinstance(a, Action) and isinstance(b, Action)):
-            raise ParseError(f"{source}: happens_before takes simple actions, got {pair!r}")
-        happens_before.append((a, b))
+    placement = data.get("placement")
+    if placement is not None and not isinstance(placement, list):
+        raise ParseError(
+            f"{source}: 'placement' must be a list with the rank of each stage, got "
+            f"{brief(placement)}"
+        )
+    name = data.get("name", "custom")
+    if not isinstance(name, str):
+        raise ParseError(f"{source}: 'name' must be a string, got {brief(name)}")
+    happens_before = _happens_before(data.get("happens_before", []), source)
     try:
         return Schedule.from_orders(
             orders,
-            placement=data.get("placement"),
+            placement=placement,
             n_microbatches=data.get("n_microbatches"),
-            name=str(data.get("name", "custom")),
+            name=name,
             happens_before=happens_before,
             n_copies=data.get("n_copies", 1),
         )
     except PipesimError as exc:
         raise type(exc)(f"{source}: {exc}") from None
+
+
+def _happens_before(pairs: object, source: str) -> list[tuple[Action, Action]]:
+    if not isinstance(pairs, list):
+        raise ParseError(
+            f"{source}: 'happens_before' must be a list of [before, after] pairs of action "
+            f"strings, got {brief(pairs)}"
+        )
+    result: list[tuple[Action, Action]] = []
+    for index, pair in enumerate(pairs):
+        where = f"{source}: happens_before entry {index}"
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ParseError(
+                f"{where}: each happens_before entry is [before, after], got {brief(pair)}"
+            )
+        try:
+            a, b = (parse_action(x) for x in pair)
+        except PipesimError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        if not (isinstance(a, Action) and isinstance(b, Action)):
+            raise ParseError(f"{where}: happens_before takes simple actions, got {brief(pair)}")
+        result.append((a, b))
+    return result
 
 
 def schedule_from_json(text: str, /, *, source: str = "schedule") -> Schedule:
@@ -148,23 +180,34 @@ def schedule_from_csv(
 ) -> Schedule:
     """Parse torch's compute-only CSV; errors name the line (= rank + 1) and column."""
     orders = []
-    for line_number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        order = []
-        for column, cell in enumerate(row, start=1):
-            cell = cell.strip()
-            if not cell:  # torch writes None (an idle step) as an empty cell
-                continue
-            try:
-                order.append(parse_action(cell))
-            except ParseError as exc:
-                raise ParseError(f"{source}: line {line_number}, column {column}: {exc}") from None
-        orders.append(order)
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
+    try:
+        for line_number, row in enumerate(reader, start=1):
+            check_range(
+                line_number, name=f"{source}: rows (ranks)", maximum=MAX_RANKS, limit="MAX_RANKS"
+            )
+            orders.append(_csv_row(row, line_number, source))
+    except csv.Error as exc:  # a cell over csv's field size limit, a NUL byte, ...
+        raise ParseError(f"{source}: not valid CSV at line {reader.line_num}: {exc}") from None
     if not orders:
         raise ParseError(f"{source}: the CSV is empty; write one row of actions per rank")
     try:
         return Schedule.from_orders(orders, n_microbatches=n_microbatches, name=name)
     except PipesimError as exc:
         raise type(exc)(f"{source}: {exc}") from None
+
+
+def _csv_row(row: list[str], line_number: int, source: str) -> list[Work]:
+    order = []
+    for column, cell in enumerate(row, start=1):
+        cell = cell.strip()
+        if not cell:  # torch writes None (an idle step) as an empty cell
+            continue
+        try:
+            order.append(parse_action(cell))
+        except PipesimError as exc:
+            raise type(exc)(f"{source}: line {line_number}, column {column}: {exc}") from None
+    return order
 
 
 def load_schedule(path: str | Path, /) -> Schedule:
