@@ -37,6 +37,7 @@ from pipesim.metrics import (
     RankMetrics,
     compute_metrics,
     idle_intervals,
+    idle_intervals_by_rank,
     metrics_from_totals,
 )
 from pipesim.schedule import Schedule
@@ -118,6 +119,7 @@ __all__ = [
     "get_spec",
     "gpipe",
     "idle_intervals",
+    "idle_intervals_by_rank",
     "interleaved_1f1b",
     "interleaved_zero_bubble",
     "load_costs",

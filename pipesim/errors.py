@@ -21,7 +21,6 @@ __all__ = [
     "PlanError",
     "ScheduleError",
     "UnknownNameError",
-    "brief",
 ]
 
 

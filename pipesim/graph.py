@@ -256,43 +256,64 @@ def _dependent_parts(work: Work) -> list[str]:
 
 
 def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
+    """Missing and mixed backward actions. The work follows the actions given, not the
+    stage and micro-batch counts: the missing ones are counted from the actions present
+    (all in range and unique here) and only the first few are looked for."""
     training = not schedule.forward_only
-    missing: list[str] = []
-    mixed: list[str] = []
     present, width = structure.node_at, structure.width
-    for stage in range(schedule.n_stages):
-        f_code = 4 * stage * width  # action keys of this stage: pipesim.step.StepStructure
-        b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
-        for mb in schedule.copy_bounds(stage)[1]:
-            if mb >= width or f_code + mb not in present:
-                missing.append(f"{stage}F{mb}")
-            if not training:
-                continue
-            inside = mb < width
-            full = inside and b_code + mb in present
-            split_i = inside and i_code + mb in present
-            split_w = inside and w_code + mb in present
-            if full and (split_i or split_w):
+    # (stage, micro-batch) cells: each stage runs the micro-batches of its model copy
+    n_cells = schedule.n_stages * (schedule.n_microbatches // schedule.n_copies)
+    has_f = has_b = has_iw = 0
+    mixed: list[str] = []
+    for key in present:  # key = (4 * stage + op index F, B, I, W) * width + micro-batch
+        code, mb = divmod(key, width)
+        if code & 3 == 0:
+            has_f += 1
+        elif code & 3 == 1:
+            has_b += 1
+            split_i, split_w = key + width in present, key + 2 * width in present
+            if split_i or split_w:
+                stage = code >> 2
                 mixed.append(f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}")
-            elif not full and not (split_i and split_w):
-                if split_i:
-                    missing.append(f"{stage}W{mb}")
-                elif split_w:
-                    missing.append(f"{stage}I{mb}")
-                else:
-                    missing.append(f"{stage}B{mb}")
+        elif code & 3 == 2 and key + width in present and key - width not in present:
+            has_iw += 1
+    n_missing = n_cells - has_f + (n_cells - has_b - has_iw if training else 0)
     problems = []
-    if missing:
-        shown = ", ".join(missing[:_MAX_LISTED])
-        more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
+    if n_missing:
+        missing = list(itertools.islice(_missing_actions(schedule, structure), _MAX_LISTED))
+        more = f" and {n_missing - len(missing)} more" if n_missing > len(missing) else ""
         problems.append(
-            f"missing actions {shown}{more}: every stage must run F "
+            f"missing actions {', '.join(missing)}{more}: every stage must run F "
             + ("and B (or I and W) " if training else "")
             + f"for each of the {schedule.n_microbatches} micro-batches"
         )
     for text in mixed:
         problems.append(f"both a full and a split backward: {text}; use B or I+W, not both")
     return problems
+
+
+def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[str]:
+    """The missing actions in stage, micro-batch order, lazily: a caller taking k of them
+    looks at no more than k cells beyond those the actions present fill."""
+    training = not schedule.forward_only
+    present, width = structure.node_at, structure.width
+    for stage in range(schedule.n_stages):
+        f_code = 4 * stage * width  # action keys of this stage: pipesim.step.StepStructure
+        b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
+        for mb in schedule.copy_bounds(stage)[1]:
+            inside = mb < width
+            if not inside or f_code + mb not in present:
+                yield f"{stage}F{mb}"
+            if not training or (inside and b_code + mb in present):
+                continue
+            split_i = inside and i_code + mb in present
+            split_w = inside and w_code + mb in present
+            if split_i and not split_w:
+                yield f"{stage}W{mb}"
+            elif split_w and not split_i:
+                yield f"{stage}I{mb}"
+            elif not split_i:
+                yield f"{stage}B{mb}"
 
 
 def _same_rank_order(structure: StepStructure) -> list[str]:

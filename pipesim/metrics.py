@@ -15,7 +15,7 @@ All are exact (ints or Fractions) when the trace's times are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -23,9 +23,16 @@ from typing import Any
 from pipesim.costs import CostModel
 from pipesim.exact import Time, as_number
 from pipesim.schedule import Schedule
-from pipesim.trace import Trace
+from pipesim.trace import ActionRecord, Trace
 
-__all__ = ["Metrics", "RankMetrics", "compute_metrics", "idle_intervals", "metrics_from_totals"]
+__all__ = [
+    "Metrics",
+    "RankMetrics",
+    "compute_metrics",
+    "idle_intervals",
+    "idle_intervals_by_rank",
+    "metrics_from_totals",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +145,10 @@ def metrics_from_totals(
     """Metrics from per-rank totals; every evaluator (trace or fast path) ends here."""
     costs = costs.for_stages(schedule.n_stages)
     n_ranks = schedule.n_ranks
+    # One pass over the placement (not stages_of per rank, which grows with ranks x stages).
+    param_bytes = [0] * n_ranks
+    for stage, rank in enumerate(schedule.placement):
+        param_bytes[rank] += costs.stage(stage).param_bytes
     ranks = tuple(
         RankMetrics(
             rank=rank,
@@ -145,7 +156,7 @@ def metrics_from_totals(
             idle=makespan - busy[rank],
             peak_activation_bytes=peak_activation_bytes[rank],
             peak_inflight=peak_inflight[rank],
-            param_bytes=sum(costs.stage(s).param_bytes for s in schedule.stages_of(rank)),
+            param_bytes=param_bytes[rank],
         )
         for rank in range(n_ranks)
     )
@@ -181,14 +192,35 @@ def idle_intervals(trace: Trace, rank: int, /) -> tuple[tuple[Time, Time], ...]:
     >>> idle_intervals(sim.trace, 0), idle_intervals(sim.trace, 1)
     (((4, 5),), ((0, 1),))
     """
+    return _gaps(trace.rank_actions(rank), trace.makespan)
+
+
+def idle_intervals_by_rank(trace: Trace, /) -> tuple[tuple[tuple[Time, Time], ...], ...]:
+    """:func:`idle_intervals` of every rank, in one pass over the trace (calling it per
+    rank reads every record once per rank: ranks x actions).
+
+    >>> from pipesim.engine import simulate
+    >>> from pipesim.schedules import generate
+    >>> sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True))
+    >>> idle_intervals_by_rank(sim.trace)
+    (((4, 5),), ((0, 1),))
+    """
+    by_rank: list[list[ActionRecord]] = [[] for _ in range(trace.n_ranks)]
+    for record in trace.actions:
+        by_rank[record.rank].append(record)
+    makespan = trace.makespan
+    return tuple(_gaps(records, makespan) for records in by_rank)
+
+
+def _gaps(records: Iterable[ActionRecord], makespan: Time) -> tuple[tuple[Time, Time], ...]:
     gaps = []
     cursor: Time = 0
-    for record in sorted(trace.rank_actions(rank), key=lambda r: r.start):
+    for record in sorted(records, key=lambda r: r.start):
         if record.start > cursor:
             gaps.append((cursor, record.start))
         cursor = max(cursor, record.end)
-    if trace.makespan > cursor:
-        gaps.append((cursor, trace.makespan))
+    if makespan > cursor:
+        gaps.append((cursor, makespan))
     return tuple(gaps)
 
 

@@ -47,7 +47,7 @@ from pipesim.actions import Action
 from pipesim.costs import CostModel
 from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
-from pipesim.metrics import idle_intervals
+from pipesim.metrics import idle_intervals_by_rank
 from pipesim.plot.binned import LARGE_BARS, N_BINS, bar_count, binned_traces
 from pipesim.plot.memory import (
     Quantity,
@@ -227,8 +227,8 @@ def _fill_transfers(
 
 
 def _fill_idle(sim: Simulation, factor: Fraction, col: _Columns) -> None:
-    for rank in range(sim.trace.n_ranks):
-        for start, end in idle_intervals(sim.trace, rank):
+    for rank, gaps in enumerate(idle_intervals_by_rank(sim.trace)):  # one pass, not per rank
+        for start, end in gaps:
             col.y.append(rank)
             col.base.append(scaled(start, factor))
             col.x.append(scaled(end - start, factor))
