@@ -13,6 +13,8 @@ limit                         value              what it bounds
 ``MAX_STAGES``                65 536             stages (ranks x virtual stages per rank)
 ``MAX_MICROBATCHES``          1 000 000          micro-batches of one step
 ``MAX_ACTIONS``               10 000 000         simple actions in one schedule
+``MAX_LAYERS``                1 024              transformer layers of a model to plan
+``MAX_DEVICES``               1 000 000          devices of a plan
 ``MAX_INDEX_DIGITS``          9                  digits of a stage or micro-batch index
 ``MAX_NUMBER_DIGITS``         40                 digits of a cost value's exact numerator
                                                  and denominator (and of its text)
@@ -40,9 +42,11 @@ from pipesim.errors import LimitError, PipesimError
 __all__ = [
     "MAX_ACTIONS",
     "MAX_DENOMINATOR_DIGITS",
+    "MAX_DEVICES",
     "MAX_FILE_BYTES",
     "MAX_INDEX_DIGITS",
     "MAX_JSON_DEPTH",
+    "MAX_LAYERS",
     "MAX_MICROBATCHES",
     "MAX_NUMBER_DIGITS",
     "MAX_RANKS",
@@ -60,6 +64,10 @@ MAX_STAGES = 65_536
 MAX_MICROBATCHES = 1_000_000
 #: Simple actions (F, B, I, W) in one schedule: about 1 KiB of memory each to simulate.
 MAX_ACTIONS = 10_000_000
+#: Transformer layers of a model given to ``pipesim plan`` (real models have < 200).
+MAX_LAYERS = 1_024
+#: Devices of a capacity plan (pipeline times data parallel).
+MAX_DEVICES = 1_000_000
 #: Digits of one stage or micro-batch index in an action string such as ``0F3``.
 MAX_INDEX_DIGITS = 9
 #: Digits of a cost value's exact numerator and of its denominator (10**40 is

@@ -39,6 +39,7 @@ import torch
 
 from pipesim.actions import Action, Op, Work
 from pipesim.costs import CostModel, Link, StageCost, costs_to_dict
+from pipesim.files import write_text
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, Trace, TransferRecord
 from verify.local import LocalRun
@@ -191,4 +192,4 @@ def save_costs(
     """Write ``costs`` as a pipesim cost file (``pipesim simulate --costs FILE``)."""
     data = costs_to_dict(costs)
     data["meta"] = {"time_unit": "ns", "source": "pipesim verify", **(meta or {})}
-    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(data, indent=2) + "\n")  # all or nothing, never half a file

@@ -3,16 +3,21 @@
 Every verb lives in its own module under :mod:`pipesim.cli` and exposes
 ``register(subparsers)``; the module sets ``func(args) -> int`` on its parser.
 ``python -m pipesim`` runs the same ``main``. ``main(argv)`` returns the exit
-status and never raises for bad input: a
-:class:`~pipesim.errors.PipesimError` becomes ``pipesim: error: ...`` on
-stderr and exit status 1 (argparse's own usage errors exit with 2).
+status and never raises for bad input: a :class:`~pipesim.errors.PipesimError`
+becomes one line ``pipesim: error: ...`` on
+stderr and exit status 1 (argparse's own usage errors exit with 2); running out
+of memory or stack says so in one line too. Anything else is a bug in pipesim:
+one line ``pipesim: internal error: ...`` says how to report it, and the
+traceback follows only with ``--debug`` (or ``PIPESIM_DEBUG=1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -54,10 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _VERB_MODULES:
         importlib.import_module(f"pipesim.cli.{name}").register(subparsers)
+    for verb in subparsers.choices.values():  # `pipesim simulate ... --debug` works too
+        # SUPPRESS: a verb's default must not overwrite a --debug given before the verb
+        verb.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
+        )
     return parser
+
+
+_DEBUG_HELP = "show the traceback of an internal error (or set PIPESIM_DEBUG=1)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,14 +81,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    debug = args.debug or os.environ.get("PIPESIM_DEBUG", "") not in ("", "0")
     try:
         status: int = args.func(args)
     except PipesimError as exc:
-        print(f"pipesim: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(f"pipesim: error: {exc}", debug=debug)
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `pipesim schedules | head`
+        # Point stdout at /dev/null so that the flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except MemoryError:
+        return _fail(
+            "pipesim: error: out of memory: the input is larger than this machine can hold; "
+            'use fewer ranks, stages or micro-batches (see the README\'s "Limits")',
+            debug=debug,
+        )
+    except RecursionError:
+        return _fail(
+            "pipesim: error: the input nests too deeply to process (Python's recursion limit); "
+            'flatten it (see the README\'s "Limits")',
+            debug=debug,
+        )
+    except Exception as exc:  # a bug in pipesim, not in the input
+        text = (str(exc).strip().splitlines() or [""])[0][:200]
+        return _fail(
+            f"pipesim: internal error: {type(exc).__name__}{': ' + text if text else ''}. This "
+            "is a bug in pipesim: please report it with the command line that caused it"
+            + ("" if debug else "; run again with --debug (or PIPESIM_DEBUG=1) for the traceback"),
+            debug=debug,
+        )
     return status
+
+
+def _fail(message: str, *, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(message, file=sys.stderr)
+    return 1

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.costs import CostModel, Link, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
+from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import load_schedule
 from pipesim.schedules import generate, schedule_names
@@ -36,18 +40,72 @@ __all__ = [
     "require_fit",
     "schedule_from_args",
     "schedule_from_source",
+    "seconds",
+    "whole_number",
 ]
 
 
+_WHOLE = re.compile(r"\+?[0-9]+(?:_[0-9]+)*", re.ASCII)
+_DECIMAL = re.compile(r"\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+_MAX_OPTION = 10**9  # any count given on the command line without a limit of its own
+
+
+def whole_number(
+    *, minimum: int = 1, maximum: int = _MAX_OPTION, limit: str | None = None
+) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``minimum..maximum`` written with ASCII digits;
+    anything else is a usage error (exit status 2) naming the value and the range.
+
+    >>> whole_number(maximum=4096, limit="MAX_RANKS")("4")
+    4
+    >>> whole_number(maximum=4096, limit="MAX_RANKS")("5000")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a whole number from 1 to 4096 (MAX_RANKS in \
+pipesim.limits), got 5000
+    """
+    bound = f"from {minimum} to {maximum}" + (f" ({limit} in pipesim.limits)" if limit else "")
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if len(digits) > 30 or not _WHOLE.fullmatch(digits):
+            raise argparse.ArgumentTypeError(f"expected a whole number {bound}, got {text!r}")
+        value = int(digits)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected a whole number {bound}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in some messages
+    return parse
+
+
 def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1, with a message naming the value."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    """argparse type: a whole number from 1 to 10**9, with a message naming the value."""
+    return _POSITIVE(text)
+
+
+_POSITIVE = whole_number()
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite, positive number of seconds, at most a year (timeouts).
+
+    >>> seconds("2.5")
+    2.5
+    >>> seconds("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a number of seconds above 0 and at most 31536000, \
+got 'nan'
+    """
+    bound = f"above 0 and at most {_YEAR_S}"
+    value = float(text) if _DECIMAL.fullmatch(text.strip()) else math.nan
+    if not 0 < value <= _YEAR_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {text!r}")
     return value
+
+
+_YEAR_S = 365 * 24 * 3600  # beyond it a timeout means "never" and overflows some waits
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
@@ -63,17 +121,21 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
     group.add_argument(
         "--stages",
         "-p",
-        type=positive_int,
+        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
         metavar="P",
         help="pipeline depth p: ranks (devices), one per pipeline stage",
     )
     group.add_argument(
-        "--microbatches", "-m", type=positive_int, metavar="M", help="micro-batches per step"
+        "--microbatches",
+        "-m",
+        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
+        metavar="M",
+        help="micro-batches per step",
     )
     group.add_argument(
         "--virtual",
         "-v",
-        type=positive_int,
+        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
         metavar="V",
         help="stages per rank for interleaved / V-shaped schedules (model cut into P*V "
         "stages); -v means virtual here, not verbose",
@@ -83,7 +145,7 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
     )
     group.add_argument(
         "--group-size",
-        type=positive_int,
+        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
         metavar="N",
         help="interleaved-1f1b: micro-batches per group (Megatron; default P)",
     )

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipesim.cli._common import positive_int, print_json
+from pipesim.cli._common import positive_int, print_json, seconds, whole_number
 from pipesim.errors import PlanError
-from pipesim.files import read_json
+from pipesim.files import check_writable, read_json
+from pipesim.limits import MAX_DEVICES, MAX_LAYERS
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +49,8 @@ def register(subparsers: Any) -> None:
         ("--seq-length", "seq_length", "sequence length in tokens"),
         ("--vocab", "vocab_size", "vocabulary size"),
     ):
-        model.add_argument(flag, dest=dest, type=positive_int, metavar="N", help=text)
+        kind = whole_number(maximum=MAX_LAYERS, limit="MAX_LAYERS") if dest == "n_layers" else None
+        model.add_argument(flag, dest=dest, type=kind or positive_int, metavar="N", help=text)
     model.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training dtype")
     model.add_argument(
         "--flash-attention",
@@ -57,7 +59,12 @@ def register(subparsers: Any) -> None:
         help="fused attention: no s x s score matrices stored",
     )
     hardware = parser.add_argument_group("hardware and batch")
-    hardware.add_argument("--devices", type=positive_int, metavar="N", help="devices in all")
+    hardware.add_argument(
+        "--devices",
+        type=whole_number(maximum=MAX_DEVICES, limit="MAX_DEVICES"),
+        metavar="N",
+        help="devices in all",
+    )
     hardware.add_argument(
         "--accelerator", metavar="NAME|FILE", help="a preset (see --list) or a JSON file"
     )
@@ -98,11 +105,14 @@ def register(subparsers: Any) -> None:
         help="fast evaluator (default) or the reference SimPy engine (identical, slower)",
     )
     sweep.add_argument(
-        "--workers", type=positive_int, metavar="N", help="processes (default: every core)"
+        "--workers",
+        type=whole_number(maximum=256),
+        metavar="N",
+        help="processes (default: every core)",
     )
     sweep.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         metavar="S",
         help="give up after S seconds (default 600)",
@@ -263,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
             f"pipesim plan needs {', '.join(missing)}, e.g. `pipesim plan --model llama2-7b "
             "--devices 16 --accelerator h100-sxm --global-batch 128`"
         )
+    if args.output:  # refused now, not after the sweep
+        check_writable(args.output, what="-o")
     workload = _workload(args)
     source = args.accelerator
     accelerator = (

@@ -13,8 +13,16 @@ import importlib
 import warnings
 from typing import Any
 
-from pipesim.cli._common import add_schedule_arguments, positive_int, print_json, schedule_from_args
+from pipesim.cli._common import (
+    add_schedule_arguments,
+    positive_int,
+    print_json,
+    schedule_from_args,
+    seconds,
+    whole_number,
+)
 from pipesim.errors import PipesimError
+from pipesim.files import check_writable
 
 _INSTALL = "pip install 'pipesim[verify]'"
 
@@ -57,7 +65,7 @@ def register(subparsers: Any) -> None:
     )
     group.add_argument(
         "--seed",
-        type=int,
+        type=whole_number(minimum=0, maximum=2**63 - 1),
         metavar="S",
         help="initialisation seed (default 21 for the MLP, as the chapter; else 0)",
     )
@@ -89,7 +97,7 @@ def register(subparsers: Any) -> None:
     )
     group.add_argument(
         "--warmup",
-        type=int,
+        type=whole_number(minimum=0, maximum=1000),
         default=1,
         metavar="K",
         help="untimed runs before the measured one (default 1)",
@@ -102,7 +110,7 @@ def register(subparsers: Any) -> None:
     )
     group.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=300.0,
         metavar="S",
         help="--dist: stop the ranks after S seconds (default 300)",
@@ -207,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
     from verify.report import format_report
 
     schedule = schedule_from_args(args)
+    if args.costs_out:  # refused now, not after the run
+        check_writable(args.costs_out, what="--costs-out")
     model = load_model(args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width)
     try:
         if args.dist:

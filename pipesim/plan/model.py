@@ -22,6 +22,7 @@ from typing import Any
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
 from pipesim.files import read_json, read_package_json
+from pipesim.limits import MAX_LAYERS, check_range
 from pipesim.suggest import did_you_mean
 
 __all__ = ["DTYPE_BYTES", "ModelSpec", "get_model", "load_model", "model_from_dict", "model_names"]
@@ -71,6 +72,9 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "seq_length", "vocab_size"):
             _check_positive(name, getattr(self, name))
+        check_range(
+            self.n_layers, name="n_layers", maximum=MAX_LAYERS, limit="MAX_LAYERS", error=PlanError
+        )
         for name in ("n_kv_heads", "ffn_hidden"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
