@@ -92,11 +92,13 @@ class Action:
                 object.__setattr__(self, name, index)
                 value = index
             if value < 0:
-                raise ParseError(f"action {name} must be a non-negative integer, got {value}")
+                raise ParseError(
+                    f"action {name} must be a non-negative integer, got {brief(value)}"
+                )
             if value > maximum:
                 check_range(value, name=f"action {name}", maximum=maximum, limit=limit)
         if not isinstance(self.op, Op):
-            raise ParseError(f"action op must be one of F, B, I, W, got {self.op!r}")
+            raise ParseError(f"action op must be one of F, B, I, W, got {brief(self.op)}")
 
     def __str__(self) -> str:
         return f"{self.stage}{self.op.value}{self.microbatch}"
@@ -123,7 +125,7 @@ class Overlap:
     def __post_init__(self) -> None:
         if len(self.parts) < 2 or not all(isinstance(p, Action) for p in self.parts):
             raise ParseError(
-                f"an overlapped action needs two or more simple actions, got {self.parts!r}"
+                f"an overlapped action needs two or more simple actions, got {brief(self.parts)}"
             )
 
     def __str__(self) -> str:

@@ -72,7 +72,17 @@ class UnknownNameError(PipesimError, LookupError):
         return str(self.args[0]) if self.args else ""
 
 
-_BRIEF = reprlib.Repr()
+class _Brief(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() <= 128:
+            return repr(x)
+        # str() of a huge int is slow (and refused past 4300 digits): count the digits
+        if x.bit_length() < 14_000:
+            return f"an integer of {len(str(abs(x)))} digits"
+        return f"an integer of about {int(x.bit_length() * 0.30103) + 1} digits"
+
+
+_BRIEF = _Brief()
 _BRIEF.maxstring = _BRIEF.maxother = 60
 _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 4
 _BRIEF.maxlevel = 2
@@ -84,16 +94,9 @@ def brief(value: object) -> str:
 
     >>> brief(list(range(1000)))
     '[0, 1, 2, 3, ...]'
-    >>> brief(10**1000), brief(-(10**50000))
-    ('an integer of 1001 digits', 'an integer of about 50001 digits')
+    >>> brief(10**1000), brief([-(10**50000)])
+    ('an integer of 1001 digits', '[an integer of about 50001 digits]')
     >>> brief("x" * 100)
     "'xxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx'"
     """
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        # str() of a huge int is slow (and refused past 4300 digits): count the digits instead
-        digits = len(str(abs(value))) if value.bit_length() < 14_000 else None
-        if digits is None:
-            digits = int(value.bit_length() * 0.30103) + 1
-            return f"an integer of about {digits} digits"
-        return f"an integer of {digits} digits"
     return _BRIEF.repr(value)

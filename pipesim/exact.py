@@ -94,7 +94,7 @@ def _exact(value: object, *, name: str, whole: bool) -> Fraction:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise CostError(f"{name} must be finite, got {value!r}; give a number like 1.5")
-        text = repr(value)  # the shortest spelling: 0.1 is read as 1/10
+        text = float.__repr__(value)  # the shortest spelling: 0.1 is 1/10 (numpy too)
     elif isinstance(value, str):
         text = value
     elif isinstance(value, Decimal | numbers.Real):  # numpy floats spell themselves shortest

@@ -165,7 +165,7 @@ def _deeper_than(data: Any, limit: int) -> bool:
         depth += 1
         if depth > limit:
             return True
-        deeper = []
+        deeper: list[Any] = []
         for container in level:
             if type(container) not in _CONTAINERS:
                 continue
@@ -215,7 +215,7 @@ def _duplicate_position(text: str) -> int | None:
 
     def parse_object(s_and_end: tuple[str, int], *args: Any) -> Any:
         try:
-            return json.decoder.JSONObject(s_and_end, *args)
+            return json.decoder.JSONObject(s_and_end, *args)  # type: ignore[attr-defined]
         except _BadJson:
             if not found:
                 found.append(s_and_end[1] - 1)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import operator
 
-from pipesim.errors import LimitError, PipesimError
+from pipesim.errors import LimitError, PipesimError, brief
 
 __all__ = [
     "MAX_ACTIONS",
@@ -114,7 +114,7 @@ def check_range(
     caller's kind of error fits better) naming ``limit`` otherwise."""
     if value > maximum:
         raise error(
-            f"{name} {value} is above pipesim's limit of {maximum} ({limit} in "
+            f"{name} {brief(value)} is above pipesim's limit of {maximum} ({limit} in "
             f"pipesim.limits); {_SEE}"
         )
     return value

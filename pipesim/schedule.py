@@ -26,7 +26,7 @@ complete, consistent and deadlock-free is :func:`pipesim.graph.validate`'s job.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipesim.actions import Action, Op, Overlap, Work, parse_action
@@ -68,6 +68,7 @@ class Schedule:
     """
 
     def __post_init__(self) -> None:
+        self._check_shapes()
         if not self.orders:
             raise ScheduleError("a schedule needs at least one rank, got an empty order list")
         if not self.placement:
@@ -88,7 +89,7 @@ class Schedule:
         for stage, rank in enumerate(self.placement):
             if not 0 <= rank < len(self.orders):
                 raise ScheduleError(
-                    f"stage {stage} is placed on rank {rank}, but the schedule has "
+                    f"stage {stage} is placed on rank {brief(rank)}, but the schedule has "
                     f"{len(self.orders)} ranks (0..{len(self.orders) - 1}); fix the placement"
                 )
         n_actions = 0
@@ -100,7 +101,7 @@ class Schedule:
                     n_actions += len(work.parts)
                 else:
                     raise ScheduleError(f"rank {rank} order holds {brief(work)}, not an action")
-        check_actions(n_actions, what=f"schedule {self.name!r}")
+        check_actions(n_actions, what=f"schedule {brief(self.name)}")
         object.__setattr__(self, "n_copies", _check_count("n_copies", self.n_copies))
         if len(self.placement) % self.n_copies or self.n_microbatches % self.n_copies:
             raise ScheduleError(
@@ -108,6 +109,32 @@ class Schedule:
                 f"and the micro-batches ({self.n_microbatches}); each model copy gets an equal "
                 "share of both"
             )
+
+    def _check_shapes(self) -> None:
+        """Lists become tuples; anything that is not a sequence is refused by name."""
+        fields = (("orders", "one list of actions per rank"), ("placement", "one rank per stage"))
+        for name, what in (*fields, ("happens_before", "(before, after) action pairs")):
+            value = getattr(self, name)
+            if not isinstance(value, tuple | list):
+                raise ScheduleError(f"{name} must be a list of {what}, got {brief(value)}")
+            object.__setattr__(self, name, tuple(value))
+        if not all(type(order) is tuple for order in self.orders):
+            if not all(isinstance(order, tuple | list) for order in self.orders):
+                raise ScheduleError(
+                    f"orders must hold one list of actions per rank, got {brief(self.orders)}"
+                )
+            object.__setattr__(self, "orders", tuple(tuple(order) for order in self.orders))
+        for pair in self.happens_before:
+            if not (
+                isinstance(pair, tuple | list)
+                and len(pair) == 2
+                and all(isinstance(a, Action) for a in pair)
+            ):
+                raise ScheduleError(
+                    f"each happens_before entry is a (before, after) pair of simple actions, "
+                    f"got {brief(pair)}"
+                )
+        object.__setattr__(self, "happens_before", tuple(tuple(p) for p in self.happens_before))
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -127,12 +154,20 @@ class Schedule:
         it (a stage found on two ranks is refused); without ``n_microbatches``
         it is one more than the largest micro-batch index used.
         """
+        if not isinstance(orders, Sequence) or not all(isinstance(o, Sequence) for o in orders):
+            raise ScheduleError(
+                f"orders must be a list with one list of actions per rank, got {brief(orders)}"
+            )
         parsed = tuple(
             tuple(w if isinstance(w, Action | Overlap) else parse_action(w) for w in order)
             for order in orders
         )
         if placement is None:
             placement = infer_placement(parsed)
+        elif isinstance(placement, str | bytes | Mapping) or not isinstance(placement, Iterable):
+            raise ScheduleError(
+                f"placement must be a list with the rank of each stage, got {brief(placement)}"
+            )
         if n_microbatches is None:
             used = [a.microbatch for order in parsed for w in order for a in w.parts]
             n_microbatches = max(used) + 1 if used else 0
@@ -141,7 +176,7 @@ class Schedule:
             placement=tuple(placement),
             n_microbatches=n_microbatches,
             name=name,
-            happens_before=tuple(happens_before),
+            happens_before=happens_before,  # type: ignore[arg-type]  # checked there
             n_copies=n_copies,
         )
 

@@ -93,3 +93,24 @@ def test_as_number() -> None:
     assert type(as_number(Fraction(6, 3))) is int
     assert as_number(Fraction(1, 4)) == 0.25
     assert type(as_number(Fraction(1, 3))) is float
+
+
+def test_numpy_scalars_and_decimals_are_numbers() -> None:
+    np = pytest.importorskip("numpy")  # the verify extra brings numpy; pipesim never imports it
+    from decimal import Decimal
+
+    assert to_time(np.int64(3), name="t") == 3 and type(to_time(np.int64(3), name="t")) is int
+    assert to_time(np.float64(0.1), name="t") == Fraction(1, 10)
+    assert to_time(np.float32(0.1), name="t") == Fraction(1, 10)  # float32's shortest spelling
+    assert to_time(np.float16(1.5), name="t") == Fraction(3, 2)
+    assert to_time(Decimal("2.25"), name="t") == Fraction(9, 4)
+    assert to_count(np.uint8(200), name="n") == 200
+    assert to_count(np.float64(8e9), name="n") == 8_000_000_000
+    with pytest.raises(CostError, match="finite"):
+        to_time(np.float32("nan"), name="t")
+    with pytest.raises(CostError, match="finite"):
+        to_time(Decimal("Infinity"), name="t")
+    with pytest.raises(CostError, match="MAX_NUMBER_DIGITS"):
+        to_time(Decimal("1e99999999"), name="t")
+    with pytest.raises(CostError, match="non-negative"):
+        to_time(np.int32(-1), name="t")

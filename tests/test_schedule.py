@@ -95,3 +95,21 @@ def test_schedule_is_a_frozen_value() -> None:
     assert hash(a) == hash(b)
     with pytest.raises(AttributeError):
         a.name = "x"  # type: ignore[misc]
+
+
+def test_numpy_integers_are_sizes_and_indices() -> None:
+    np = pytest.importorskip("numpy")  # the verify extra brings numpy; pipesim never imports it
+    from pipesim.actions import Action, Op
+    from pipesim.schedules import generate
+
+    expected = generate("1f1b", n_ranks=2, n_microbatches=4)
+    assert generate("1f1b", n_ranks=np.int64(2), n_microbatches=np.int32(4)) == expected
+    action = Action(stage=np.int64(1), op=Op.F, microbatch=np.uint16(3))
+    assert action == Action(stage=1, op=Op.F, microbatch=3) and type(action.stage) is int
+    rebuilt = Schedule.from_orders(
+        [list(o) for o in expected.orders],
+        placement=np.array([0, 1]),
+        n_microbatches=np.int64(4),
+    )
+    assert rebuilt.placement == (0, 1) and rebuilt.n_microbatches == 4
+    assert all(type(r) is int for r in rebuilt.placement)

@@ -12,13 +12,12 @@ public source; :func:`accelerator_from_dict` builds a custom one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipesim.errors import ParseError, PlanError, UnknownNameError
+from pipesim.errors import ParseError, PlanError, UnknownNameError, brief
 from pipesim.files import read_json, read_package_json
 from pipesim.suggest import did_you_mean
 
@@ -78,14 +77,14 @@ class Accelerator:
             or not isinstance(self.memory_bytes, int)
             or (self.memory_bytes < 1)
         ):
-            raise PlanError(f"memory_bytes must be a whole number >= 1, got {memory!r}")
+            raise PlanError(f"memory_bytes must be a whole number >= 1, got {brief(memory)}")
         if (
             isinstance(self.gpus_per_node, bool)
             or not isinstance(self.gpus_per_node, int)
             or (self.gpus_per_node < 1)
         ):
             raise PlanError(
-                f"gpus_per_node must be a whole number >= 1, got {self.gpus_per_node!r}"
+                f"gpus_per_node must be a whole number >= 1, got {brief(self.gpus_per_node)}"
             )
         _check_number("efficiency", self.efficiency, positive=True)
         if self.efficiency > 1:
@@ -118,10 +117,11 @@ class Accelerator:
 
 
 def _check_number(name: str, value: object, *, positive: bool) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    # Values beyond a float (1e308) are refused too: the planner computes in floats.
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and abs(value) < 1e300
     if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
         bound = "positive" if positive else "non-negative"
-        raise PlanError(f"accelerator {name} must be a {bound} finite number, got {value!r}")
+        raise PlanError(f"accelerator {name} must be a {bound} finite number, got {brief(value)}")
 
 
 _FIELDS = {f.name for f in fields(Accelerator)}

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipesim.errors import ParseError, PlanError, UnknownNameError
+from pipesim.errors import ParseError, PlanError, UnknownNameError, brief
 from pipesim.files import read_json, read_package_json
 from pipesim.limits import MAX_LAYERS, check_range
 from pipesim.suggest import did_you_mean
@@ -79,7 +79,9 @@ class ModelSpec:
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.dtype not in DTYPE_BYTES:
-            raise PlanError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise PlanError(
+                f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {brief(self.dtype)}"
+            )
         kv = self.kv_heads
         if self.n_heads % kv:
             raise PlanError(
@@ -100,7 +102,7 @@ class ModelSpec:
             "flash_attention",
         ):
             if not isinstance(getattr(self, name), bool):
-                raise PlanError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise PlanError(f"{name} must be true or false, got {brief(getattr(self, name))}")
 
     @property
     def kv_heads(self) -> int:
@@ -140,8 +142,8 @@ class ModelSpec:
 
 
 def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(f"model {name} must be a whole number >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
+        raise PlanError(f"model {name} must be a whole number from 1 to 10**9, got {brief(value)}")
 
 
 _FIELDS = {f.name for f in fields(ModelSpec)}
