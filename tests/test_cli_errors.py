@@ -106,6 +106,7 @@ CASES = [
     (("simulate", "1f1b", "-p", "2", "-m", "2", "--forward-time", "1e5000"), 1, ("'1e5000'",)),
     (("simulate", "1f1b", "-p", "4096", "-m", "1000000"), 1, ("MAX_ACTIONS",)),
     (("simulate", "interleaved-1f1b", "-p", "4096", "-v", "17", "-m", "8"), 1, ("MAX_STAGES",)),
+    (("synthesize", "-p", "64", "-m", "100000", "--memory-limit", "8"), 1, ("MAX_ACTIONS",)),
     (("plan", "--model", "llama2-7b", "--timeout", "nan"), 2, ("--timeout", "'nan'")),
     (("verify", "1f1b", "-p", "2", "-m", "2", "--warmup", "-3"), 2, ("--warmup", "'-3'")),
     (("verify", "1f1b", "-p", "2", "-m", "2", "--timeout", "0"), 2, ("--timeout", "'0'")),
@@ -222,6 +223,8 @@ BAD_OPTIONS = [
     ["plan", "--model", "llama2-7b", "--timeout", "-1"],
     ["plan", "--model", "llama2-7b", "--workers", "100000"],
     ["verify", "1f1b", "-p", "2", "-m", "2", "--timeout", "nan"],
+    ["synthesize", "-p", "2", "-m", "4", "--memory-limit", "8", "--time-limit", "nan"],
+    ["synthesize", "-p", "5000", "-m", "4", "--memory-limit", "8"],
     ["verify", "1f1b", "-p", "2", "-m", "2", "--seed", "-1"],
     ["verify", "1f1b", "-p", "2", "-m", "2", "--seed", str(2**64)],
 ]

@@ -6,9 +6,16 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from pipesim.cli._common import add_cost_arguments, costs_for_stages, positive_int, print_json
+from pipesim.cli._common import (
+    add_cost_arguments,
+    costs_for_stages,
+    print_json,
+    seconds,
+    whole_number,
+)
 from pipesim.errors import PipesimError
 from pipesim.exact import as_number
+from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule_io import save_schedule
 from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
 from pipesim.text_table import format_table
@@ -31,7 +38,7 @@ def register(subparsers: Any) -> None:
     size.add_argument(
         "--stages",
         "-p",
-        type=positive_int,
+        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
         required=True,
         metavar="P",
         help="pipeline depth p: ranks (devices)",
@@ -39,7 +46,7 @@ def register(subparsers: Any) -> None:
     size.add_argument(
         "--microbatches",
         "-m",
-        type=positive_int,
+        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
         required=True,
         metavar="M",
         help="micro-batches per step",
@@ -47,7 +54,7 @@ def register(subparsers: Any) -> None:
     size.add_argument(
         "--virtual",
         "-v",
-        type=positive_int,
+        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
         metavar="V",
         help="stages per rank (default 1; 2 with --placement v)",
     )
@@ -75,7 +82,7 @@ def register(subparsers: Any) -> None:
     )
     search.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=10.0,
         metavar="S",
         help="seconds the exact solver may run (default 10)",

@@ -34,8 +34,9 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.costs import CostModel
-from pipesim.errors import CostError, PipesimError, ScheduleError
+from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time
+from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
 from pipesim.schedules.zbv import v_placement
 from pipesim.step import cost_tables
 
@@ -177,7 +178,19 @@ def make_problem(
         ("virtual", virtual),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScheduleError(f"{name} must be a whole number >= 1, got {value!r}")
+            raise ScheduleError(f"{name} must be a whole number >= 1, got {brief(value)}")
+    # The documented limits, before anything is built: a synthesised schedule splits every
+    # backward into I and W, three actions per stage and micro-batch.
+    check_range(n_ranks, name="n_ranks", maximum=MAX_RANKS, limit="MAX_RANKS")
+    check_range(
+        n_microbatches, name="n_microbatches", maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"
+    )
+    check_range(n_ranks * virtual, name="stages", maximum=MAX_STAGES, limit="MAX_STAGES")
+    check_actions(
+        3 * n_ranks * virtual * n_microbatches,
+        what=f"a synthesised schedule of {n_ranks} ranks x {virtual} stages x "
+        f"{n_microbatches} micro-batches",
+    )
     if placement not in PLACEMENTS:
         raise ScheduleError(
             f"unknown placement {placement!r}; valid placements are: {', '.join(PLACEMENTS)}"
