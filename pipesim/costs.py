@@ -178,7 +178,7 @@ class CostModel:
             raise CostError(f"link must be a Link, got {brief(self.link)}")
         if not isinstance(self.overlap_comm, bool):
             raise CostError(f"overlap_comm must be True or False, got {brief(self.overlap_comm)}")
-        _check_denominator(stages, self.link)
+        _check_denominator(stages, self.link, self.dispatch_overhead)
         if self.memory_capacity_bytes is not None:
             object.__setattr__(
                 self,
@@ -233,11 +233,12 @@ class CostModel:
         return sum((self.stage(a.stage).duration(a.op) for a in work.parts), start=0)
 
 
-def _check_denominator(stages: tuple[StageCost, ...], link: Link) -> None:
+def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time) -> None:
     """Refuse times whose exact sums would need huge numbers: every time the engine adds
-    is a multiple of one over the common denominator of the durations, the latency and
-    bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
-    denominators = {1}
+    is a multiple of one over the common denominator of the durations, the latency, the
+    overheads and bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
+    denominators = {1, dispatch.denominator}
+    denominators.update(t.denominator for t in (link.send_overhead, link.receive_overhead))
     for stage in set(stages):  # broadcast models repeat one entry
         for time in (stage.forward, stage.backward, stage.input_grad, stage.weight_grad):
             denominators.add(time.denominator)

@@ -174,6 +174,17 @@ def test_max_denominator_digits() -> None:
             stages=tuple(StageCost(forward=Fraction(1, d)) for d in denominators[:2]),
             link=Link(bandwidth_bytes_per_s=11**32),
         )
+    # and so are the overheads a rank adds per message and per unit of work
+    with pytest.raises(CostError, match="MAX_DENOMINATOR_DIGITS"):
+        CostModel(
+            stages=tuple(StageCost(forward=Fraction(1, d)) for d in denominators[:2]),
+            link=Link(send_overhead=Fraction(1, 11**32)),
+        )
+    with pytest.raises(CostError, match="MAX_DENOMINATOR_DIGITS"):
+        CostModel(
+            stages=tuple(StageCost(forward=Fraction(1, d)) for d in denominators[:2]),
+            dispatch_overhead=Fraction(1, 11**32),
+        )
 
 
 # -- files ------------------------------------------------------------------------------
