@@ -85,13 +85,21 @@ def test_v_placement_file_keeps_the_v(tmp_path: Path, capsys) -> None:  # type: 
         (["--memory-limit", "8XB"], "unknown unit"),
         (["--memory-limit", "2", "--placement", "v", "--virtual", "3"], "virtual 2"),
         (["--memory-limit", "2", "--forward-time", "1,2"], "one per stage"),
-        (["--memory-limit", "2", "--exact", "--time-limit", "0"], "--time-limit"),
     ],
 )
 def test_bad_input_is_one_clear_line(capsys, argv: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     assert main(["synthesize", "-p", "3", "-m", "4", *argv]) == 1
     err = capsys.readouterr().err
     assert err.startswith("pipesim: error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_a_bad_time_limit_is_a_usage_error(capsys, seconds: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as info:
+        main(["synthesize", "-p", "3", "-m", "4", "--memory-limit", "2", "--time-limit", seconds])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: argument --time-limit: ") and repr(seconds) in err
 
 
 def test_plot_draws_a_synthesized_schedule(tmp_path: Path) -> None:
