@@ -73,3 +73,13 @@ def test_three_sizes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
     status = main(["calibrate", "--microbatch-sizes", "2,4,8", "-o", str(tmp_path / "c.json")])
     assert status == 1
     assert "one or two sizes" in capsys.readouterr().err
+
+
+def test_a_check_on_another_cut_is_refused_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "c.json"
+    status = main(["calibrate", "-p", "2", "--check", "zbv", "-o", str(out)])
+    assert status == 1
+    assert "does not run on a cut into 2 stages" in capsys.readouterr().err
+    assert not out.exists()

@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         raise PipesimError(
             f"--microbatch-sizes takes one or two sizes, got {args.microbatch_sizes}"
         )
+    checks = _check_schedules(args) if args.check else []  # refuse bad names before running
     costs, meta = _calibrate(args, args.microbatch_sizes[0])
     if len(args.microbatch_sizes) == 2:
         from pipesim.scaling import scaling_meta
@@ -154,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
         meta["microbatch_scaling"] = scaling_meta(second, microbatch_size=args.microbatch_sizes[1])
     _write(costs, meta, args.output)
     _print_costs(costs, meta, args.output)
-    if args.check:
-        return _check(args, costs)
+    if checks:
+        return _check(args, costs, checks)
     return 0
 
 
@@ -216,36 +217,64 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
     print(f"wrote {path}")
 
 
-def _check(args: argparse.Namespace, costs: Any) -> int:
-    from pipesim.calibration import costs_for, predict
+def _check_schedules(args: argparse.Namespace) -> list[Any]:
+    """The --check schedules, each at every --check-microbatches, on the calibrated cut:
+    ``p * virtual`` stages per model copy (DualPipe's copies each take the cut)."""
+    from pipesim.errors import ScheduleError
     from pipesim.schedules import generate, get_spec
-    from verify.fidelity import measure
 
     counts = args.check_microbatches or [args.microbatches, 4 * args.microbatches]
-    errors = []
-    cuts = {args.stages * args.virtual: costs}
-    print("schedule            m   predicted   measured (spread)   error")
+    cut = args.stages * args.virtual
+    found = []
     for name in args.check.split(","):
         spec = get_spec(name.strip())
         for m in counts:
-            virtual = 1 if spec.default_virtual == 1 else args.virtual
-            schedule = generate(spec.name, n_ranks=args.stages, n_microbatches=m, virtual=virtual)
-            predicted = predict(schedule, costs_for(schedule, cuts))
-            got = measure(
-                schedule,
-                model=args.model,
-                model_options=_options(args),
-                microbatch_size=args.microbatch_sizes[0],
-                repeats=args.repeats,
-                threads=args.threads,
-                warmup=max(args.warmup, 0),
-                timeout_s=args.timeout,
-            )
-            error = float((predicted - got.median_ns) / got.median_ns) * 100
-            errors.append(abs(error))
-            print(
-                f"{spec.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
-                f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}%"
-            )
+            fitting = None
+            for virtual in dict.fromkeys((args.virtual, spec.default_virtual, 1, 2)):
+                try:
+                    schedule = generate(
+                        spec.name, n_ranks=args.stages, n_microbatches=m, virtual=virtual
+                    )
+                except ScheduleError:
+                    continue
+                if schedule.n_stages // schedule.n_copies == cut:
+                    fitting = schedule
+                    break
+            if fitting is None:
+                raise PipesimError(
+                    f"--check {spec.name} at p={args.stages}, m={m} does not run on a cut into "
+                    f"{cut} stages; calibrate its cut in a separate run (another --virtual) or "
+                    "drop it from --check"
+                )
+            found.append(fitting)
+    return found
+
+
+def _check(args: argparse.Namespace, costs: Any, schedules: list[Any]) -> int:
+    from pipesim.calibration import costs_for, predict
+    from verify.fidelity import measure
+
+    errors = []
+    cuts = {args.stages * args.virtual: costs}
+    print("schedule            m   predicted   measured (spread)   error")
+    for schedule in schedules:
+        m = schedule.n_microbatches
+        predicted = predict(schedule, costs_for(schedule, cuts))
+        got = measure(
+            schedule,
+            model=args.model,
+            model_options=_options(args),
+            microbatch_size=args.microbatch_sizes[0],
+            repeats=args.repeats,
+            threads=args.threads,
+            warmup=max(args.warmup, 0),
+            timeout_s=args.timeout,
+        )
+        error = float((predicted - got.median_ns) / got.median_ns) * 100
+        errors.append(abs(error))
+        print(
+            f"{schedule.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
+            f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}%"
+        )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
     return 0
