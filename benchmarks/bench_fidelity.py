@@ -33,8 +33,8 @@ configuration; a line measured above ``--max-load`` is flagged BUSY, and the
 summary is refused when any is (``--allow-busy`` prints it anyway, marked).
 
 Run: ``python benchmarks/bench_fidelity.py [--quick] [--json-out FILE]``
-(the full grid takes about 20-30 minutes on a quiet 2-core machine, ``--quick``
-about 3).
+(the full run is about 260 runs of ``verify --dist``, an estimated 30-40 minutes on
+a quiet 2-core machine; ``--quick`` is 14 runs, a few minutes).
 """
 
 from __future__ import annotations
