@@ -106,6 +106,14 @@ def test_calibration_recovers_every_figure_exactly() -> None:
     assert fit.samples["latency"] > 0
 
 
+@pytest.mark.parametrize(("n_ranks", "virtual"), [(3, 1), (4, 2)])
+def test_deeper_pipelines_are_recovered_too(n_ranks: int, virtual: int) -> None:
+    """Middle stages take and send a message in every F, B and I."""
+    truth = _truth(n_ranks * virtual)
+    schedule = calibration_schedule(n_ranks=n_ranks, n_microbatches=2 * n_ranks, virtual=virtual)
+    assert fit_costs([_synthetic(schedule, truth)], stage_bytes=truth.stages).costs == truth
+
+
 def test_calibration_schedule_runs_every_op_and_is_no_registered_family() -> None:
     schedule = calibration_schedule(n_ranks=2, n_microbatches=4, virtual=2)
     ops = {(a.stage, a.op.value) for a in schedule.actions()}
