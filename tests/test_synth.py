@@ -188,3 +188,14 @@ def test_limit_in_bytes_is_the_same_as_in_microbatches() -> None:
     by_bytes = synthesize(n_ranks=3, n_microbatches=6, memory_limit="3000B", costs=costs)
     assert by_count.problem.limit_bytes == by_bytes.problem.limit_bytes == (3000, 3000, 3000)
     assert by_count.metrics.makespan == by_bytes.metrics.makespan
+
+
+def test_quick_tries_fewer_policies_and_keeps_the_guarantee() -> None:
+    costs = CostModel.uniform(
+        forward=10, input_grad=11, weight_grad=6, backward=17, activation_bytes=10,
+        weight_grad_bytes=4,
+    )  # fmt: skip
+    full = synthesize(n_ranks=4, n_microbatches=12, memory_limit=4, costs=costs)
+    quick = synthesize(n_ranks=4, n_microbatches=12, memory_limit=4, costs=costs, quick=True)
+    assert len(quick.candidates) < len(full.candidates)
+    assert full.metrics.makespan <= quick.metrics.makespan <= _baseline("zb-h1", 4, 12, costs)

@@ -81,6 +81,11 @@ def register(subparsers: Any) -> None:
         "'pipesim[exact]'): a proven lower bound and often a better schedule",
     )
     search.add_argument(
+        "--quick",
+        action="store_true",
+        help="try only the greedy policies that win most often (faster for large p and m)",
+    )
+    search.add_argument(
         "--time-limit",
         type=seconds,
         default=10.0,
@@ -119,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         placement=args.placement,
         exact=args.exact,
         exact_time_limit_s=args.time_limit,
+        quick=args.quick,
     )
     if args.output:
         save_schedule(result.schedule, args.output)

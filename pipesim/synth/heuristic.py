@@ -71,8 +71,21 @@ class Policy:
     """How the candidate is reported."""
 
 
-def policies(problem: Problem) -> tuple[Policy, ...]:
-    """The candidate policies tried for ``problem``.
+#: The policies that won most often in benchmarks/bench_synth.py, for ``quick`` runs.
+_QUICK = (
+    "greedy[memory]",
+    "greedy[1f1b-warmup]",
+    "greedy[1f1b-warmup+1]",
+    "greedy[1f1b-warmup+1,patient-W]",
+    "greedy[memory,reserve-one]",
+    "greedy[memory,reserve-none]",
+    "greedy[paced-1,reserve-none]",
+    "greedy[paced-1,reserve-none,patient-W]",
+)
+
+
+def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:
+    """The candidate policies tried for ``problem`` (``quick``: the few that win most).
 
     In-flight caps follow the published patterns: ``p - r`` per rank (1F1B and
     ZB-H1's warm-up), ``2 (p - r) - 1`` (ZB-H2's), scaled by the stages per rank;
@@ -83,6 +96,9 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
     >>> from pipesim.synth.problem import make_problem
     >>> len(policies(make_problem(n_ranks=4, n_microbatches=8, memory_limit=4)))
     24
+    >>> [p.name for p in policies(make_problem(n_ranks=4, n_microbatches=8, memory_limit=4),
+    ...                           quick=True)][:2]
+    ['greedy[memory]', 'greedy[1f1b-warmup]']
     """
     p, v = problem.n_ranks, problem.virtual
     cap_sets: list[tuple[str, tuple[int, ...] | None]] = [("memory", None)]
@@ -114,6 +130,8 @@ def policies(problem: Problem) -> tuple[Policy, ...]:
                     label = f"greedy[paced-{pace},reserve-{reserve}"
                     label += f",patient-{patient}]" if patient else "]"
                     out.append(Policy(pace=pace, reserve=reserve, patient=patient, name=label))
+    if quick:
+        return tuple(policy for policy in out if policy.name in _QUICK)
     return tuple(out)
 
 

@@ -123,13 +123,15 @@ def synthesize(
     exact: bool = False,
     exact_time_limit_s: float = 10.0,
     builtins: bool = True,
+    quick: bool = False,
 ) -> SynthesisResult:
     """Make a schedule for these costs that holds at most ``memory_limit`` per rank.
 
     ``memory_limit``: micro-batches of each rank's activations (``8``, ``"16/3"``) or
     bytes with a unit (``"20GiB"``), see :mod:`pipesim.synth.problem`. ``exact`` adds the
     CP-SAT solver (needs ``pip install 'pipesim[exact]'``; small problems only), whose
-    proven bound tightens :attr:`SynthesisResult.lower_bound`.
+    proven bound tightens :attr:`SynthesisResult.lower_bound`. ``quick`` tries only the
+    greedy policies that win most often (the planner's sweep uses it).
     """
     problem = make_problem(
         n_ranks=n_ranks,
@@ -140,7 +142,7 @@ def synthesize(
         placement=placement,
     )
     candidates: list[Candidate] = []
-    for policy in policies(problem):
+    for policy in policies(problem, quick=quick):
         orders = greedy_orders(problem, policy)
         if orders is not None:
             schedule = Schedule.from_orders(
@@ -211,6 +213,7 @@ def for_planner(
         memory_limit=MemoryLimit(n_bytes=memory_limit_bytes),
         costs=costs,
         virtual=virtual,
+        quick=True,
     ).schedule
 
 
