@@ -9,7 +9,16 @@
 from __future__ import annotations
 
 from pipesim.actions import Action, Op, Overlap, Work, parse_action
-from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict, load_costs
+from pipesim.costs import (
+    CostModel,
+    Link,
+    LinkPair,
+    Links,
+    StageCost,
+    costs_from_dict,
+    costs_to_dict,
+    load_costs,
+)
 from pipesim.engine import Simulation, run_trace, simulate
 from pipesim.errors import (
     CostError,
@@ -85,6 +94,8 @@ __all__ = [
     "DeadlockError",
     "LimitError",
     "Link",
+    "LinkPair",
+    "Links",
     "MemoryRecord",
     "Metrics",
     "Op",

@@ -46,7 +46,16 @@ from pipesim.files import read_json
 from pipesim.limits import MAX_DENOMINATOR_DIGITS, MAX_STAGES, check_range
 from pipesim.units import check_time_unit
 
-__all__ = ["CostModel", "Link", "StageCost", "costs_from_dict", "costs_to_dict", "load_costs"]
+__all__ = [
+    "CostModel",
+    "Link",
+    "LinkPair",
+    "Links",
+    "StageCost",
+    "costs_from_dict",
+    "costs_to_dict",
+    "load_costs",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,13 +152,85 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LinkPair:
+    """The link from ``src`` rank to ``dst`` rank (one direction), overriding the rules."""
+
+    src: int
+    dst: int
+    link: Link
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Links:
+    """Links per ordered rank pair: nodes of ``ranks_per_node`` consecutive ranks joined
+    by ``intra_node``, nodes joined by ``inter_node``, and explicit ``pairs`` over both.
+
+    A rule left out (None) falls back to :attr:`CostModel.link`.
+
+    >>> fast, slow = Link(latency=1), Link(latency=5)
+    >>> links = Links(ranks_per_node=2, intra_node=fast, inter_node=slow)
+    >>> costs = CostModel(link=Link(), links=links)
+    >>> costs.link_between(0, 1).latency, costs.link_between(1, 2).latency
+    (1, 5)
+    """
+
+    ranks_per_node: int | None = None
+    """Ranks ``k * n .. k * n + n - 1`` share node ``k``; None: no node rule."""
+    intra_node: Link | None = None
+    """Between two ranks of one node (NVLink, say)."""
+    inter_node: Link | None = None
+    """Between ranks of two nodes (InfiniBand, say)."""
+    pairs: tuple[LinkPair, ...] = ()
+    """Explicit links for some ordered pairs; they win over the node rule."""
+
+    def __post_init__(self) -> None:
+        if self.ranks_per_node is not None:
+            object.__setattr__(
+                self,
+                "ranks_per_node",
+                to_count(self.ranks_per_node, name="ranks_per_node", minimum=1),
+            )
+        object.__setattr__(self, "pairs", tuple(self.pairs))
+        seen = set()
+        for pair in self.pairs:
+            if not isinstance(pair, LinkPair):
+                raise CostError(f"links.pairs must hold LinkPair values, got {brief(pair)}")
+            for name in ("src", "dst"):
+                to_count(getattr(pair, name), name=f"link pair {name}")
+            if (pair.src, pair.dst) in seen:
+                raise CostError(
+                    f"the link from rank {pair.src} to rank {pair.dst} is given twice; keep one"
+                )
+            seen.add((pair.src, pair.dst))
+
+    def all_links(self) -> tuple[Link, ...]:
+        """Every link these rules name."""
+        rules = (self.intra_node, self.inter_node)
+        return tuple(link for link in rules if link is not None) + tuple(p.link for p in self.pairs)
+
+    def between(self, src: int, dst: int, /, *, default: Link) -> Link:
+        """The link from ``src`` to ``dst``."""
+        for pair in self.pairs:
+            if pair.src == src and pair.dst == dst:
+                return pair.link
+        n = self.ranks_per_node
+        if n is None:
+            return default
+        same_node = src // n == dst // n
+        chosen = self.intra_node if same_node else self.inter_node
+        return default if chosen is None else chosen
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CostModel:
-    """Per-stage costs, the link between ranks, and the device memory capacity."""
+    """Per-stage costs, the links between ranks, and the device memory capacity."""
 
     stages: tuple[StageCost, ...] = (StageCost(),)
     """One entry per stage, or one entry for every stage."""
     link: Link = field(default_factory=Link)
-    """The link between any two ranks."""
+    """The link between any two ranks that ``links`` does not name."""
+    links: Links | None = None
+    """Links per ordered rank pair (node rules, explicit pairs); None: ``link`` everywhere."""
     memory_capacity_bytes: int | None = None
     """Device memory for activations; reported against the peak, None if unknown."""
     overlap_comm: bool = True
@@ -179,6 +260,11 @@ class CostModel:
         if not isinstance(self.overlap_comm, bool):
             raise CostError(f"overlap_comm must be True or False, got {brief(self.overlap_comm)}")
         _check_denominator(stages, self.link, self.dispatch_overhead)
+        if self.links is not None:
+            if not isinstance(self.links, Links):
+                raise CostError(f"links must be a Links value or None, got {brief(self.links)}")
+            for extra in self.links.all_links():
+                _check_denominator(stages, extra, self.dispatch_overhead)
         if self.memory_capacity_bytes is not None:
             object.__setattr__(
                 self,
@@ -191,6 +277,7 @@ class CostModel:
         cls,
         *,
         link: Link | None = None,
+        links: Links | None = None,
         memory_capacity_bytes: int | None = None,
         overlap_comm: bool = True,
         dispatch_overhead: Time = 0,
@@ -201,11 +288,18 @@ class CostModel:
         return cls(
             stages=(StageCost(**stage_fields),),
             link=link or Link(),
+            links=links,
             memory_capacity_bytes=memory_capacity_bytes,
             overlap_comm=overlap_comm,
             dispatch_overhead=dispatch_overhead,
             time_unit=time_unit,
         )
+
+    def link_between(self, src: int, dst: int, /) -> Link:
+        """The link a message from rank ``src`` to rank ``dst`` takes."""
+        if self.links is None:
+            return self.link
+        return self.links.between(src, dst, default=self.link)
 
     def for_stages(self, n_stages: int) -> CostModel:
         """This model with exactly ``n_stages`` entries (one entry is broadcast)."""
@@ -273,6 +367,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "stage",
         "stages",
         "link",
+        "links",
         "memory_capacity_bytes",
         "overlap_comm",
         "dispatch_overhead",
@@ -300,6 +395,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         where = f"{source}: stage {index}" if "stages" in data else f"{source}: stage"
         stages.append(_build(StageCost, raw, _STAGE_FIELDS, where))
     link = _build(Link, data.get("link", {}), _LINK_FIELDS, f"{source}: link")
+    links = _links_from_dict(data["links"], f"{source}: links") if "links" in data else None
     overlap_comm = data.get("overlap_comm", True)
     if not isinstance(overlap_comm, bool):
         raise ParseError(f"{source}: overlap_comm must be true or false, got {brief(overlap_comm)}")
@@ -313,6 +409,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         return CostModel(
             stages=tuple(stages),
             link=link,
+            links=links,
             memory_capacity_bytes=data.get("memory_capacity_bytes"),
             overlap_comm=overlap_comm,
             dispatch_overhead=data.get("dispatch_overhead", 0),
@@ -320,6 +417,40 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         )
     except CostError as exc:
         raise CostError(f"{source}: {exc}") from None
+
+
+def _links_from_dict(raw: object, where: str) -> Links:
+    """``{"ranks_per_node": n, "intra_node": {link}, "inter_node": {link},
+    "pairs": [{"src": r, "dst": q, ...link fields}]}``, every key optional."""
+    allowed = {"ranks_per_node", "intra_node", "inter_node", "pairs"}
+    if not isinstance(raw, dict):
+        raise ParseError(f"{where}: expected an object, got {brief(raw)}")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ParseError(f"{where}: unknown fields {unknown}; valid fields are {sorted(allowed)}")
+    rules = {
+        name: _build(Link, raw[name], _LINK_FIELDS, f"{where}: {name}")
+        for name in ("intra_node", "inter_node")
+        if name in raw
+    }
+    raw_pairs = raw.get("pairs", [])
+    if not isinstance(raw_pairs, list):
+        raise ParseError(f"{where}: pairs must be a list of objects, got {brief(raw_pairs)}")
+    pairs = []
+    for index, entry in enumerate(raw_pairs):
+        here = f"{where}: pairs[{index}]"
+        if not isinstance(entry, dict) or "src" not in entry or "dst" not in entry:
+            raise ParseError(f"{here}: give an object with src, dst and link fields")
+        fields_only = {k: v for k, v in entry.items() if k not in ("src", "dst")}
+        link = _build(Link, fields_only, _LINK_FIELDS, here)
+        try:
+            pairs.append(LinkPair(src=entry["src"], dst=entry["dst"], link=link))
+        except CostError as exc:
+            raise CostError(f"{here}: {exc}") from None
+    try:
+        return Links(ranks_per_node=raw.get("ranks_per_node"), pairs=tuple(pairs), **rules)
+    except CostError as exc:
+        raise CostError(f"{where}: {exc}") from None
 
 
 def _build(cls: Any, raw: object, allowed: set[str], where: str) -> Any:
@@ -347,12 +478,28 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
     def as_dict(obj: Any, names: set[str]) -> dict[str, object]:
         return {n: value(getattr(obj, n)) for n in sorted(names) if getattr(obj, n) is not None}
 
+    def _link_dict(link: Link) -> dict[str, object]:
+        fields_of = as_dict(link, _LINK_FIELDS)
+        for name in ("send_overhead", "receive_overhead"):  # files without overheads stay
+            if not fields_of[name]:
+                del fields_of[name]
+        return fields_of
+
     data: dict[str, Any] = {"stages": [as_dict(s, _STAGE_FIELDS) for s in costs.stages]}
-    link = as_dict(costs.link, _LINK_FIELDS)
-    for name in ("send_overhead", "receive_overhead"):  # files without overheads stay as before
-        if not link[name]:
-            del link[name]
-    data["link"] = link
+    data["link"] = _link_dict(costs.link)
+    if costs.links is not None:
+        links: dict[str, Any] = {}
+        if costs.links.ranks_per_node is not None:
+            links["ranks_per_node"] = costs.links.ranks_per_node
+        for name in ("intra_node", "inter_node"):
+            rule = getattr(costs.links, name)
+            if rule is not None:
+                links[name] = _link_dict(rule)
+        if costs.links.pairs:
+            links["pairs"] = [
+                {"src": p.src, "dst": p.dst, **_link_dict(p.link)} for p in costs.links.pairs
+            ]
+        data["links"] = links
     if costs.memory_capacity_bytes is not None:
         data["memory_capacity_bytes"] = costs.memory_capacity_bytes
     data["overlap_comm"] = costs.overlap_comm

@@ -503,18 +503,26 @@ def overhead_tables(
     dispatch = costs.dispatch_overhead
     overheads: list[Time] = []
     for s in range(n_stages):
-        link = costs.link  # one link for every pair of ranks
-        send, take = link.send_overhead, link.receive_overhead
+        here = placement[s]
         reads = forward_source(s, per_copy=per_copy)
-        takes_f = reads is not None and placement[reads] != placement[s]
+        takes_f = reads is not None and placement[reads] != here
         sends_f = s + 1 < n_stages and forward_source(s + 1, per_copy=per_copy) == s
-        sends_f = sends_f and placement[s + 1] != placement[s]
+        sends_f = sends_f and placement[s + 1] != here
         grad = gradient_source(s, per_copy=per_copy)
-        takes_g = grad is not None and placement[grad] != placement[s]
+        takes_g = grad is not None and placement[grad] != here
         sends_g = s > 0 and gradient_source(s - 1, per_copy=per_copy) == s
-        sends_g = sends_g and placement[s - 1] != placement[s]
-        forward = dispatch + (send if sends_f else 0) + (take if takes_f else 0)
-        backward = dispatch + (send if sends_g else 0) + (take if takes_g else 0)
+        sends_g = sends_g and placement[s - 1] != here
+        # Each message pays the overheads of the link it takes (CostModel.link_between).
+        forward = dispatch
+        if sends_f:
+            forward += costs.link_between(here, placement[s + 1]).send_overhead
+        if takes_f:
+            forward += costs.link_between(placement[reads], here).receive_overhead  # type: ignore[index]
+        backward = dispatch
+        if sends_g:
+            backward += costs.link_between(here, placement[s - 1]).send_overhead
+        if takes_g:
+            backward += costs.link_between(placement[grad], here).receive_overhead  # type: ignore[index]
         overheads += [forward, backward, backward, dispatch]
     return overheads
 
@@ -629,7 +637,7 @@ def message_columns(
             for m in structure.messages
         ]
     )
-    pair_links = tuple(costs.link for _ in structure.pairs)
+    pair_links = tuple(costs.link_between(src, dst) for src, dst in structure.pairs)
     known: dict[tuple[int, int], Time] = {}
     occupancy = []
     latency = []

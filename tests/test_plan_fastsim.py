@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipesim.actions import Action, Op, Overlap, Work
-from pipesim.costs import CostModel, Link, StageCost
+from pipesim.costs import CostModel, Link, LinkPair, Links, StageCost
 from pipesim.engine import run_trace, simulate
 from pipesim.errors import DeadlockError, PipesimError
 from pipesim.graph import validate
@@ -45,24 +45,45 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
                 param_bytes=draw(st.integers(min_value=0, max_value=100)),
             )
         )
-    link = draw(
+    links = st.one_of(
+        st.just(Link()),
+        st.builds(
+            Link,
+            latency=_TIMES,
+            bandwidth_bytes_per_s=st.one_of(
+                st.none(), st.fractions(min_value=Fraction(1, 2), max_value=40)
+            ),
+            max_concurrent=st.integers(min_value=1, max_value=3),
+            send_overhead=st.one_of(st.just(0), _TIMES),
+            receive_overhead=st.one_of(st.just(0), _TIMES),
+        ),
+    )
+    link = draw(links)
+    # Links per rank pair: a node rule, sometimes an explicit pair on top.
+    per_pair = draw(
         st.one_of(
-            st.just(Link()),
+            st.none(),
             st.builds(
-                Link,
-                latency=_TIMES,
-                bandwidth_bytes_per_s=st.one_of(
-                    st.none(), st.fractions(min_value=Fraction(1, 2), max_value=40)
+                Links,
+                ranks_per_node=st.integers(min_value=1, max_value=3),
+                intra_node=st.one_of(st.none(), links),
+                inter_node=st.one_of(st.none(), links),
+                pairs=st.one_of(
+                    st.just(()),
+                    st.builds(
+                        lambda src, dst, l: (LinkPair(src=src, dst=dst, link=l),),
+                        st.integers(0, 3),
+                        st.integers(0, 3),
+                        links,
+                    ),
                 ),
-                max_concurrent=st.integers(min_value=1, max_value=3),
-                send_overhead=st.one_of(st.just(0), _TIMES),
-                receive_overhead=st.one_of(st.just(0), _TIMES),
             ),
         )
     )
     return CostModel(
         stages=tuple(stages),
         link=link,
+        links=per_pair,
         memory_capacity_bytes=draw(st.one_of(st.none(), st.integers(1, 5000))),
         overlap_comm=draw(st.booleans()),
         dispatch_overhead=draw(st.one_of(st.just(0), _TIMES)),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._completion import mark_schedule_argument
-from pipesim.costs import CostModel, Link, StageCost, load_costs
+from pipesim.costs import CostModel, Link, Links, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule import Schedule
@@ -251,6 +251,20 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "--link-concurrency", metavar="K", help="messages one link direction carries at once (1)"
     )
     group.add_argument(
+        "--ranks-per-node",
+        metavar="N",
+        help="ranks k*N .. k*N+N-1 share node k: the --link-* flags describe links inside a "
+        "node, the --inter-node-* flags links between nodes",
+    )
+    group.add_argument(
+        "--inter-node-latency", metavar="T", help="latency between nodes (default: --link-latency)"
+    )
+    group.add_argument(
+        "--inter-node-bandwidth",
+        metavar="BYTES_PER_T",
+        help="bandwidth between nodes (default: --link-bandwidth)",
+    )
+    group.add_argument(
         "--memory-capacity", metavar="BYTES", help="device memory capacity for the peak check"
     )
     group.add_argument(
@@ -305,6 +319,9 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         "link_latency",
         "link_bandwidth",
         "link_concurrency",
+        "ranks_per_node",
+        "inter_node_latency",
+        "inter_node_bandwidth",
         "memory_capacity",
     ]
     given = [n for n in flag_names if getattr(args, n, None) is not None]
@@ -355,6 +372,7 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
     return CostModel(
         stages=tuple(stages),
         link=link,
+        links=_node_links(args, link),
         memory_capacity_bytes=args.memory_capacity,
         overlap_comm=not args.no_overlap_comm,
         time_unit=unit or "unit",
@@ -376,6 +394,28 @@ def check_suffix(path: str, suffixes: tuple[str, ...], /, *, verb: str, what: st
             f"got {path!r}"
         )
     return suffix
+
+
+def _node_links(args: argparse.Namespace, link: Link) -> Links | None:
+    """``--ranks-per-node`` and the ``--inter-node-*`` flags as a Links rule."""
+    inter_latency = getattr(args, "inter_node_latency", None)
+    inter_bandwidth = getattr(args, "inter_node_bandwidth", None)
+    ranks_per_node = getattr(args, "ranks_per_node", None)
+    if ranks_per_node is None:
+        if inter_latency is not None or inter_bandwidth is not None:
+            raise CostError(
+                "--inter-node-latency and --inter-node-bandwidth need --ranks-per-node N "
+                "(which ranks share a node)"
+            )
+        return None
+    inter = replace(
+        link,
+        latency=inter_latency if inter_latency is not None else link.latency,
+        bandwidth_bytes_per_s=(
+            inter_bandwidth if inter_bandwidth is not None else link.bandwidth_bytes_per_s
+        ),
+    )
+    return Links(ranks_per_node=ranks_per_node, intra_node=link, inter_node=inter)
 
 
 def print_json(data: object) -> None:

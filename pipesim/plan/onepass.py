@@ -52,9 +52,6 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     durations, effects = tables.durations, tables.effects
     placement = schedule.placement
     per_copy = n_stages // schedule.n_copies
-    link = costs.link
-    free = link.is_free
-    latency = link.latency
     overlap_comm = costs.overlap_comm
     # Which stage's F output F of s reads, and whose gradient B / I of s reads
     # (pipesim.step's rules); a message exists only between two ranks.
@@ -69,8 +66,10 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
             f_pair[f_src[s]] = placement[s]  # type: ignore[index]
         if g_waits[s]:
             g_pair[g_src[s]] = placement[s]  # type: ignore[index]
-    occ_f = [link.occupancy(n) for n in tables.forward_bytes]
-    occ_g = [link.occupancy(n) for n in tables.gradient_bytes]
+    # Per producing stage, its send: (link occupancy, latency, free link?, capacity); each
+    # stage sends over one rank pair's link (CostModel.link_between).
+    f_send = _sends(costs, placement, f_pair, tables.forward_bytes)
+    g_send = _sends(costs, placement, g_pair, tables.gradient_bytes)
     width = schedule.n_microbatches
     g_base = n_stages * width  # key of a gradient message: g_base + s * width + mb
     signal_of: dict[int, list[int]] = {}  # happens_before: key of b -> keys of a
@@ -87,7 +86,6 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     avail: dict[int, Time] = {}  # message key -> arrival time
     sleeping: dict[int, int] = {}  # message key -> the rank waiting for it
     slots: dict[tuple[int, int], list[Time]] = {}
-    capacity = link.max_concurrent
     positions = [0] * n_ranks
     clock: list[Time] = [0] * n_ranks
     held = [0] * n_ranks
@@ -169,15 +167,16 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
             if op is f_op:
                 dst = f_pair[stage]
                 key = stage * width + mb
-                occupancy = occ_f[stage]
+                send = f_send[stage]
             elif op is w_op:
                 dst = -1
             else:
                 dst = g_pair[stage]
                 key = g_base + stage * width + mb
-                occupancy = occ_g[stage]
+                send = g_send[stage]
             after = end
             if dst >= 0:
+                occupancy, latency, free, capacity = send
                 if free:
                     arrival = end
                 else:
@@ -213,3 +212,15 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
         peak_activation_bytes=tuple(peaks),
         peak_inflight=tuple(peak_counts),
     )
+
+
+def _sends(
+    costs: CostModel, placement: tuple[int, ...], dst_of: list[int], sizes: list[int]
+) -> list[tuple[Time, Time, bool, int]]:
+    sends: list[tuple[Time, Time, bool, int]] = []
+    for stage, dst in enumerate(dst_of):
+        link = costs.link_between(placement[stage], dst) if dst >= 0 else costs.link
+        sends.append(
+            (link.occupancy(sizes[stage]), link.latency, link.is_free, link.max_concurrent)
+        )
+    return sends

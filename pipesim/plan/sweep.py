@@ -13,9 +13,11 @@ Hardware model (documented assumptions):
 
 - Devices are ordered as Megatron-LM orders its groups (data parallel inside,
   pipeline outside: ``megatron/core/parallel_state.py``, order "tp-dp-pp"):
-  a data-parallel group fits in a node when d divides the GPUs per node; a
-  pipeline spans nodes as soon as the job does. The pipeline's single link is
-  then the inter-node link (intra-node when the whole job fits in one node).
+  a data-parallel group fits in a node when d divides the GPUs per node g, so
+  consecutive pipeline ranks share a node g / d at a time (one per node when d
+  does not divide g). A hop between two ranks of one node takes the intra-node
+  link, a hop between nodes the inter-node link (links per rank pair,
+  :class:`pipesim.costs.Links`); a job inside one node uses the intra-node link.
 - After the pipeline drains, gradients are all-reduced across the d replicas
   with a ring: ``2 (d-1)/d * bytes / bandwidth + 2 (d-1) * latency`` (Patarasuk
   and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -42,13 +44,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from pipesim.costs import CostModel, Link, StageCost
+from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
-from pipesim.plan.hardware import Accelerator
+from pipesim.plan.hardware import Accelerator, Interconnect
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload
@@ -120,7 +122,7 @@ class Evaluation:
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], Schedule | str] = {}
 _PARTITIONS: dict[int, tuple[int, ...]] = {}
-_COSTS: dict[tuple[int, int, int], tuple[CostModel, list[int], list[int]]] = {}
+_COSTS: dict[tuple[int, int, int, int | None], tuple[CostModel, list[int], list[int]]] = {}
 _MAX_SCHEDULES = 64
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
@@ -156,12 +158,13 @@ def _stage_costs(
     context: SweepContext,
     sizes: tuple[int, ...],
     microbatch_size: int,
-    inter_node: bool,
+    ranks_per_node: int | None,
     n_copies: int,
 ) -> tuple[CostModel, list[int], list[int]]:
     """Cost model of the stages (integer ns), static bytes and parameters per stage;
-    ``n_copies`` copies of the model's stages one after the other."""
-    key = (len(sizes), microbatch_size, n_copies)
+    ``n_copies`` copies of the model's stages one after the other; pipeline ranks
+    ``ranks_per_node`` to a node (None: the whole job in one node)."""
+    key = (len(sizes), microbatch_size, n_copies, ranks_per_node)
     found = _COSTS.get(key)
     if found is not None:
         return found
@@ -204,25 +207,42 @@ def _stage_costs(
         )
         static.append(stage_params * context.bytes_per_param)
         params.append(stage_params)
-    path = accelerator.link(inter_node=inter_node)
-    latency = round(Fraction(repr(path.latency_s)) * _NS_PER_S)
-    occupancy = round(
-        Fraction(message_bytes) * _NS_PER_S / Fraction(repr(path.bandwidth_bytes_per_s))
-    )
-    # Rounded to whole nanoseconds so that every time stays an integer.
-    link = Link(
-        latency=latency,
-        bandwidth_bytes_per_s=Fraction(message_bytes, occupancy) if occupancy else None,
-    )
+    intra = _link(accelerator.link(inter_node=False), message_bytes)
+    links = None
+    if ranks_per_node is not None:
+        inter = _link(accelerator.link(inter_node=True), message_bytes)
+        links = Links(ranks_per_node=ranks_per_node, intra_node=intra, inter_node=inter)
     costs = CostModel(
         stages=tuple(stages) * n_copies,
-        link=link,
+        link=intra,
+        links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
     )
     static, params = static * n_copies, params * n_copies
     found = (costs, static, params)
     _COSTS[key] = found
     return found
+
+
+def _link(path: Interconnect, message_bytes: int) -> Link:
+    """``path`` in integer nanoseconds for messages of ``message_bytes``: the latency and
+    the occupancy are rounded to whole nanoseconds so that every time stays an integer."""
+    latency = round(Fraction(repr(path.latency_s)) * _NS_PER_S)
+    occupancy = round(
+        Fraction(message_bytes) * _NS_PER_S / Fraction(repr(path.bandwidth_bytes_per_s))
+    )
+    return Link(
+        latency=latency,
+        bandwidth_bytes_per_s=Fraction(message_bytes, occupancy) if occupancy else None,
+    )
+
+
+def _pipeline_ranks_per_node(context: SweepContext, data_parallel: int) -> int | None:
+    """Pipeline ranks per node, devices ordered tp-dp-pp; None when the job fits one node."""
+    g = context.accelerator.gpus_per_node
+    if context.devices <= g:
+        return None
+    return g // data_parallel if g % data_parallel == 0 else 1
 
 
 def _allreduce_ns(context: SweepContext, data_parallel: int, params: int) -> int:
@@ -260,9 +280,9 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     if sizes is None:
         work = [layer.work for layer in context.workload.layers]
         sizes = _PARTITIONS[per_copy] = partition(work, n_stages=per_copy)
-    inter_node = context.devices > context.accelerator.gpus_per_node
+    ranks_per_node = _pipeline_ranks_per_node(context, point.data_parallel)
     costs, static, params = _stage_costs(
-        context, sizes, point.microbatch_size, inter_node, n_copies
+        context, sizes, point.microbatch_size, ranks_per_node, n_copies
     )
     if schedule is None:
         assert cost_aware is not None
@@ -331,8 +351,10 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
     work = [layer.work for layer in context.workload.layers]
     sizes = partition(work, n_stages=per_copy)
     _install(context)  # fresh caches for this context
-    inter_node = context.devices > context.accelerator.gpus_per_node
-    costs, _, _ = _stage_costs(context, sizes, point.microbatch_size, inter_node, schedule.n_copies)
+    ranks_per_node = _pipeline_ranks_per_node(context, point.data_parallel)
+    costs, _, _ = _stage_costs(
+        context, sizes, point.microbatch_size, ranks_per_node, schedule.n_copies
+    )
     return schedule, costs
 
 
