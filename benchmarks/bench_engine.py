@@ -1,103 +1,195 @@
-"""Speed of the SimPy engine, and of torch.distributed.pipelining's own dry run.
+"""Speed of the SimPy engine, and of torch.distributed.pipelining's own dry run, side by side.
 
-Prints, for 1f1b and interleaved-1f1b at p in {4, 16, 64} and m in {16, 256, 1024}:
-simulated actions per second of the engine alone (``run_trace``), and the wall
-time of a full ``simulate`` (validation + engine + metrics). When torch is
-installed it also builds the same interleaved configurations with torch's
-schedule classes (mock stages, no process group, as torch's own schedule
-visualizer does), lowers them with communication actions and runs torch's
-``_simulate_comms_compute`` dry run, and prints torch time / pipesim time.
+Prints, in one run (machine load from os.getloadavg beside each figure, medians of
+``--repeat`` runs):
 
-Run:  python benchmarks/bench_engine.py [--quick]
-Goals (issue 2): >= 200,000 actions/s on one core for the engine; a 64 x 1024
-1f1b step in a few seconds; pp=32 x 256 interleaved ten times faster than torch.
+1. ``pipesim.simulate`` (validation + engine + metrics) in actions per second, for
+   1f1b and interleaved-1f1b (v=2) at p in {4, 16, 64} and m in {16, 256, 1024};
+   wall time and process CPU time (CPU time is what a loaded machine distorts least);
+2. a step of 1M actions (1f1b, p=64, m=8192) in a fresh process: actions per second
+   and the process's peak resident memory (``resource.getrusage``), minus the memory
+   the schedule itself takes;
+3. build + simulate against torch 2.x: torch's construction of the same schedule (mock
+   stages, no process group, as torch's schedule visualizer does), its
+   ``_add_send_recv`` lowering and its ``_simulate_comms_compute`` dry run, versus
+   pipesim's ``generate`` + ``simulate``, for Interleaved 1F1B (pp=32, mb=256, v=2),
+   ZB-V (pp=32, mb=256) and 1F1B (pp=32, mb=256). Prints torch time / pipesim time.
+
+Run:  python benchmarks/bench_engine.py [--quick] [--repeat N]
+Goals (issue 9): simulate >= 200,000 actions/s on 1f1b 64 x 1024 and >= 150,000 at 1M
+actions with peak memory well under 1 GB; torch / pipesim >= 10x for Interleaved 1F1B
+and ZB-V, >= 3x for 1F1B.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 import pipesim
 from pipesim.costs import CostModel
 
+# (pipesim name, torch class name, virtual) for the side-by-side comparison.
+_VERSUS_TORCH = (
+    ("interleaved-1f1b", "Interleaved1F1B", 2),
+    ("zbv", "ZBVZeroBubble", 2),
+    ("1f1b", "1F1B", None),
+)
 
-def _best_of(repeats: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
+_ONE_MILLION = """
+import gc, resource, sys, time
+import pipesim
+schedule = pipesim.generate("1f1b", n_ranks=64, n_microbatches=8192)
+n = sum(len(order) for order in schedule.orders)
+gc.collect()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+wall, cpu = time.perf_counter(), time.process_time()
+sim = pipesim.simulate(schedule)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(n, wall, cpu, before * 1024, after * 1024)
+"""
+
+
+def _load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def _timed(repeats: int, fn: Callable[[], object]) -> tuple[float, float]:
+    """Median wall and CPU seconds of ``repeats`` calls."""
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
-def bench_pipesim(name: str, p: int, m: int, virtual: int | None) -> tuple[int, float, float]:
-    schedule = pipesim.generate(name, n_ranks=p, n_microbatches=m, virtual=virtual)
+def _generate(name: str, p: int, m: int, virtual: int | None) -> pipesim.Schedule:
+    return pipesim.generate(name, n_ranks=p, n_microbatches=m, virtual=virtual)
+
+
+def bench_simulate(
+    name: str, p: int, m: int, virtual: int | None, repeats: int
+) -> tuple[int, float, float]:
+    schedule = _generate(name, p, m, virtual)
     costs = CostModel().for_stages(schedule.n_stages)
     n_actions = sum(len(order) for order in schedule.orders)
-    repeats = 3 if n_actions < 50_000 else 1
-    engine = _best_of(repeats, lambda: pipesim.run_trace(schedule, costs))
-    full = _best_of(
-        repeats,
-        lambda: pipesim.simulate(
-            pipesim.generate(name, n_ranks=p, n_microbatches=m, virtual=virtual), costs=costs
-        ),
-    )
-    return n_actions, engine, full
+    wall, cpu = _timed(repeats, lambda: pipesim.simulate(schedule, costs=costs))
+    return n_actions, wall, cpu
 
 
-def bench_torch(p: int, m: int, virtual: int) -> float | None:
+def bench_build_and_simulate(
+    name: str, p: int, m: int, virtual: int | None, repeats: int
+) -> tuple[float, float]:
+    return _timed(repeats, lambda: pipesim.simulate(_generate(name, p, m, virtual)))
+
+
+def bench_torch(
+    torch_name: str, p: int, m: int, virtual: int | None, repeats: int
+) -> tuple[float, float] | None:
     try:
         from torch.distributed.pipelining import schedules as torch_schedules
         from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
     except ImportError:
         return None
+    n_stages = p * (virtual or 1)
+
+    def stage_to_rank(stage: int) -> int:
+        if torch_name == "ZBVZeroBubble":  # V placement: down the ranks, then back up
+            return stage if stage < p else 2 * p - 1 - stage
+        return stage % p
+
+    fixed = None
+    if torch_name == "1F1B":
+        # torch's drawn Schedule1F1B.pipeline_order numbers the last rank's micro-batches
+        # from 1 (tests/test_torch_parity.py), which its own _add_send_recv refuses; lower
+        # the order torch runs instead, converted before the clock starts.
+        from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+        kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+        fixed = {
+            rank: [_Action(a.stage, kinds[a.op.value], a.microbatch) for a in order]
+            for rank, order in enumerate(_generate("1f1b", p, m, None).orders)
+        }
 
     def build_and_simulate() -> None:
-        ops = get_schedule_ops("Interleaved1F1B", p, m, virtual, with_comms=True)
-        # The dry run models compute and send/recv only; drop FSDP-style bookkeeping ops.
-        skip = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
-        order = {
-            rank: [a for a in row if a is not None and a.computation_type.value not in skip]
-            for rank, row in enumerate(ops)
-        }
-        torch_schedules._simulate_comms_compute(order, lambda s: s % p, p * virtual)
+        # torch's construction of the compute order (mock stages, as its visualizer)...
+        ops = get_schedule_ops(torch_name, p, m, virtual)
+        compute = {rank: [a for a in row if a is not None] for rank, row in enumerate(ops)}
+        # ...its lowering with send/recv actions, and its dry run of the result.
+        lowered = torch_schedules._add_send_recv(fixed or compute, stage_to_rank, n_stages)
+        torch_schedules._simulate_comms_compute(lowered, stage_to_rank, n_stages)
 
-    return _best_of(1, build_and_simulate)
+    return _timed(repeats, build_and_simulate)
+
+
+def one_million() -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_MILLION],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=True,
+    )
+    n, wall, cpu, before, after = done.stdout.split()
+    n_actions = int(n)
+    mib = (int(after) - int(before)) / 2**20
+    return (
+        f"1f1b p=64 m=8192: {n_actions:,} actions, simulate {float(wall):.2f} s wall "
+        f"({n_actions / float(wall):,.0f}/s), {float(cpu):.2f} s CPU "
+        f"({n_actions / float(cpu):,.0f}/s); peak memory +{mib:,.0f} MiB over the schedule "
+        f"({int(after) / 2**20:,.0f} MiB resident in all); {_load()}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the largest sizes")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     args = parser.parse_args()
     sizes = [(p, m) for p in (4, 16, 64) for m in (16, 256, 1024)]
     if args.quick:
         sizes = [(p, m) for p, m in sizes if p * m <= 16 * 256]
+    print(f"pipesim {pipesim.__version__}, median of {args.repeat} runs")
     print(
-        f"{'schedule':<18}{'p':>4}{'m':>6}{'actions':>10}{'engine s':>10}"
-        f"{'actions/s':>12}{'simulate s':>12}"
+        f"{'schedule':<18}{'p':>4}{'m':>6}{'actions':>10}{'wall s':>9}{'actions/s':>12}"
+        f"{'cpu s':>8}{'actions/s':>12}  load"
     )
     for name, virtual in (("1f1b", None), ("interleaved-1f1b", 2)):
         for p, m in sizes:
             if name == "interleaved-1f1b" and m < p:
                 continue
-            n, engine, full = bench_pipesim(name, p, m, virtual)
-            print(f"{name:<18}{p:>4}{m:>6}{n:>10}{engine:>10.3f}{n / engine:>12,.0f}{full:>12.3f}")
-    print()
-    print("interleaved-1f1b, v=2: build + simulate, torch dry run vs pipesim simulate")
-    for p, m in ((8, 64), (32, 256)):
-        if args.quick and p * m > 16 * 256:
-            continue
-        torch_time = bench_torch(p, m, 2)
-        _, _, full = bench_pipesim("interleaved-1f1b", p, m, 2)
-        if torch_time is None:
-            print(f"  p={p} m={m}: pipesim {full:.3f} s (torch not installed)")
-        else:
+            n, wall, cpu = bench_simulate(name, p, m, virtual, args.repeat)
             print(
-                f"  p={p} m={m}: torch {torch_time:.3f} s, pipesim {full:.3f} s, "
-                f"ratio {torch_time / full:.1f}x"
+                f"{name:<18}{p:>4}{m:>6}{n:>10}{wall:>9.3f}{n / wall:>12,.0f}"
+                f"{cpu:>8.3f}{n / cpu:>12,.0f}  {_load()}"
             )
+    if not args.quick:
+        print()
+        print(one_million())
+    print()
+    print("build + simulate, pp=32 mb=256: torch (construction + _add_send_recv +")
+    print("_simulate_comms_compute) vs pipesim (generate + simulate), wall (CPU) seconds")
+    p, m = (8, 64) if args.quick else (32, 256)
+    for name, torch_name, virtual in _VERSUS_TORCH:
+        wall, cpu = bench_build_and_simulate(name, p, m, virtual, args.repeat)
+        torch_time = bench_torch(torch_name, p, m, virtual, args.repeat)
+        if torch_time is None:
+            print(f"  {name} p={p} m={m}: pipesim {wall:.3f} s (torch not installed)")
+            continue
+        t_wall, t_cpu = torch_time
+        print(
+            f"  {name:<17} p={p} m={m}: torch {t_wall:.3f} s ({t_cpu:.3f}), pipesim "
+            f"{wall:.3f} s ({cpu:.3f}), ratio {t_wall / wall:.1f}x ({t_cpu / cpu:.1f}x CPU)"
+            f"  {_load()}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Trace -> the numbers a planner wants: makespan, busy / idle, bubble, peak memory.
 
-Definitions (DESIGN.md's output contract):
+Definitions (the output contract of docs/architecture.md):
 
 - ``makespan``: end of the last action or transfer; a step starts at 0.
 - ``busy`` of a rank: the summed duration of its work; ``idle = makespan - busy``.
@@ -89,7 +89,7 @@ class Metrics:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of DESIGN.md's ``pipesim simulate --json`` contract."""
+        """The JSON object of the ``pipesim simulate --json`` contract (docs/architecture.md)."""
         return {
             "schedule": self.schedule,
             "n_ranks": self.n_ranks,

@@ -358,7 +358,7 @@ class Case:
 
 
 def prerequisites(action: Action, present: set[Action], last_stage: int) -> list[Action]:
-    """What ``action`` needs, written here from the rules in DESIGN.md (not from pipesim)."""
+    """What ``action`` needs, from the rules in docs/architecture.md (not from pipesim)."""
     s, mb = action.stage, action.microbatch
     if action.op is Op.F:
         candidates = [Action(stage=s - 1, op=Op.F, microbatch=mb)] if s > 0 else []

@@ -1,8 +1,8 @@
 """The exact check: the pipelined run against the unsplit model, bit for bit.
 
 Splitting a model between layers changes no bits; splitting a batch into
-micro-batches and accumulating gradients can (DESIGN.md, "What bit-identical
-means here"). So the reference is the *unsplit* model run on the *same*
+micro-batches and accumulating gradients can (docs/architecture.md, "The JSON
+contract"). So the reference is the *unsplit* model run on the *same*
 micro-batches:
 
 - outputs and losses of micro-batch ``k`` must be ``torch.equal`` to the

@@ -234,7 +234,7 @@ _STAGE_FLAGS = {
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    """The cost flags of DESIGN.md and ``--costs FILE``."""
+    """The cost flags (docs/architecture.md, "Vocabulary") and ``--costs FILE``."""
     group = parser.add_argument_group(
         "costs",
         "per stage and per micro-batch (a stage of an interleaved rank is one chunk); "
