@@ -127,3 +127,20 @@ def test_planner_puts_pipeline_hops_on_intra_or_inter_node_links() -> None:
     # One node: the intra-node link everywhere.
     one_node = costs_for(8, 2)
     assert one_node.links is None and one_node.link.latency == intra_ns
+
+
+def test_message_overheads_come_from_the_pairs_link() -> None:
+    # Only the inter-node link (rank 1 -> 2) has a send overhead: the one message that
+    # crosses nodes holds its sender 3 longer, so the chain ends 3 later.
+    slow_send = Links(
+        ranks_per_node=2,
+        intra_node=Link(latency=1),
+        inter_node=Link(latency=10, send_overhead=3),
+    )
+    base = simulate(CHAIN, costs=CostModel.uniform(forward=1, links=NODES)).metrics
+    costs = CostModel.uniform(forward=1, links=slow_send)
+    sim = simulate(CHAIN, costs=costs)
+    assert sim.metrics.makespan == base.makespan + 3
+    assert [r.busy for r in sim.metrics.ranks] == [1, 1 + 3, 1, 1]
+    assert fast_metrics(CHAIN, costs=costs) == sim.metrics
+    assert fast_trace(CHAIN, costs) == sim.trace
