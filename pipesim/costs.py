@@ -5,11 +5,8 @@ micro-batch. :meth:`CostModel.uniform` is the shorthand for identical stages;
 ``stages`` with one entry per stage describes uneven ones. A single entry is
 broadcast to every stage by :meth:`CostModel.for_stages`.
 
-Memory model (per rank, activations only): a forward allocates the stage's
-``activation_bytes`` when it starts; a full backward ``B`` frees all of it when
-it ends; a split backward frees ``activation_bytes - weight_grad_bytes`` when
-``I`` ends and the rest (``weight_grad_bytes``, the layer inputs W still needs)
-when ``W`` ends, as in Qi et al. 2024, section 2.
+Memory model (per rank, activations only): see :mod:`pipesim.memory`, where it is
+written once.
 
 Link model: a message of ``n`` bytes holds its link (one per ordered pair of
 ranks; ``max_concurrent`` messages at once) for ``n / bandwidth`` and arrives
@@ -58,6 +55,12 @@ __all__ = [
 ]
 
 
+#: The share of a stage's activation bytes W still needs after I when ``weight_grad_bytes``
+#: is not given: 32sbh / 34sbh per transformer layer (Qi et al. 2024, Table 1; see
+#: :attr:`StageCost.weight_grad_bytes`).
+W_SHARE = Fraction(16, 17)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
     """What one stage costs per micro-batch."""
@@ -74,8 +77,11 @@ class StageCost:
     """Duration of an overlapped F&B pair on this stage's rank; None: sum of the parts."""
     activation_bytes: int = 0
     """Activation bytes one micro-batch holds on this stage from F until freed."""
-    weight_grad_bytes: int = 0
-    """The part of ``activation_bytes`` still held after I, freed by W."""
+    weight_grad_bytes: int = None  # type: ignore[assignment]  # resolved in __post_init__
+    """The part of ``activation_bytes`` still held after I, freed by W. Omitted (None):
+    ``activation_bytes * 16 // 17``, the zero-bubble paper's split (Qi et al. 2024,
+    Table 1: W needs 32sbh bytes per transformer layer where B needs 34sbh + 5as^2b,
+    the attention-score term 5as^2b vanishing with flash attention)."""
     output_bytes: int = 0
     """Bytes of the activation sent to the next stage (the gradient sent back is as big)."""
     param_bytes: int = 0
@@ -86,8 +92,12 @@ class StageCost:
             object.__setattr__(self, name, to_time(getattr(self, name), name=name))
         if self.overlap is not None:
             object.__setattr__(self, "overlap", to_time(self.overlap, name="overlap"))
-        for name in ("activation_bytes", "weight_grad_bytes", "output_bytes", "param_bytes"):
+        for name in ("activation_bytes", "output_bytes", "param_bytes"):
             object.__setattr__(self, name, to_count(getattr(self, name), name=name))
+        kept = self.weight_grad_bytes
+        if kept is None:
+            kept = self.activation_bytes * W_SHARE.numerator // W_SHARE.denominator
+        object.__setattr__(self, "weight_grad_bytes", to_count(kept, name="weight_grad_bytes"))
         if self.weight_grad_bytes > self.activation_bytes:
             raise CostError(
                 f"weight_grad_bytes ({self.weight_grad_bytes}) cannot exceed activation_bytes "

@@ -1,15 +1,16 @@
 """The memory model, written once: what each action allocates when it starts and
-frees when it ends, per rank, in activation bytes and stage-micro-batches held.
+frees when it ends, per rank, in activation bytes and stage-micro-batches in flight.
 
 Per stage ``s`` and micro-batch (see :class:`~pipesim.costs.StageCost`):
 
 - ``F`` allocates the stage's ``activation_bytes`` when it starts; the
   stage-micro-batch is then *in flight*;
-- a full backward ``B`` frees all of them when it ends;
-- a split backward frees ``activation_bytes - weight_grad_bytes`` when ``I``
-  ends and the rest (``weight_grad_bytes``, the layer inputs W still needs)
-  when ``W`` ends (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
-  section 2). The stage-micro-batch stays in flight until the last byte is freed;
+- a full backward ``B`` frees all of them when it ends, and the micro-batch
+  leaves flight;
+- a split backward frees ``activation_bytes - weight_grad_bytes`` when ``I`` ends and
+  the rest (what W still needs) when ``W`` ends (Qi et al., "Zero Bubble Pipeline
+  Parallelism", ICLR 2024, section 2). The micro-batch stays in flight from its first
+  forward until its last backward op, ``B`` or ``W``, ends, whatever bytes it holds;
 - in a forward-only (inference) step no backward needs the activations, so F
   frees its own when it ends.
 
@@ -58,9 +59,8 @@ def op_effects(cost: StageCost, /, *, forward_only: bool) -> tuple[Effect, Effec
     act, kept = cost.activation_bytes, cost.weight_grad_bytes
     forward = Effect(act, 1, -act if forward_only else 0, -1 if forward_only else 0)
     full = Effect(0, 0, -act, -1)
-    # The count drops with the last byte: at I when W keeps nothing, else at W.
-    input_grad = Effect(0, 0, kept - act, -int(kept == 0))
-    weight_grad = Effect(0, 0, -kept, -int(kept > 0))
+    input_grad = Effect(0, 0, kept - act, 0)
+    weight_grad = Effect(0, 0, -kept, -1)
     return forward, full, input_grad, weight_grad
 
 

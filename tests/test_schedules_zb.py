@@ -102,6 +102,22 @@ def test_zb_h1_outside_the_condition_the_deferred_w_costs_more(f: int, i: int, w
     assert sim.metrics.makespan == critical_path(schedule, costs=split_costs(f, i, w)).length
 
 
+@pytest.mark.parametrize(
+    "costs",
+    [
+        CostModel.uniform(),  # no bytes at all
+        CostModel.uniform(activation_bytes=8, weight_grad_bytes=0),  # W keeps nothing
+        CostModel.uniform(activation_bytes=8),  # W keeps the default 16/17
+    ],
+)
+def test_zb_h1_holds_p_microbatches_on_every_rank_whatever_the_bytes(costs: CostModel) -> None:
+    # A micro-batch is in flight from its F until its W ends (issue 9). ZB-H1 keeps 1F1B's
+    # p - r - 1 warm-up forwards on rank r and defers r of its W's (Qi et al. 2024, sec.
+    # 2.1), so rank r holds (p - r) + r = p: 4 on every rank at p = 4, m = 8.
+    sim = simulate(generate("zb-h1", n_ranks=4, n_microbatches=8), costs=costs)
+    assert [r.peak_inflight for r in sim.metrics.ranks] == [4, 4, 4, 4]
+
+
 def test_zb_h1_memory_frees_part_at_i_and_the_rest_at_w() -> None:
     # One rank: F0 I0 W0 in order. 4 bytes held from F, 1 left after I, 0 after W.
     sim = simulate(generate("zb-h1", n_ranks=1, n_microbatches=1), costs=split_costs(1, 1, 1))

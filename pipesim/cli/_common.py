@@ -227,7 +227,11 @@ _STAGE_FLAGS = {
     "weight_grad_time": ("weight_grad", "duration of W, the weight-gradient backward (default 1)"),
     "overlap_time": ("overlap", "duration of an overlapped F&B pair (default: the sum)"),
     "activation_bytes": ("activation_bytes", "activation bytes one micro-batch holds per stage"),
-    "weight_grad_bytes": ("weight_grad_bytes", "part of the activation bytes W frees (after I)"),
+    "weight_grad_bytes": (
+        "weight_grad_bytes",
+        "part of the activation bytes W frees (after I); default 16/17 of them "
+        "(Qi et al. 2024, Table 1)",
+    ),
     "message_bytes": ("output_bytes", "bytes sent to the next stage per micro-batch"),
     "param_bytes": ("param_bytes", "parameter bytes per stage (reported, not simulated)"),
 }
