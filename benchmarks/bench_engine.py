@@ -124,7 +124,9 @@ def bench_torch(
         ops = get_schedule_ops(torch_name, p, m, virtual)
         compute = {rank: [a for a in row if a is not None] for rank, row in enumerate(ops)}
         # ...its lowering with send/recv actions, and its dry run of the result.
-        lowered = torch_schedules._add_send_recv(fixed or compute, stage_to_rank, n_stages)
+        if fixed is not None:  # _add_send_recv consumes its input's lists: a fresh copy
+            compute = {rank: list(actions) for rank, actions in fixed.items()}
+        lowered = torch_schedules._add_send_recv(compute, stage_to_rank, n_stages)
         torch_schedules._simulate_comms_compute(lowered, stage_to_rank, n_stages)
 
     return _timed(repeats, build_and_simulate)
