@@ -54,3 +54,20 @@ def test_cli_auto(capsys) -> None:  # type: ignore[no-untyped-def]
     argv += ["--global-batch", "64", "--stages", "2", "--microbatch-sizes", "1", "--virtual", "1"]
     assert main([*argv, "--schedules", "auto", "--top", "30"]) == 0
     assert " synth " in capsys.readouterr().out
+
+
+def test_no_memory_left_for_activations_is_the_reason_given() -> None:
+    # Llama 2 7B on one device: 16 bytes per parameter of static memory exceed 80 GB.
+    result = plan(
+        "llama2-7b",
+        devices=2,
+        accelerator="h100-sxm",
+        global_batch=8,
+        stages=[1],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["synth"],
+        workers=1,
+    )
+    (point,) = result.points
+    assert point.reason is not None and "leave no memory for activations" in point.reason

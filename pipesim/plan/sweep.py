@@ -289,13 +289,18 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         # Activations may use what weights, gradients and optimizer state leave (looped).
         most_static = max(sum(static[point.pipeline * c + r] for c in range(point.virtual))
                           for r in range(point.pipeline))  # fmt: skip
+        if most_static >= context.memory_capacity_bytes:
+            return Evaluation(
+                reason=f"weights, gradients and optimizer state ({most_static:,} bytes) leave "
+                f"no memory for activations on a {context.memory_capacity_bytes:,}-byte device"
+            )
         try:
             schedule = cost_aware.build()(
                 n_ranks=point.pipeline,
                 n_microbatches=point.n_microbatches,
                 virtual=point.virtual,
                 costs=costs,
-                memory_limit_bytes=max(1, context.memory_capacity_bytes - most_static),
+                memory_limit_bytes=context.memory_capacity_bytes - most_static,
             )
         except PipesimError as exc:
             return Evaluation(reason=f"refused: {exc}")
