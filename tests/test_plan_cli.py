@@ -150,3 +150,15 @@ def test_list_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--list"]) == 0
     out = capsys.readouterr().out
     assert "gpt3-175b" in out and "h100-sxm" in out
+
+
+def test_require_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1 when no configuration fits (the table is printed first), 0 when one does."""
+    assert main([*BASE, "--require-fit"]) == 0
+    capsys.readouterr()
+    # 1 MB cannot hold even the parameters of an 8-layer, 512-wide model (millions of them)
+    assert main([*BASE, "--memory-capacity", "1e6", "--require-fit"]) == 1
+    captured = capsys.readouterr()
+    assert "--require-fit: no configuration fits the memory capacity" in captured.err
+    assert "custom on 8 x h100-sxm" in captured.out
+    assert main([*BASE, "--memory-capacity", "1e6"]) == 0  # without the flag: report only

@@ -284,22 +284,22 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_require_fit_argument(parser: argparse.ArgumentParser) -> None:
+def add_require_fit_argument(parser: argparse._ActionsContainer) -> None:
     """``--require-fit``: exit 1 when the memory does not fit (for CI); see
     :func:`require_fit`. ``simulate`` and ``plan`` share it."""
     parser.add_argument(
         "--require-fit",
         action="store_true",
-        help="exit with status 1 when the peak memory does not fit the capacity (for CI); "
-        "the output is printed first",
+        help="exit with status 1 when memory does not fit the capacity (simulate: some "
+        "rank's peak; plan: every configuration), after printing the result; for CI",
     )
 
 
-def require_fit(args: argparse.Namespace, fits: bool | None, /, *, what: str) -> None:
+def require_fit(args: argparse.Namespace, fits: bool | None, /, *, failure: str) -> None:
     """With ``--require-fit``: a PipesimError (exit 1) unless ``fits`` is True.
 
     ``fits`` None means no capacity was known, which cannot satisfy the check either.
-    ``what`` says what did not fit, for the message.
+    ``failure`` says what did not fit, for the message.
     """
     if not getattr(args, "require_fit", False) or fits:
         return
@@ -308,7 +308,7 @@ def require_fit(args: argparse.Namespace, fits: bool | None, /, *, what: str) ->
             "--require-fit needs a memory capacity to check against; give --memory-capacity "
             "BYTES (or memory_capacity_bytes in the cost file)"
         )
-    raise PipesimError(f"--require-fit: {what} does not fit the memory capacity")
+    raise PipesimError(f"--require-fit: {failure}")
 
 
 def costs_from_args(args: argparse.Namespace, schedule: Schedule) -> CostModel:

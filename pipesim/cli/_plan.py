@@ -14,7 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipesim.cli._common import positive_int, print_json, seconds, whole_number
+from pipesim.cli._common import (
+    add_require_fit_argument,
+    positive_int,
+    print_json,
+    require_fit,
+    seconds,
+    whole_number,
+)
 from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES, MAX_LAYERS
@@ -124,6 +131,7 @@ def register(subparsers: Any) -> None:
     out.add_argument("-o", "--output", metavar="FILE.html", help="write an interactive chart")
     out.add_argument("--cdn", action="store_true", help="chart links plotly.js from its CDN")
     out.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown")
+    add_require_fit_argument(out)
     out.add_argument("--list", action="store_true", help="list model and accelerator presets")
     parser.set_defaults(func=run)
 
@@ -312,4 +320,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         path = write_html(result, args.output, cdn=args.cdn)
         print(f"wrote {path}", file=sys.stderr)
+    fits = any(point.fits for point in result.points)
+    require_fit(args, fits, failure="no configuration fits the memory capacity")
     return 0

@@ -56,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
         print(_headline(simulation.metrics))
     else:
         print(format_summary(simulation.metrics))
-    require_fit(args, simulation.metrics.fits, what="the peak memory of some rank")
+    require_fit(
+        args,
+        simulation.metrics.fits,
+        failure="the peak memory of some rank does not fit the memory capacity",
+    )
     return 0
 
 
