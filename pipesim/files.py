@@ -13,7 +13,7 @@ UTF-8 byte-order mark, CRLF line ends).
 
 Writing never leaves a half-written file: the text goes to a temporary file in
 the same folder, which then replaces the target in one step, so a full disk, a
-file-size limit or Ctrl-C leaves the old file as it was.
+file-size limit, Ctrl-C or SIGTERM leaves the old file as it was.
 
 >>> parse_json('{"a": 1,}', source="costs.json")
 Traceback (most recent call last):
@@ -38,7 +38,10 @@ import math
 import os
 import re
 import secrets
+import signal
 import stat
+import threading
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -309,7 +312,34 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
+@contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """While a write is under way, SIGTERM exits through Python's clean-up (the temporary
+    file is removed) instead of killing the process on the spot. Only where nobody else
+    handles SIGTERM, and only in the main thread (where signal handlers live)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _replace(target: Path, data: bytes) -> None:
+    with _terminate_cleanly():
+        _replace_now(target, data)
+
+
+def _replace_now(target: Path, data: bytes) -> None:
     mode = stat.S_IMODE(target.stat().st_mode) if target.is_file() else None
     while True:
         temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")

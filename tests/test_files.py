@@ -4,6 +4,7 @@ that replace a file all at once or not at all."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -167,3 +168,37 @@ def test_a_write_past_the_file_size_limit_leaves_the_old_file(tmp_path: Path) ->
     )
     assert small.returncode == 0, small.stderr
     assert load_schedule(path) == generate("1f1b", n_ranks=4, n_microbatches=64)
+
+
+_SLOW_WRITE = """
+import os, sys, time
+import pipesim.files
+
+def slow_fsync(descriptor):  # the data is in the temporary file; hold here
+    print("writing", flush=True)
+    time.sleep(60)
+
+os.fsync = slow_fsync
+pipesim.files.write_text(sys.argv[1], "new " * 1000)
+"""
+
+
+def test_sigterm_during_a_write_leaves_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    path.write_text("old\n", encoding="utf-8")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITE, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+        assert len(_leftovers(tmp_path)) == 1  # the temporary file, next to the target
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        child.kill()
+        child.communicate()
+    assert path.read_text(encoding="utf-8") == "old\n"
+    assert _leftovers(tmp_path) == []
