@@ -1,24 +1,30 @@
-"""Run a Schedule with torch.distributed: one process per rank, gloo on the CPU.
+"""Run a Schedule with torch.distributed: one process per rank.
 
-Each rank is a process of its own (``torch.multiprocessing`` spawn, a file
-rendezvous in a temporary directory) that rebuilds the model from its name
+Each rank is a process of its own that rebuilds the model from its name
 (``mlp``, ``gpt`` or ``package.module:factory``, the same seed, so the same
-bits), keeps only its own stages, and runs its order from the Schedule:
-activations and gradients go point to point (``isend`` / ``recv``, tagged by
-kind, stage and micro-batch, so messages between two ranks can be taken in any
-order). A hand-over between two stages of one rank stays in the process.
+bits), keeps only its own stages, and walks its program from
+:func:`pipesim.comms.lower_comms`: its compute work in the Schedule's order,
+with each send right after the work that produced it and each receive posted
+where the global order puts it. Messages go through
+:class:`verify.transport.OrderedTransport` without tags, header first; a
+hand-over between two stages of one rank stays in the process. What each
+action computes is :class:`verify.runtime.StageRuntime`'s, as in
+:mod:`verify.local`.
 
-Unlike :mod:`verify.local`, the ranks really run at the same time, so the
-measured step is comparable with pipesim's prediction for one device per rank.
-Each rank times its work (compute only, not the wait for messages) with
-``time.perf_counter_ns``; the monotonic clock is shared by every process of a
+Two ways to start the ranks:
+
+- :func:`verify_distributed` spawns them itself (``pipesim verify --dist``):
+  gloo on the CPU, a file rendezvous in a temporary directory that is removed
+  on exit and on SIGTERM, each rank's stderr (torch's own warnings) kept out of
+  pipesim's output;
+- :mod:`verify.torchrun` runs one rank per process that ``torchrun`` started
+  (gloo on the CPU, NCCL on ``cuda:LOCAL_RANK``).
+
+Every wait has a deadline. A rank that fails, dies or hangs ends the run: the
+launcher stops every rank at once and the error names the rank, what it was
+running or waiting for, and the peer. Each rank times its compute (not its
+waits) with ``time.perf_counter_ns``, a clock shared by the processes of one
 machine, so the ranks' timelines line up.
-
-Everything has a deadline: the process group's timeout bounds every message,
-and the launcher kills the ranks when ``timeout_s`` has passed.
-
-Scope of this version: CPU ranks on one machine with gloo; NCCL on GPUs is not
-implemented yet (use :func:`verify.compare.verify` with ``cuda:N`` devices).
 
 >>> from pipesim.schedules import generate
 >>> report = verify_distributed(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp")
@@ -28,9 +34,15 @@ implemented yet (use :func:`verify.compare.verify` with ``cuda:N`` devices).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,13 +50,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.multiprocessing.spawn import (
-    ProcessExitedException,
-    ProcessRaisedException,
-    start_processes,
-)
 
-from pipesim.actions import Action, Op, parse_action
+from pipesim.actions import parse_action
+from pipesim.comms import Comm, CommSchedule, Message, lower_comms, messages
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
@@ -55,15 +63,45 @@ from verify.compare import (
     schedule_accumulation_orders,
     split_microbatches,
 )
-from verify.errors import VerifyError
+from verify.errors import RunFailedError, VerifyError
 from verify.exactness import exact_settings
-from verify.local import ActionTiming, LocalRun, _SavedBytes
-from verify.models import load_model
+from verify.local import ActionTiming, LocalRun, transfer_table
+from verify.models import VerifyModel, load_model
 from verify.report import VerifyReport
+from verify.runtime import StageRuntime
+from verify.transport import OrderedTransport
 
-__all__ = ["verify_distributed"]
+__all__ = [
+    "RankSpec",
+    "assemble",
+    "message_shapes",
+    "report_from_results",
+    "run_rank",
+    "verify_distributed",
+    "verify_distributed_all",
+]
 
-_ACTIVATION, _GRADIENT = 0, 1
+# One rank's state for the launcher: (state, program position or message index, peer).
+_STARTING, _COMPUTING, _WAITING, _FINISHED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankSpec:
+    """Everything a rank process needs to rebuild the run (picklable)."""
+
+    schedule_json: str
+    model: str
+    model_options: Mapping[str, int] = field(default_factory=dict)
+    seed: int | None = None
+    batch_size: int
+    timeout_s: float
+    """Deadline of every wait for a message."""
+    warmup: int = 1
+    n_threads: int = 1
+    shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]] | None = None
+    """Each message's shape and dtype; None: each rank runs the model once to find them."""
+    batch: tuple[Tensor, Tensor] | None = None
+    """The step's inputs and targets; None: each rank draws them (the same seed)."""
 
 
 def verify_distributed(
@@ -83,88 +121,434 @@ def verify_distributed(
     builds its own), ``model_options`` its keyword options (``n_layers``,
     ``width``). The report is :func:`verify.compare.verify`'s; its
     ``predicted_makespan`` simulates the schedule with one device per rank.
-    A run that has not finished after ``timeout_s`` seconds is stopped and
-    reported as a :class:`~verify.errors.VerifyError`.
+    A run that has not finished after ``timeout_s`` seconds is stopped; that,
+    and a rank that fails or dies, is a :class:`~verify.errors.RunFailedError`.
     """
-    validate(schedule)
+    (report,) = verify_distributed_all(
+        [schedule],
+        model=model,
+        model_options=model_options,
+        seed=seed,
+        batch_size=batch_size,
+        timeout_s=timeout_s,
+        warmup=warmup,
+    )
+    return report
+
+
+def verify_distributed_all(
+    schedules: Sequence[Schedule],
+    /,
+    *,
+    model: str = "mlp",
+    model_options: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
+    timeout_s: float = 120.0,
+    warmup: int = 1,
+) -> tuple[VerifyReport, ...]:
+    """:func:`verify_distributed` for several schedules of one rank count, one after the
+    other in the same rank processes (started once); ``timeout_s`` bounds the whole run."""
+    if not schedules:
+        return ()
+    for schedule in schedules:
+        validate(schedule)
+    n_ranks = {s.n_ranks for s in schedules}
+    if len(n_ranks) != 1:
+        raise VerifyError(f"the schedules have different rank counts {sorted(n_ranks)}; give one")
     if not isinstance(model, str):
         raise VerifyError(
             "verify_distributed rebuilds the model in every process: give its name "
             "(mlp, gpt or package.module:factory), not a model object"
         )
     options = dict(model_options or {})
-    reference_model = load_model(model, seed=seed, **options)
-    n_mb = schedule.n_microbatches
-    rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
-    x, target = reference_model.make_batch(rows)
-    xs, ts = split_microbatches(x, n_mb), split_microbatches(target, n_mb)
-    stages = build_stages(reference_model, schedule)
-    cpu = [torch.device("cpu")] * schedule.n_ranks
+    cpu = [torch.device("cpu")] * schedules[0].n_ranks
+    prepared = []
+    for schedule in schedules:
+        reference_model = load_model(model, seed=seed, **options)
+        n_mb = schedule.n_microbatches
+        rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+        x, target = reference_model.make_batch(rows)
+        xs = split_microbatches(x, n_mb)
+        stages = build_stages(reference_model, schedule)
+        spec = RankSpec(
+            schedule_json=schedule_to_json(schedule),
+            model=model,
+            model_options=options,
+            seed=seed,
+            batch_size=rows,
+            timeout_s=timeout_s,
+            warmup=max(warmup, 0),
+            n_threads=torch.get_num_threads(),
+            shapes=message_shapes(schedule, stages, xs),
+            batch=(x, target),
+        )
+        prepared.append((schedule, reference_model, stages, spec))
+    reports = []
     with (
+        _terminate_cleanly(),
         tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir,
-        exact_settings(reference_model.layers, devices=cpu),
+        exact_settings(prepared[0][1].layers, devices=cpu),
     ):
-        args = (
-            schedule.n_ranks,
-            schedule_to_json(schedule),
-            model,
-            options,
-            seed,
-            rows,
-            workdir,
-            timeout_s,
-            max(warmup, 0),
-            torch.get_num_threads(),
-        )
-        _launch(args, n_ranks=schedule.n_ranks, timeout_s=timeout_s, name=schedule.name)
-        results = [torch.load(Path(workdir) / f"rank{r}.pt") for r in range(schedule.n_ranks)]
-        ref = reference_run(
-            reference_model.layers,
-            inputs=xs,
-            targets=ts,
-            loss_fn=reference_model.loss_fn,
-            device=cpu[0],
-            forward_only=schedule.forward_only,
-        )
-    run = _assemble(schedule, results, stages)
+        _launch([p[3] for p in prepared], schedules, workdir=Path(workdir), timeout_s=timeout_s)
+        for index, (schedule, reference_model, stages, spec) in enumerate(prepared):
+            results = [
+                torch.load(Path(workdir) / f"rank{r}-{index}.pt", weights_only=False)
+                for r in range(schedule.n_ranks)
+            ]
+            reports.append(
+                report_from_results(schedule, reference_model, stages, spec, results, cpu)
+            )
+    return tuple(reports)
+
+
+def report_from_results(
+    schedule: Schedule,
+    reference_model: VerifyModel,
+    stages: Sequence[nn.Module],
+    spec: RankSpec,
+    results: Sequence[dict[str, Any]],
+    devices: Sequence[torch.device],
+) -> VerifyReport:
+    """Compare the ranks' results with the unsplit model run on ``devices[0]``."""
+    assert spec.batch is not None
+    n_mb = schedule.n_microbatches
+    xs = split_microbatches(spec.batch[0], n_mb)
+    ts = split_microbatches(spec.batch[1], n_mb)
+    ref = reference_run(
+        reference_model.layers,
+        inputs=xs,
+        targets=ts,
+        loss_fn=reference_model.loss_fn,
+        device=devices[0],
+        forward_only=schedule.forward_only,
+    )
+    run = assemble(schedule, results, stages)
     return build_report(
         schedule,
         model=reference_model,
         stages=stages,
         run=run,
         ref=ref,
-        devices=cpu,
+        devices=devices,
         microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
         accumulation_orders=schedule_accumulation_orders(schedule),
         as_run=schedule,
     )
 
 
-def _launch(args: tuple[Any, ...], *, n_ranks: int, timeout_s: float, name: str) -> None:
-    context = start_processes(  # type: ignore[no-untyped-call]
-        _worker, args=args, nprocs=n_ranks, join=False, start_method="spawn"
-    )
+@contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) inside the block, so that temporary files are removed
+    and the ranks are stopped as on any other exit (only the main thread can do this)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(
+    specs: Sequence[RankSpec], schedules: Sequence[Schedule], *, workdir: Path, timeout_s: float
+) -> None:
+    n_ranks = schedules[0].n_ranks
+    context = multiprocessing.get_context("spawn")
+    status = context.Array("q", 3 * n_ranks + 1, lock=False)
+    processes = [
+        context.Process(
+            target=_worker, args=(rank, n_ranks, specs, str(workdir), status), daemon=True
+        )
+        for rank in range(n_ranks)
+    ]
     deadline = time.monotonic() + timeout_s
     try:
-        while not context.join(timeout=0.2):
-            if time.monotonic() > deadline:
-                raise VerifyError(
-                    f"the distributed run of {name!r} did not finish within {timeout_s:g} s; "
-                    "its ranks were stopped (raise timeout_s for bigger models)"
+        for process in processes:
+            process.start()
+        while True:
+            codes = [p.exitcode for p in processes]
+            if all(code == 0 for code in codes):
+                return
+            if any(code not in (None, 0) for code in codes):
+                # Let the other ranks notice (their waits fail fast) and say what they saw.
+                grace = time.monotonic() + 1.0
+                while time.monotonic() < grace and any(p.exitcode is None for p in processes):
+                    time.sleep(0.02)
+                schedule = schedules[_current(status, n_ranks)]
+                raise RunFailedError(
+                    f"the distributed run of {schedule.name!r} failed: "
+                    + _describe_failure(schedule, processes, workdir, status)
                 )
-    except ProcessRaisedException as exc:
-        last = str(exc).strip().splitlines()[-1]
-        raise VerifyError(f"a rank of the distributed run failed: {last}") from None
-    except ProcessExitedException as exc:
-        raise VerifyError(f"a rank of the distributed run exited: {exc}") from None
+            if time.monotonic() > deadline:
+                schedule = schedules[_current(status, n_ranks)]
+                raise RunFailedError(
+                    f"the distributed run of {schedule.name!r} did not finish within "
+                    f"{timeout_s:g} s; its ranks were stopped (raise the timeout for bigger "
+                    "models): " + _describe_states(schedule, status, range(n_ranks))
+                )
+            time.sleep(0.02)
     finally:
-        for process in context.processes:
+        for process in processes:
             if process.is_alive():
                 process.kill()
-            process.join(timeout=5)
+        for process in processes:
+            if process.pid is not None:
+                process.join(timeout=5)
 
 
-def _assemble(
+def _current(status: Any, n_ranks: int) -> int:
+    """The index of the schedule the ranks are at (the status holds one more slot for it)."""
+    return max(0, int(status[3 * n_ranks]))
+
+
+def _describe_failure(
+    schedule: Schedule, processes: Sequence[Any], workdir: Path, status: Any
+) -> str:
+    """One clause per rank that ended badly, ranks killed by a signal first, then the states
+    of the ranks that were still running."""
+    parts = []
+    codes = {rank: p.exitcode for rank, p in enumerate(processes)}
+    for rank in sorted(codes, key=lambda r: (codes[r] is None or codes[r] >= 0, r)):
+        code = codes[rank]
+        if code is None or code == 0:
+            continue
+        error = workdir / f"rank{rank}.error"
+        if error.exists():
+            parts.append(error.read_text().strip())
+        else:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            parts.append(f"rank {rank} died ({how}); " + _describe_states(schedule, status, [rank]))
+    running = [r for r, code in codes.items() if code is None]
+    if running:
+        parts.append(_describe_states(schedule, status, running))
+    return "; ".join(parts)
+
+
+def _describe_states(schedule: Schedule, status: Any, ranks: Sequence[int] | range) -> str:
+    programs = lower_comms(schedule).programs
+    found = messages(schedule)
+    words = []
+    for rank in ranks:
+        state, value, peer = status[3 * rank : 3 * rank + 3]
+        if state == _COMPUTING:
+            words.append(f"rank {rank} was running {programs[rank][value]}")
+        elif state == _WAITING:
+            message = found[value]
+            if message.dst_rank == rank:
+                words.append(
+                    f"rank {rank} was waiting for {message.producer} from rank {peer} "
+                    f"(needed by {message.consumer})"
+                )
+            else:
+                words.append(
+                    f"rank {rank} was waiting for rank {peer} to take {message.producer}'s message"
+                )
+        elif state == _FINISHED:
+            words.append(f"rank {rank} had finished its step")
+        else:
+            words.append(f"rank {rank} had not started its step")
+    return "; ".join(words)
+
+
+# -- inside each rank's process ---------------------------------------------------------------
+def _worker(
+    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+) -> None:
+    # torch's own warnings and C++ logs go to a file, not into pipesim's error output.
+    log = os.open(os.path.join(workdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(log, 2)
+    try:
+        torch.set_num_threads(specs[0].n_threads)  # the parent's count: same kernels, same bits
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{workdir}/rendezvous",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=specs[0].timeout_s),
+        )
+        try:
+
+            def report(state: int, value: int, peer: int) -> None:
+                status[3 * rank : 3 * rank + 3] = [state, value, peer]
+
+            for index, spec in enumerate(specs):
+                if rank == 0:
+                    status[3 * world_size] = index
+                result = run_rank(rank, spec, device=torch.device("cpu"), report=report)
+                torch.save(result, Path(workdir) / f"rank{rank}-{index}.pt")
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # every failure is reported to the launcher
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not text.startswith(f"rank {rank} "):
+            text = f"rank {rank} failed: {text}"
+        Path(workdir, f"rank{rank}.error").write_text(text + "\n")
+        raise SystemExit(1) from None
+
+
+def run_rank(
+    rank: int,
+    spec: RankSpec,
+    /,
+    *,
+    device: torch.device,
+    report: Callable[[int, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """One rank's measured step (after ``spec.warmup`` untimed ones), in a process group
+    that is already up; the result holds CPU tensors. ``report(state, value, peer)`` hears
+    what the rank is doing."""
+    schedule = schedule_from_json(spec.schedule_json)
+    model = load_model(spec.model, seed=spec.seed, **spec.model_options)
+    stages = build_stages(model, schedule)
+    x, target = model.make_batch(spec.batch_size) if spec.batch is None else spec.batch
+    xs = split_microbatches(x, schedule.n_microbatches)
+    ts = split_microbatches(target, schedule.n_microbatches)
+    comms = lower_comms(schedule)
+    shapes = spec.shapes if spec.shapes is not None else message_shapes(schedule, stages, xs)
+    for stage in schedule.stages_of(rank):
+        stages[stage].to(device)
+    result: dict[str, Any] = {}
+    with exact_settings(model.layers, devices=[device]):
+        for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+            step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
+            step.report = report
+            result = step.run()
+            dist.barrier()
+    return result
+
+
+def message_shapes(
+    schedule: Schedule, stages: Sequence[nn.Module], xs: Sequence[Tensor]
+) -> dict[Message, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every message, so that a receiver can post its buffer early: an
+    activation is its stage's output, a gradient has the shape of what it differentiates."""
+    per_copy = schedule.n_stages // schedule.n_copies
+    out: dict[tuple[int, int], tuple[tuple[int, ...], torch.dtype]] = {}
+    with torch.no_grad():
+        for mb, x in enumerate(xs):
+            for copy in range(schedule.n_copies):
+                h = x
+                for stage in range(copy * per_copy, (copy + 1) * per_copy):
+                    h = stages[stage](h)
+                    out[(stage, mb)] = (tuple(h.shape), h.dtype)
+    shapes = {}
+    for m in messages(schedule):
+        boundary = m.producer.stage if m.is_forward else m.consumer.stage
+        shapes[m] = out[(boundary, m.producer.microbatch)]
+    return shapes
+
+
+class _RankStep:
+    """One rank's step: its program of compute work, sends and receives."""
+
+    def __init__(
+        self,
+        rank: int,
+        comms: CommSchedule,
+        stages: Sequence[nn.Module],
+        xs: Sequence[Tensor],
+        ts: Sequence[Tensor],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]],
+        device: torch.device,
+        spec: RankSpec,
+    ) -> None:
+        schedule = comms.schedule
+        self.rank, self.comms, self.stages, self.device = rank, comms, stages, device
+        self.mine = schedule.stages_of(rank)
+        self.runtime = StageRuntime(
+            schedule,
+            {s: stages[s] for s in self.mine},
+            devices={s: device for s in self.mine},
+            inputs=xs,
+            targets=ts,
+            loss_fn=loss_fn,
+        )
+        found = messages(schedule)
+        self.index = {m: m.index for m in found}
+        self.by_comm: dict[Comm, Message] = {}
+        for m in found:
+            if m.crosses_ranks:
+                self.by_comm[m.send] = m
+                self.by_comm[m.recv] = m
+        self.needed_by = {m.consumer: m for m in found}
+        self.sent_by = {m.producer: m for m in found}
+        self.report: Callable[[int, int, int], None] | None = None
+        self.transport = OrderedTransport(
+            rank=rank,
+            device=device,
+            shapes=shapes,
+            timeout_s=spec.timeout_s,
+            on_wait=self._on_wait,
+        )
+
+    def _on_wait(self, message: Message | None, peer: int) -> None:
+        if self.report is not None and message is not None:
+            self.report(_WAITING, self.index[message], peer)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(self) -> dict[str, Any]:
+        local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
+        outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
+        timings = []
+        for position, step in enumerate(self.comms.programs[self.rank]):
+            if isinstance(step, Comm):
+                message = self.by_comm[step]
+                if step.op.is_send:
+                    self.transport.send(message, outbox.pop(message))
+                else:
+                    self.transport.post(message)
+                continue
+            incoming: list[Tensor | None] = []
+            for action in step.parts:
+                needed = self.needed_by.get(action)
+                if needed is None:
+                    incoming.append(None)
+                elif needed.crosses_ranks:
+                    incoming.append(self.transport.take(needed))
+                else:
+                    incoming.append(local.pop(needed))
+            if self.report is not None:
+                self.report(_COMPUTING, position, -1)
+            self._sync()
+            start = time.perf_counter_ns()
+            for action, value in zip(step.parts, incoming, strict=True):
+                handed = self.runtime.run(action, value)
+                out = self.sent_by.get(action)
+                if out is not None and handed is not None:
+                    (outbox if out.crosses_ranks else local)[out] = handed
+            self._sync()
+            timings.append((str(step), start, time.perf_counter_ns()))
+        self.transport.finish()
+        if self.report is not None:
+            self.report(_FINISHED, 0, -1)
+        rt = self.runtime
+
+        def cpu(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().cpu()
+
+        return {
+            "device": str(self.device),
+            "outputs": {mb: cpu(t) for mb, t in rt.outputs.items()},
+            "losses": {mb: cpu(t) for mb, t in rt.losses.items()},
+            "grads": {s: [cpu(p.grad) for p in self.stages[s].parameters()] for s in self.mine},
+            "timings": timings,
+            "transfer_bytes": dict(rt.transfer_bytes),
+            "activation_bytes": dict(rt.activation_bytes),
+            "accumulated": {s: list(order) for s, order in rt.accumulated.items()},
+        }
+
+
+def assemble(
     schedule: Schedule, results: Sequence[dict[str, Any]], stages: Sequence[nn.Module]
 ) -> LocalRun:
     """Merge the ranks' results into a LocalRun; put their gradients on ``stages``."""
@@ -172,22 +556,21 @@ def _assemble(
     origin = min((t[1] for r in results for t in r["timings"]), default=0)
     outputs: dict[int, Tensor] = {}
     losses: dict[int, Tensor] = {}
-    transfer_bytes = [[0] * n_mb for _ in range(schedule.n_stages - 1)]
+    sizes: dict[tuple[int, int], int] = {}
     activation_bytes = [0] * schedule.n_stages
     orders: list[tuple[int, ...]] = [() for _ in range(schedule.n_stages)]
     timings = []
     for rank, result in enumerate(results):
         outputs.update(result["outputs"])
         losses.update(result["losses"])
-        for (stage, mb), n_bytes in result["transfer_bytes"].items():
-            transfer_bytes[stage][mb] = n_bytes
+        sizes.update(result["transfer_bytes"])
         for stage, n_bytes in result["activation_bytes"].items():
             activation_bytes[stage] = n_bytes
         for stage, order in result["accumulated"].items():
             orders[stage] = tuple(order)
         for stage, grads in result["grads"].items():
             for p, g in zip(stages[stage].parameters(), grads, strict=True):
-                p.grad = g
+                p.grad = None if g is None else g.to(p.device)
         for text, start, end in result["timings"]:
             timings.append(
                 ActionTiming(
@@ -202,232 +585,8 @@ def _assemble(
         losses=tuple(losses[k] for k in sorted(losses)),
         actions=tuple(timings),
         transfers=(),
-        transfer_bytes=tuple(tuple(row) for row in transfer_bytes),
+        transfer_bytes=transfer_table(sizes, n_stages=schedule.n_stages, n_mb=n_mb),
         activation_bytes=tuple(activation_bytes),
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
     )
-
-
-# -- inside each rank's process ---------------------------------------------------------------
-def _worker(
-    rank: int,
-    world_size: int,
-    schedule_json: str,
-    model_name: str,
-    model_options: dict[str, int],
-    seed: int | None,
-    batch_size: int,
-    workdir: str,
-    timeout_s: float,
-    warmup: int,
-    n_threads: int,
-) -> None:
-    torch.set_num_threads(n_threads)  # the parent's count: same kernels, same bits
-    torch.set_float32_matmul_precision("highest")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{workdir}/rendezvous",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    try:
-        schedule = schedule_from_json(schedule_json)
-        model = load_model(model_name, seed=seed, **model_options)
-        stages = build_stages(model, schedule)
-        x, target = model.make_batch(batch_size)
-        xs = split_microbatches(x, schedule.n_microbatches)
-        ts = split_microbatches(target, schedule.n_microbatches)
-        shapes = _boundary_shapes(schedule, stages, xs)
-        for _ in range(warmup):
-            _RankRunner(rank, schedule, stages, xs, ts, model.loss_fn, shapes).run()
-            dist.barrier()
-        result = _RankRunner(rank, schedule, stages, xs, ts, model.loss_fn, shapes).run()
-        dist.barrier()
-        torch.save(result, Path(workdir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def _boundary_shapes(
-    schedule: Schedule, stages: Sequence[nn.Module], xs: Sequence[Tensor]
-) -> dict[tuple[int, int], tuple[torch.Size, torch.dtype]]:
-    """Shape and dtype of every stage output, so that a receiver can allocate it."""
-    per_copy = schedule.n_stages // schedule.n_copies
-    shapes = {}
-    with torch.no_grad():
-        for mb, x in enumerate(xs):
-            for copy in range(schedule.n_copies):
-                h = x
-                for stage in range(copy * per_copy, (copy + 1) * per_copy):
-                    h = stages[stage](h)
-                    shapes[(stage, mb)] = (h.shape, h.dtype)
-    return shapes
-
-
-class _RankRunner:
-    """One rank's step: its order, with blocking receives and non-blocking sends."""
-
-    def __init__(
-        self,
-        rank: int,
-        schedule: Schedule,
-        stages: Sequence[nn.Module],
-        xs: Sequence[Tensor],
-        ts: Sequence[Tensor],
-        loss_fn: Callable[[Tensor, Tensor], Tensor],
-        shapes: dict[tuple[int, int], tuple[torch.Size, torch.dtype]],
-    ) -> None:
-        self.rank, self.schedule, self.stages = rank, schedule, stages
-        self.xs, self.ts, self.loss_fn, self.shapes = xs, ts, loss_fn, shapes
-        self.per_copy = schedule.n_stages // schedule.n_copies
-        self.n_mb = schedule.n_microbatches
-        self.present = set(schedule.actions())
-        self.mine = schedule.stages_of(rank)
-        for stage in self.mine:
-            for p in stages[stage].parameters():
-                p.grad = None
-        self.local: dict[tuple[int, int, int], Tensor] = {}  # (kind, stage, mb) -> tensor
-        self.sends: list[tuple[Any, Tensor]] = []
-        self.outbox: list[tuple[int, int, int, int, Tensor]] = []  # sent after the timing
-        self.stage_in: dict[tuple[int, int], Tensor] = {}
-        self.stage_root: dict[tuple[int, int], Tensor] = {}
-        self.grad_in: dict[tuple[int, int], Tensor | None] = {}
-        self.result: dict[str, Any] = {
-            "outputs": {},
-            "losses": {},
-            "grads": {},
-            "timings": [],
-            "transfer_bytes": {},
-            "activation_bytes": {},
-            "accumulated": {s: [] for s in self.mine},
-        }
-
-    # -- messages ------------------------------------------------------------------------
-    def _tag(self, kind: int, stage: int, mb: int) -> int:
-        return (kind * self.schedule.n_stages + stage) * self.n_mb + mb
-
-    def _send(self, kind: int, stage: int, mb: int, to_stage: int, tensor: Tensor) -> None:
-        tensor = tensor.detach().contiguous()
-        if kind == _ACTIVATION:
-            self.result["transfer_bytes"][(stage, mb)] = tensor.numel() * tensor.element_size()
-        dst = self.schedule.rank_of(to_stage)
-        if dst == self.rank:
-            self.local[(kind, stage, mb)] = tensor
-        else:
-            self.sends.append((dist.isend(tensor, dst, tag=self._tag(kind, stage, mb)), tensor))
-
-    def _receive(self, kind: int, stage: int, mb: int) -> Tensor:
-        """The activation of ``stage`` (kind 0) or the gradient w.r.t. its output (kind 1)."""
-        if self.schedule.rank_of(stage if kind == _ACTIVATION else stage + 1) == self.rank:
-            return self.local.pop((kind, stage, mb))
-        shape, dtype = self.shapes[(stage, mb)]
-        buffer = torch.empty(shape, dtype=dtype)
-        src = self.schedule.rank_of(stage if kind == _ACTIVATION else stage + 1)
-        dist.recv(buffer, src, tag=self._tag(kind, stage, mb))
-        return buffer
-
-    # -- the step ------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        for work in self.schedule.orders[self.rank]:
-            received = [self._inputs(a) for a in work.parts]
-            start = time.perf_counter_ns()
-            for action, value in zip(work.parts, received, strict=True):
-                self._compute(action, value)
-            end = time.perf_counter_ns()
-            self.result["timings"].append((str(work), start, end))
-            self._flush()
-        for request, _ in self.sends:
-            request.wait()
-        for stage in self.mine:
-            self.result["grads"][stage] = [p.grad for p in self.stages[stage].parameters()]
-        return self.result
-
-    def _inputs(self, a: Action) -> Tensor | None:
-        s, mb = a.stage, a.microbatch
-        if a.op is Op.F:
-            return self.xs[mb] if s % self.per_copy == 0 else self._receive(_ACTIVATION, s - 1, mb)
-        if a.op in (Op.B, Op.I) and s % self.per_copy != self.per_copy - 1:
-            return self._receive(_GRADIENT, s, mb)
-        return None
-
-    def _compute(self, a: Action, value: Tensor | None) -> None:
-        s, mb = a.stage, a.microbatch
-        training = not self.schedule.forward_only
-        last = s % self.per_copy == self.per_copy - 1
-        if a.op is Op.F:
-            assert value is not None
-            x = (
-                value.detach().requires_grad_(True)
-                if (training and s % self.per_copy and value.is_floating_point())
-                else value
-            )
-            hook = _SavedBytes(
-                {p.untyped_storage().data_ptr() for p in self.stages[s].parameters()}
-            )
-            with (
-                torch.set_grad_enabled(training),
-                torch.autograd.graph.saved_tensors_hooks(hook.pack, hook.unpack),
-            ):
-                out = self.stages[s](x)
-            self.result["activation_bytes"][s] = max(
-                self.result["activation_bytes"].get(s, 0), hook.total
-            )
-            root = out
-            if last:
-                self.result["outputs"][mb] = out.detach()
-                with torch.set_grad_enabled(training):
-                    loss = self.loss_fn(out, self.ts[mb])
-                self.result["losses"][mb] = loss.detach()
-                root = loss
-            else:
-                self.outbox.append((_ACTIVATION, s, mb, s + 1, out))
-            if training:
-                self.stage_in[(s, mb)], self.stage_root[(s, mb)] = x, root
-        elif a.op is Op.B:
-            x, root = self.stage_in.pop((s, mb)), self.stage_root.pop((s, mb))
-            if root.requires_grad:
-                torch.autograd.backward(root, grad_tensors=value)
-            self._send_input_grad(s, mb, x, x.grad)
-            self._weights_done(s, mb)
-        elif a.op is Op.I:
-            x, root = self.stage_in[(s, mb)], self.stage_root[(s, mb)]
-            self.grad_in[(s, mb)] = value
-            gx = None
-            if s % self.per_copy and root.requires_grad and x.requires_grad:
-                (gx,) = torch.autograd.grad(
-                    root, x, grad_outputs=value, retain_graph=True, allow_unused=True
-                )
-            self._send_input_grad(s, mb, x, gx)
-        else:  # W
-            root = self.stage_root.pop((s, mb))
-            self.stage_in.pop((s, mb))
-            grad = self.grad_in.pop((s, mb))
-            params = [p for p in self.stages[s].parameters() if p.requires_grad]
-            if root.requires_grad and params:
-                grads = torch.autograd.grad(root, params, grad_outputs=grad, allow_unused=True)
-                for p, g in zip(params, grads, strict=True):
-                    if g is not None:
-                        p.grad = g.detach() if p.grad is None else p.grad.add_(g)
-            self._weights_done(s, mb)
-
-    def _send_input_grad(self, s: int, mb: int, x: Tensor, grad: Tensor | None) -> None:
-        if s % self.per_copy == 0:
-            return
-        grad = torch.zeros_like(x) if grad is None else grad  # input unused: zero gradient
-        self.outbox.append((_GRADIENT, s - 1, mb, s - 1, grad))
-
-    def _flush(self) -> None:
-        """Send what the last unit of work produced, after its timing ended."""
-        for message in self.outbox:
-            self._send(*message)
-        self.outbox = []
-
-    def _weights_done(self, s: int, mb: int) -> None:
-        done = self.result["accumulated"][s]
-        done.append(mb)
-        if len(done) == self.n_mb // self.schedule.n_copies:  # torch's scale_grads, once
-            for p in self.stages[s].parameters():
-                if p.grad is not None:
-                    p.grad.div_(self.n_mb)

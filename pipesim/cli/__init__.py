@@ -5,7 +5,8 @@ Every verb lives in its own module under :mod:`pipesim.cli` and exposes
 ``python -m pipesim`` runs the same ``main``. ``main(argv)`` returns the exit
 status and never raises for bad input: a :class:`~pipesim.errors.PipesimError`
 becomes one line ``pipesim: error: ...`` on
-stderr and exit status 1 (argparse's own usage errors exit with 2); running out
+stderr and exit status 1, or the error's ``exit_status`` where it has one (``pipesim
+verify`` documents its own); argparse's own usage errors exit with 2; running out
 of memory or stack says so in one line too. Anything else is a bug in pipesim:
 one line ``pipesim: internal error: ...`` says how to report it, and the
 traceback follows only with ``--debug`` (or ``PIPESIM_DEBUG=1``).
@@ -85,7 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except PipesimError as exc:
-        return _fail(f"pipesim: error: {exc}", debug=debug)
+        # A verb may say which status an error means (pipesim verify: 2 input, 3 environment).
+        status = getattr(exc, "exit_status", 1)
+        _fail(f"pipesim: error: {exc}", debug=debug)
+        return status if isinstance(status, int) else 1
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
         return 130

@@ -1,9 +1,13 @@
 """``pipesim verify``: replay a schedule on real torch devices and check it bit for bit.
 
 torch (the ``verify`` extra) is imported only when the verb runs; without it
-the verb says how to install it. Exit status 0 when the run is bit-identical
-to the unsplit model, 1 when it is not (the report names what differs) or on
-bad input.
+the verb says how to install it. Exit statuses (also in ``--help``): 0
+bit-identical; 1 the run completed and something differs (the report names
+the first differing tensor, its largest difference and the action it came
+from); 2 bad usage or input; 3 an environment that cannot be exact; 4 a rank
+failed, died or missed a deadline. Under ``torchrun`` (``torchrun
+--nproc-per-node P -m verify ...``) each process runs one rank and rank 0
+prints the report.
 """
 
 from __future__ import annotations
@@ -25,12 +29,31 @@ from pipesim.errors import PipesimError
 from pipesim.files import check_writable
 
 _INSTALL = "pip install 'pipesim[verify]'"
+_EPILOG = """\
+launch like torch:
+  torchrun --nproc-per-node P -m verify SCHEDULE -p P ...   one rank per process (NCCL on
+                                  cuda:LOCAL_RANK when CUDA is present, else gloo); rank 0
+                                  prints the report and writes --costs-out
+  pipesim verify SCHEDULE --dist ...                        pipesim starts the P processes
+
+exit status:
+  0  bit-identical: outputs, losses and gradients equal the unsplit model's
+  1  the run completed and is NOT bit-identical (the report names the first differing
+     tensor, its max abs difference and the action it came from)
+  2  bad usage or input (schedule, model, devices, batch size, split)
+  3  the environment cannot be exact (TF32 on, non-deterministic algorithms, dropout or
+     batch-norm in training mode, mixed GPU models, a GPU asked for and missing, no torch)
+  4  the run failed: a rank raised, died or missed its deadline (the error names the rank,
+     the action it ran or waited for, and the peer)
+"""
 
 
 def register(subparsers: Any) -> None:
     """Add ``verify``."""
     parser = subparsers.add_parser(
         "verify",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG,
         help="run a schedule with torch and check it is bit-identical to the unsplit model",
         description=(
             "Replay a built-in schedule or a schedule file on real devices (CUDA GPUs when "
@@ -105,15 +128,16 @@ def register(subparsers: Any) -> None:
     group.add_argument(
         "--dist",
         action="store_true",
-        help="one process per rank with torch.distributed (gloo, CPU ranks): the ranks really "
-        "run at the same time, so the measured step compares with the parallel prediction",
+        help="one process per rank with torch.distributed (gloo, CPU ranks), started by "
+        "pipesim: the ranks really run at the same time, so the measured step compares with "
+        "the parallel prediction (under torchrun this is implied)",
     )
     group.add_argument(
         "--timeout",
         type=seconds,
         default=300.0,
         metavar="S",
-        help="--dist: stop the ranks after S seconds (default 300)",
+        help="--dist / torchrun: deadline of the run and of every wait for a message (default 300)",
     )
     group.add_argument(
         "--check-settings-only",
@@ -151,34 +175,50 @@ def _split(text: str | None) -> list[int] | None:
 
 def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
     from verify.dist import verify_distributed
-    from verify.report import format_report
+    from verify.torchrun import torchrun_place, verify_torchrun
 
-    if args.devices and any(d.strip() not in ("cpu", "") for d in args.devices.split(",")):
-        raise PipesimError(
-            f"--dist runs CPU ranks with gloo; drop --device {args.devices} or run without --dist "
-            "for CUDA devices"
-        )
     if args.split or args.balance != "layers" or args.check_settings_only:
         raise PipesimError(
-            "--dist cuts the model evenly by layers; drop --split / --balance / "
+            "--dist and torchrun cut the model evenly by layers; drop --split / --balance / "
             "--check-settings-only"
         )
     options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
-    report = verify_distributed(
-        schedule,
-        model=args.model,
-        model_options=options,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        timeout_s=args.timeout,
-        warmup=max(args.warmup, 0),
-    )
+    common = {
+        "model": args.model,
+        "model_options": options,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "timeout_s": args.timeout,
+        "warmup": max(args.warmup, 0),
+    }
+    kinds = {d.strip().split(":")[0] for d in (args.devices or "").split(",") if d.strip()}
+    if torchrun_place() is not None:
+        if len(kinds) > 1:
+            raise PipesimError(f"under torchrun give --device cpu or cuda, not {args.devices}")
+        status, report = verify_torchrun(
+            schedule, device_type=kinds.pop() if kinds else None, **common
+        )
+        if report is not None:  # rank 0
+            _print(args, report, schedule)
+        return status
+    if kinds - {"cpu"}:
+        raise PipesimError(
+            f"--dist runs CPU ranks with gloo; drop --device {args.devices}, run without --dist "
+            "for CUDA devices in one process, or start the ranks with torchrun for NCCL"
+        )
+    report = verify_distributed(schedule, **common)
+    _print(args, report, schedule)
+    return 0 if report.bit_identical else 1
+
+
+def _print(args: argparse.Namespace, report: Any, schedule: Any) -> None:
+    from verify.report import format_report
+
     _write_costs(args, report, schedule)
     if args.json:
         print_json(report.to_dict())
     else:
         print(format_report(report))
-    return 0 if report.bit_identical else 1
 
 
 def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
@@ -201,26 +241,41 @@ def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The verb; every error carries the exit status the epilog lists."""
+    try:
+        return _run(args)
+    except PipesimError as exc:
+        if getattr(exc, "exit_status", None) is None:
+            exc.exit_status = 2  # type: ignore[attr-defined]  # bad usage or input
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     # torch warns at import when numpy is absent; verify does not use numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         importlib.import_module("torch")
     except ImportError as exc:
-        raise PipesimError(
+        error = PipesimError(
             f"pipesim verify needs torch, which is not importable here ({exc}); install the "
             f"extra: {_INSTALL}"
-        ) from None
+        )
+        error.exit_status = 3  # type: ignore[attr-defined]
+        raise error from None
     from verify.compare import verify
+    from verify.errors import RunFailedError
     from verify.models import load_model
-    from verify.report import format_report
+    from verify.torchrun import torchrun_place
 
     schedule = schedule_from_args(args)
     if args.costs_out:  # refused now, not after the run
         check_writable(args.costs_out, what="--costs-out")
-    model = load_model(args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width)
     try:
-        if args.dist:
+        if args.dist or torchrun_place() is not None:
             return _run_dist(args, schedule)
+        model = load_model(
+            args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width
+        )
         report = verify(
             schedule,
             model=model,
@@ -233,10 +288,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except RuntimeError as exc:  # torch reports shape errors, CUDA failures, ... this way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PipesimError(f"the run failed inside torch: {first}") from None
-    _write_costs(args, report, schedule)
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print(format_report(report))
+        raise RunFailedError(f"the run failed inside torch: {first}") from None
+    _print(args, report, schedule)
     return 0 if report.bit_identical else 1

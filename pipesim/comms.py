@@ -1,0 +1,412 @@
+"""Communication as schedule actions: the messages of a step, and the order they travel in.
+
+A compute schedule says what each rank computes; between ranks, activations and
+gradients travel as point-to-point messages. Without tags (NCCL matches sends
+and receives by their order alone, pytorch issues #94819, #125079) both ends of
+every pair of ranks must issue their sends and receives in *one* order that both
+derive from the schedule. pipesim's rule:
+
+1. **One global order.** :func:`global_order` is a topological order of the
+   schedule's dependency graph (each rank's order, every data dependency, the
+   ``happens_before`` constraints), ties broken by (position in the rank's
+   order, rank): the ranks step in lock-step like a clock. The in-process
+   executor runs exactly this order.
+2. **Every message is sent and received at one point of that order.** Walking
+   the global order, a unit of work is followed on its rank by a ``SEND`` of
+   each message it produces, and the receiving rank gets the matching ``RECV``
+   at the same moment (:func:`lower_comms`). This is torch's own lowering,
+   ``_add_send_recv`` in ``torch/distributed/pipelining/schedules.py``, which
+   lets "a sender on another rank put our recv ops in place" so that the
+   ordering is "sane (non-hanging)".
+
+Each rank's program is then a projection of one global sequence in which every
+send sits next to its receive, so between any two ranks all messages (both
+directions) are issued in the same order on both ends, and no blocking
+semantics can deadlock it: by induction along the global sequence, the next
+item can always run, because everything before it on both ranks it involves has
+run (a send and its receive meet). That covers rendezvous sends (NCCL's
+``ncclSend`` blocks until the peer posts the receive), blocking receives (gloo)
+and per-pair FIFO streams. Moving receives later, as torch's
+``_defer_recv_ops`` does, needs care: receiving in rank-parity order only after
+pytorch issue #172668 showed the circular wait it otherwise creates.
+:func:`validate_comms` checks any comms schedule (a torch CSV too) for exactly
+these hazards before anything runs: every cross-rank message sent once after
+its producer and received once before its consumer, the same order of messages
+on both ends of every direction, and no cycle of waits when every send and
+receive blocks until its peer arrives (the cycle is named).
+
+Spelling follows torch: ``1SEND_F0`` is stage 1 sending micro-batch 0's
+activation, ``2RECV_F0`` stage 2 receiving it; ``2SEND_B0`` / ``1RECV_B0`` the
+gradient going back.
+
+>>> from pipesim.schedules import generate
+>>> comms = lower_comms(generate("1f1b", n_ranks=2, n_microbatches=2))
+>>> [str(x) for x in comms.programs[1]]
+['1RECV_F0', '1F0', '1RECV_F1', '1B0', '1SEND_B0', '1F1', '1B1', '1SEND_B1']
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import networkx as nx
+
+from pipesim.actions import Action, Op, Work, parse_action
+from pipesim.dependencies import index_schedule
+from pipesim.errors import DeadlockError, ParseError, ScheduleError
+from pipesim.graph import validate
+from pipesim.schedule import Schedule
+
+__all__ = [
+    "Comm",
+    "CommOp",
+    "CommSchedule",
+    "Message",
+    "Step",
+    "global_order",
+    "lower_comms",
+    "messages",
+    "parse_step",
+    "validate_comms",
+]
+
+
+class CommOp(enum.Enum):
+    """A point-to-point half of a message; values are torch's ``_ComputationType`` spellings."""
+
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+    __hash__ = object.__hash__
+
+    @property
+    def is_send(self) -> bool:
+        """True for SEND_F and SEND_B."""
+        return self in (CommOp.SEND_F, CommOp.SEND_B)
+
+    @property
+    def is_forward(self) -> bool:
+        """True for the activation (F) messages."""
+        return self in (CommOp.SEND_F, CommOp.RECV_F)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class Comm:
+    """``op`` of ``stage`` on ``microbatch``: a send names the producing stage, a receive
+    the consuming stage, as torch does.
+
+    >>> str(Comm(stage=1, op=CommOp.RECV_F, microbatch=0))
+    '1RECV_F0'
+    """
+
+    stage: int
+    op: CommOp
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.op.value}{self.microbatch}"
+
+
+#: One entry of a comms schedule's program: compute work or a send / receive.
+Step: TypeAlias = Work | Comm
+
+_COMM = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
+# torch's lowering also adds FSDP actions (_add_unshard_reshard, _add_reduce_grad); they move
+# no pipeline data, so a comms schedule read from torch leaves them out.
+_FSDP = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*")
+
+
+def parse_step(text: str) -> Step | None:
+    """Parse ``"1SEND_F0"`` or a compute action; ``None`` for torch's FSDP-only actions.
+
+    >>> parse_step("3RECV_B2"), parse_step("0REDUCE_GRAD")
+    (Comm(stage=3, op=<CommOp.RECV_B: 'RECV_B'>, microbatch=2), None)
+    """
+    match = _COMM.fullmatch(text)
+    if match is not None:
+        return Comm(stage=int(match[1]), op=CommOp(match[2]), microbatch=int(match[3]))
+    if _FSDP.fullmatch(text):
+        return None
+    try:
+        return parse_action(text)
+    except ParseError:
+        raise ParseError(
+            f"cannot parse {text!r}: write a compute action ('0F3', '(0F3;3B1)OVERLAP_F_B') or "
+            "a send / receive ('1SEND_F0', '2RECV_F0', '2SEND_B0', '1RECV_B0')"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """An activation or gradient handed from one stage to another.
+
+    ``index`` is its place in the step's global send order (see the module
+    docstring); messages between stages of one rank stay in that rank.
+    """
+
+    producer: Action
+    consumer: Action
+    src_rank: int
+    dst_rank: int
+    index: int
+
+    @property
+    def crosses_ranks(self) -> bool:
+        """True when the message travels between two ranks."""
+        return self.src_rank != self.dst_rank
+
+    @property
+    def is_forward(self) -> bool:
+        """True for an activation (F to F), False for a gradient (B/I to B/I)."""
+        return self.producer.op is Op.F
+
+    @property
+    def send(self) -> Comm:
+        """The send half, torch's spelling (``1SEND_F0``)."""
+        op = CommOp.SEND_F if self.is_forward else CommOp.SEND_B
+        return Comm(stage=self.producer.stage, op=op, microbatch=self.producer.microbatch)
+
+    @property
+    def recv(self) -> Comm:
+        """The receive half, torch's spelling (``2RECV_F0``)."""
+        op = CommOp.RECV_F if self.is_forward else CommOp.RECV_B
+        return Comm(stage=self.consumer.stage, op=op, microbatch=self.consumer.microbatch)
+
+    def __str__(self) -> str:
+        return f"{self.producer} -> {self.consumer} (rank {self.src_rank} -> {self.dst_rank})"
+
+
+def global_order(schedule: Schedule, /) -> tuple[Work, ...]:
+    """The one order of all the schedule's work that its messages follow (validates first).
+
+    >>> from pipesim.schedules import generate
+    >>> [str(w) for w in global_order(generate("gpipe", n_ranks=2, n_microbatches=2))]
+    ['0F0', '1F0', '0F1', '1F1', '1B0', '0B0', '1B1', '0B1']
+    """
+    validate(schedule)
+    index = index_schedule(schedule)
+    succ = index.successors()
+    indegree = [0] * index.n_nodes
+    for targets in succ:
+        for t in targets:
+            indegree[t] += 1
+    ready = [(index.positions[n], index.ranks[n], n) for n, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order: list[Work] = []
+    while ready:
+        _, _, node = heapq.heappop(ready)
+        order.append(index.works[node])
+        for t in succ[node]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                heapq.heappush(ready, (index.positions[t], index.ranks[t], t))
+    return tuple(order)
+
+
+def messages(schedule: Schedule, /) -> tuple[Message, ...]:
+    """Every hand-over between two stages, in the global send order.
+
+    >>> from pipesim.schedules import generate
+    >>> [str(m) for m in messages(generate("gpipe", n_ranks=2, n_microbatches=1))]
+    ['0F0 -> 1F0 (rank 0 -> 1)', '1B0 -> 0B0 (rank 1 -> 0)']
+    """
+    index = index_schedule(schedule)
+    by_producer: dict[Action, list[Action]] = defaultdict(list)
+    for _, _, producer, consumer in index.data_edges:
+        if producer.stage != consumer.stage:
+            by_producer[producer].append(consumer)
+    found: list[Message] = []
+    for work in global_order(schedule):
+        for part in work.parts:
+            for consumer in by_producer.get(part, ()):
+                found.append(
+                    Message(
+                        producer=part,
+                        consumer=consumer,
+                        src_rank=schedule.rank_of(part.stage),
+                        dst_rank=schedule.rank_of(consumer.stage),
+                        index=len(found),
+                    )
+                )
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommSchedule:
+    """A compute schedule with each rank's sends and receives placed in its program."""
+
+    schedule: Schedule
+    """The compute schedule (each program without its sends and receives)."""
+    programs: tuple[tuple[Step, ...], ...]
+    """Per rank, its compute work, sends and receives in order."""
+
+    @property
+    def name(self) -> str:
+        """The compute schedule's name."""
+        return self.schedule.name
+
+
+def lower_comms(schedule: Schedule, /) -> CommSchedule:
+    """Place a SEND after each producer and its RECV at the same point of the global order
+    (torch's ``_add_send_recv``); see the module docstring for why this cannot deadlock."""
+    produced: dict[Action, list[Message]] = defaultdict(list)
+    for message in messages(schedule):
+        if message.crosses_ranks:
+            produced[message.producer].append(message)
+    programs: list[list[Step]] = [[] for _ in range(schedule.n_ranks)]
+    for work in global_order(schedule):
+        programs[schedule.rank_of(work.parts[0].stage)].append(work)
+        for part in work.parts:
+            for message in produced.get(part, ()):
+                programs[message.src_rank].append(message.send)
+                programs[message.dst_rank].append(message.recv)
+    return CommSchedule(schedule=schedule, programs=tuple(tuple(p) for p in programs))
+
+
+def comm_schedule_from_programs(
+    programs: list[list[Step]], /, *, name: str = "custom", n_microbatches: int | None = None
+) -> CommSchedule:
+    """Build a CommSchedule from per-rank programs; the compute schedule is their compute part."""
+    orders = [[s for s in program if not isinstance(s, Comm)] for program in programs]
+    schedule = Schedule.from_orders(orders, n_microbatches=n_microbatches, name=name)
+    return CommSchedule(schedule=schedule, programs=tuple(tuple(p) for p in programs))
+
+
+def validate_comms(comms: CommSchedule, /) -> None:
+    """Refuse a comms schedule whose sends and receives would pair wrong tensors or hang.
+
+    Raises ScheduleError (a message sent or received twice, never, on the wrong
+    rank, before its producer or after its consumer, or in different orders on
+    the two ends) or DeadlockError with one cycle of waits, where every send and
+    receive blocks until its peer has reached it.
+    """
+    schedule = comms.schedule
+    validate(schedule)
+    wanted = {m.send: m for m in messages(schedule) if m.crosses_ranks}
+    wanted_recv = {m.recv: m for m in wanted.values()}
+    problems: list[str] = []
+    sends: dict[Message, tuple[int, int]] = {}
+    recvs: dict[Message, tuple[int, int]] = {}
+    done: dict[Action, tuple[int, int]] = {}
+    for rank, program in enumerate(comms.programs):
+        for position, step in enumerate(program):
+            if not isinstance(step, Comm):
+                for part in step.parts:
+                    done[part] = (rank, position)
+                continue
+            table, seen = (wanted, sends) if step.op.is_send else (wanted_recv, recvs)
+            message = table.get(step)
+            side = "src_rank" if step.op.is_send else "dst_rank"
+            if message is None or getattr(message, side) != rank:
+                problems.append(
+                    f"rank {rank} position {position}: {step} matches no message between "
+                    "ranks of this schedule; remove it"
+                )
+            elif message in seen:
+                problems.append(f"rank {rank}: {step} appears twice; keep one")
+            else:
+                seen[message] = (rank, position)
+    problems += _placement_problems(wanted.values(), sends, recvs, done)
+    problems += _order_problems(comms, sends, recvs)
+    if problems:
+        raise ScheduleError(_summary("invalid comms schedule", problems))
+    cycle = _wait_cycle(comms, sends, recvs)
+    if cycle:
+        raise DeadlockError(
+            "the sends and receives deadlock when each blocks until its peer arrives: "
+            + " -> ".join(cycle)
+            + " -> (back to the start); move the receive before the work that waits on it",
+            cycle=cycle,
+        )
+
+
+def _placement_problems(
+    wanted: object,
+    sends: dict[Message, tuple[int, int]],
+    recvs: dict[Message, tuple[int, int]],
+    done: dict[Action, tuple[int, int]],
+) -> list[str]:
+    problems = []
+    for message in wanted:  # type: ignore[attr-defined]
+        if message not in sends:
+            problems.append(f"{message.send} is missing on rank {message.src_rank} ({message})")
+        elif sends[message][1] < done[message.producer][1]:
+            problems.append(f"{message.send} comes before {message.producer}, which produces it")
+        if message not in recvs:
+            problems.append(f"{message.recv} is missing on rank {message.dst_rank} ({message})")
+        elif recvs[message][1] > done[message.consumer][1]:
+            problems.append(f"{message.recv} comes after {message.consumer}, which needs it")
+    return problems
+
+
+def _order_problems(
+    comms: CommSchedule,
+    sends: dict[Message, tuple[int, int]],
+    recvs: dict[Message, tuple[int, int]],
+) -> list[str]:
+    """Untagged messages pair up by order: the k-th send from a to b meets b's k-th receive
+    from a. Different orders on the two ends would pair the wrong tensors."""
+    out: dict[tuple[int, int], list[Message]] = defaultdict(list)
+    into: dict[tuple[int, int], list[Message]] = defaultdict(list)
+    for m in sorted(sends, key=sends.__getitem__):
+        out[(m.src_rank, m.dst_rank)].append(m)
+    for m in sorted(recvs, key=recvs.__getitem__):
+        into[(m.src_rank, m.dst_rank)].append(m)
+    problems = []
+    for pair, sent in sorted(out.items()):
+        for k, (a, b) in enumerate(zip(sent, into.get(pair, []), strict=False)):
+            if a != b:
+                problems.append(
+                    f"rank {pair[0]} sends {a.send} as its message {k} to rank {pair[1]}, which "
+                    f"receives {b.recv} there: without tags they would pair the wrong tensors; "
+                    "receive in the order the peer sends"
+                )
+                break
+    return problems
+
+
+def _wait_cycle(
+    comms: CommSchedule,
+    sends: dict[Message, tuple[int, int]],
+    recvs: dict[Message, tuple[int, int]],
+) -> tuple[str, ...]:
+    """A cycle of waits when every program runs in order and a send and its receive happen
+    together (both block until the other is reached); empty when there is none."""
+    graph = nx.DiGraph()
+    node_at: dict[tuple[int, int], object] = {}
+    for message, at in sends.items():
+        node_at[at] = ("msg", message)
+    for message, at in recvs.items():
+        node_at[at] = ("msg", message)
+    for rank, program in enumerate(comms.programs):
+        previous = None
+        for position in range(len(program)):
+            node = node_at.get((rank, position), ("work", rank, position))
+            if previous is not None:
+                graph.add_edge(previous, node)
+            previous = node
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return ()
+
+    def name(node: object) -> str:
+        assert isinstance(node, tuple)
+        if node[0] == "msg":
+            return f"{node[1].send}/{node[1].recv}"
+        return str(comms.programs[node[1]][node[2]])
+
+    return tuple(name(u) for u, _ in cycle)
+
+
+def _summary(headline: str, problems: list[str]) -> str:
+    listed = problems[:8]
+    more = f"; ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+    return f"{headline}: " + "; ".join(listed) + more

@@ -1,0 +1,239 @@
+"""What each action does to a stage: the one place verify's F, B, I, W semantics live.
+
+:mod:`verify.local` (every rank in one process) and :mod:`verify.dist` (one
+process per rank) are drivers over :class:`StageRuntime`: they decide *when*
+an action runs and *how* its input arrives and its output leaves; the runtime
+decides what the action computes. The semantics follow
+torch.distributed.pipelining's stages (``torch/distributed/pipelining/stage.py``,
+``schedules.py``):
+
+- ``F``: run the stage on its input (micro-batch ``k`` for a model copy's first
+  stage, else the previous stage's output detached into a fresh leaf, so each
+  stage has its own autograd graph); a copy's last stage also computes the
+  micro-batch's loss. Returns the output for the next stage.
+- ``B``: backward from the loss (last stage) or from the gradient the next
+  stage sent; parameter gradients accumulate in ``.grad``; returns the input
+  gradient for the previous stage (zeros when the output does not depend on
+  the input).
+- ``I``: only the input gradient (``torch.autograd.grad`` w.r.t. the input,
+  keeping the graph); ``W``: only the parameter gradients, added to ``.grad``
+  (AccumulateGrad's elementwise add: the same bits as B's accumulation).
+- An :class:`~pipesim.actions.Overlap` runs its parts in order.
+
+Gradients accumulate in the order the schedule runs a stage's B (or W); after
+a stage's last one they are divided once by the step's micro-batch count,
+torch's ``scale_grads`` for a mean loss. With ``Schedule.n_copies > 1``
+(DualPipe) each copy is a pipeline of its own. A forward-only schedule runs
+under ``torch.no_grad()``.
+
+>>> import torch
+>>> from pipesim.schedules import generate
+>>> from verify.models import mlp
+>>> from verify.partition import partition
+>>> model = mlp()
+>>> x, t = model.make_batch(4)
+>>> schedule = generate("gpipe", n_ranks=1, n_microbatches=1)
+>>> rt = StageRuntime(schedule, dict(enumerate(partition(model.layers, n_stages=1))),
+...                   devices={0: torch.device("cpu")}, inputs=(x,), targets=(t,),
+...                   loss_fn=model.loss_fn)
+>>> from pipesim.actions import parse_action
+>>> rt.run(parse_action("0F0"), None) is None, rt.run(parse_action("0B0"), None) is None
+(True, True)
+>>> rt.accumulated, float(rt.losses[0]) > 0
+({0: [0]}, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pipesim.actions import Action, Op
+from pipesim.schedule import Schedule
+from verify.errors import VerifyError
+
+__all__ = ["SavedBytes", "StageRuntime"]
+
+
+class SavedBytes:
+    """A saved-tensor hook that sums the bytes autograd keeps for backward, parameters excluded."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.seen: set[tuple[int, int]] = set()
+        self.total = 0
+
+    def pack(self, tensor: Tensor) -> Tensor:
+        if tensor.device.type != "meta":
+            key = (tensor.data_ptr(), tensor.numel())
+            storage = tensor.untyped_storage().data_ptr()
+            if storage not in self.params and key not in self.seen:
+                self.seen.add(key)
+                self.total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: Tensor) -> Tensor:
+        return tensor
+
+
+class StageRuntime:
+    """The stages one process holds and their state through one step.
+
+    ``stages`` maps stage index -> module (the stages held here), ``devices``
+    stage index -> its device. ``inputs`` / ``targets`` are the step's
+    micro-batches. Existing ``.grad`` of the stages' parameters are cleared.
+    After the step: ``outputs`` and ``losses`` per micro-batch (held by the
+    last stages here), ``activation_bytes`` per stage, ``transfer_bytes`` per
+    (stage, micro-batch) output handed on, ``accumulated`` per stage the
+    micro-batches in the order their weight gradients were added.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        stages: Mapping[int, nn.Module],
+        /,
+        *,
+        devices: Mapping[int, torch.device],
+        inputs: Sequence[Tensor],
+        targets: Sequence[Tensor] | None,
+        loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+    ) -> None:
+        self.training = not schedule.forward_only
+        if self.training and (targets is None or loss_fn is None):
+            raise VerifyError("a training schedule needs targets and a loss function")
+        self.stages, self.devices = stages, devices
+        self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
+        self.n_microbatches = schedule.n_microbatches
+        # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two).
+        self.per_copy = schedule.n_stages // schedule.n_copies
+        self.mbs_per_copy = schedule.n_microbatches // schedule.n_copies
+        self.params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}
+        self.param_storage = {
+            s: {p.untyped_storage().data_ptr() for p in m.parameters()} for s, m in stages.items()
+        }
+        for module in stages.values():
+            for p in module.parameters():
+                p.grad = None
+        self.stage_in: dict[tuple[int, int], Tensor] = {}
+        self.stage_root: dict[tuple[int, int], Tensor] = {}  # output, or the loss
+        self.grad_in: dict[tuple[int, int], Tensor | None] = {}  # I's incoming gradient, for W
+        self.outputs: dict[int, Tensor] = {}
+        self.losses: dict[int, Tensor] = {}
+        self.activation_bytes: dict[int, int] = {s: 0 for s in stages}
+        self.transfer_bytes: dict[tuple[int, int], int] = {}
+        self.accumulated: dict[int, list[int]] = {s: [] for s in stages}
+
+    def is_first(self, stage: int) -> bool:
+        """A model copy's first stage: reads the input, sends no input gradient."""
+        return stage % self.per_copy == 0
+
+    def is_last(self, stage: int) -> bool:
+        """A model copy's last stage: computes the loss, sends no activation."""
+        return stage % self.per_copy == self.per_copy - 1
+
+    def run(self, action: Action, incoming: Tensor | None, /) -> Tensor | None:
+        """Run ``action`` with the tensor another stage handed it (activation for F,
+        gradient for B / I; None where none comes); return what it hands on."""
+        if action.op is Op.F:
+            return self._forward(action, incoming)
+        if action.op is Op.B:
+            return self._backward(action, incoming)
+        if action.op is Op.I:
+            return self._input_grad(action, incoming)
+        self._weight_grad(action)
+        return None
+
+    def _forward(self, a: Action, incoming: Tensor | None) -> Tensor | None:
+        s, mb = a.stage, a.microbatch
+        device = self.devices[s]
+        if self.is_first(s):
+            x = self.inputs[mb].to(device)
+        elif incoming is None:
+            raise VerifyError(f"{a} ran without the activation of stage {s - 1}")
+        else:
+            x = incoming
+            if self.training and x.is_floating_point():
+                x = x.detach().requires_grad_(True)
+        if self.training:
+            hook = SavedBytes(self.param_storage[s])
+            with torch.autograd.graph.saved_tensors_hooks(hook.pack, hook.unpack):
+                out = self.stages[s](x)  # (microbatch, ...)
+            self.activation_bytes[s] = max(self.activation_bytes[s], hook.total)
+        else:
+            with torch.no_grad():
+                out = self.stages[s](x)
+        root, handed = out, None
+        if self.is_last(s):
+            self.outputs[mb] = out.detach()
+            if self.loss_fn is not None and self.targets is not None:
+                with torch.set_grad_enabled(self.training):
+                    loss = self.loss_fn(out, self.targets[mb].to(device))
+                self.losses[mb] = loss.detach()
+                root = loss
+        else:
+            handed = out.detach()
+            self.transfer_bytes[(s, mb)] = handed.numel() * handed.element_size()
+        if self.training:
+            self.stage_in[(s, mb)] = x
+            self.stage_root[(s, mb)] = root
+        return handed
+
+    def _input_gradient(self, s: int, x: Tensor, grad: Tensor | None) -> Tensor | None:
+        if self.is_first(s):
+            return None
+        # The output does not depend on the input: the gradient is zero.
+        return torch.zeros_like(x) if grad is None else grad.detach()
+
+    def _backward(self, a: Action, grad: Tensor | None) -> Tensor | None:
+        s, mb = a.stage, a.microbatch
+        root, x = self.stage_root.pop((s, mb)), self.stage_in.pop((s, mb))
+        if root.requires_grad:
+            torch.autograd.backward(root, grad_tensors=grad)
+        handed = self._input_gradient(s, x, x.grad)
+        self._weights_done(s, mb)
+        return handed
+
+    def _input_grad(self, a: Action, grad: Tensor | None) -> Tensor | None:
+        s, mb = a.stage, a.microbatch
+        root = self.stage_root[(s, mb)]
+        self.grad_in[(s, mb)] = grad
+        if self.is_first(s):
+            return None
+        x = self.stage_in[(s, mb)]
+        gx = None
+        if root.requires_grad and x.requires_grad:
+            (gx,) = torch.autograd.grad(
+                root, x, grad_outputs=grad, retain_graph=True, allow_unused=True
+            )
+        return self._input_gradient(s, x, gx)
+
+    def _weight_grad(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        root = self.stage_root.pop((s, mb))
+        self.stage_in.pop((s, mb))
+        grad = self.grad_in.pop((s, mb))
+        params = self.params[s]
+        if root.requires_grad and params:
+            grads = torch.autograd.grad(root, params, grad_outputs=grad, allow_unused=True)
+            for p, g in zip(params, grads, strict=True):
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g.detach()
+                else:
+                    p.grad.add_(g)  # AccumulateGrad's elementwise add: the same bits
+        self._weights_done(s, mb)
+
+    def _weights_done(self, s: int, mb: int) -> None:
+        done = self.accumulated[s]
+        done.append(mb)
+        # torch's scale_grads: once, after the stage's last backward, by the step's
+        # micro-batch count (each copy's share then adds up to the mean over the step).
+        if len(done) == self.mbs_per_copy:
+            for p in self.params[s]:
+                if p.grad is not None:
+                    p.grad.div_(self.n_microbatches)

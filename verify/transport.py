@@ -1,0 +1,236 @@
+"""Point-to-point messages between rank processes without tags, each checked before use.
+
+NCCL pairs sends and receives by their order alone (tags are ignored, pytorch
+issues #94819, #125079), so :mod:`verify.dist` never relies on tags: every
+rank walks its program from :func:`pipesim.comms.lower_comms`, in which the two
+ends of every pair of ranks issue their messages in one order derived from the
+schedule (the rule and why it cannot deadlock are in :mod:`pipesim.comms`).
+gloo on the CPU runs in exactly the same untagged, ordered mode, so the CPU
+test suite proves the order that NCCL will see.
+
+Every message is a fixed-size header followed by its payload. The header
+names the sender, the receiver, the producing and consuming actions, the dtype
+and the shape; the receiver compares it with what it expects before it touches
+the payload, so a mismatch is a :class:`TransportError` naming both ranks and
+the action, never a silently wrong tensor. Both halves are posted
+non-blocking (``isend`` / ``irecv``: torch's runtime posts receives the same
+way and waits only when the consuming action runs), and every wait has a
+deadline: on timeout, or when the peer has gone away, the error names the rank,
+the action it waited for and the peer.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pipesim.actions import Action, Op
+from pipesim.comms import Message
+from verify.errors import RunFailedError
+
+__all__ = ["HEADER_LENGTH", "OrderedTransport", "TransportError", "decode_header", "encode_header"]
+
+_MAGIC = 0x50495045  # "PIPE"
+_MAX_DIMS = 8
+HEADER_LENGTH = 11 + _MAX_DIMS
+"""int64 entries of a header: magic, src, dst, producer (3), consumer (3), dtype, ndim, dims."""
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_OPS = tuple(Op)
+
+
+class TransportError(RunFailedError):
+    """A message did not arrive, arrived late, or is not the one the receiver expects."""
+
+
+def encode_header(message: Message, dtype: torch.dtype, shape: tuple[int, ...]) -> list[int]:
+    """The header of ``message`` carrying a tensor of ``dtype`` and ``shape``.
+
+    >>> from pipesim.actions import parse_action
+    >>> m = Message(producer=parse_action("0F1"), consumer=parse_action("1F1"),
+    ...             src_rank=0, dst_rank=1, index=2)
+    >>> decode_header(encode_header(m, torch.float32, (8, 96)))
+    ((0, 1, '0F1', '1F1'), 'torch.float32', (8, 96))
+    """
+    if dtype not in _DTYPES:
+        raise TransportError(f"cannot send a tensor of dtype {dtype} ({message})")
+    if len(shape) > _MAX_DIMS:
+        raise TransportError(f"cannot send a tensor of {len(shape)} dimensions ({message})")
+    p, c = message.producer, message.consumer
+    header = [
+        _MAGIC,
+        message.src_rank,
+        message.dst_rank,
+        p.stage,
+        _OPS.index(p.op),
+        p.microbatch,
+        c.stage,
+        _OPS.index(c.op),
+        c.microbatch,
+        _DTYPES.index(dtype),
+        len(shape),
+        *shape,
+    ]
+    return header + [0] * (HEADER_LENGTH - len(header))
+
+
+def decode_header(
+    values: list[int],
+) -> tuple[tuple[int, int, str, str], str, tuple[int, ...]] | None:
+    """``((src, dst, producer, consumer), dtype, shape)`` from a header; None if it is not one."""
+    if len(values) != HEADER_LENGTH or values[0] != _MAGIC:
+        return None
+    try:
+        producer = Action(stage=values[3], op=_OPS[values[4]], microbatch=values[5])
+        consumer = Action(stage=values[6], op=_OPS[values[7]], microbatch=values[8])
+        dtype = _DTYPES[values[9]]
+    except (IndexError, ValueError):
+        return None
+    shape = tuple(values[11 : 11 + values[10]])
+    return (values[1], values[2], str(producer), str(consumer)), str(dtype), shape
+
+
+class OrderedTransport:
+    """One rank's end of the untagged, ordered messages of a step.
+
+    ``shapes`` gives each cross-rank message's ``(shape, dtype)``, known before
+    the step (the receiver allocates its buffer when it posts the receive).
+    ``timeout_s`` bounds every wait. ``on_wait(message, peer)`` is called
+    before each blocking wait (the launcher shows it if the run hangs).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        device: torch.device,
+        shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]],
+        timeout_s: float,
+        on_wait: Callable[[Message | None, int], None] | None = None,
+    ) -> None:
+        self.rank, self.device, self.shapes = rank, device, shapes
+        self.timeout_s = timeout_s
+        self.on_wait = on_wait
+        self.pending: dict[Message, tuple[Any, Tensor, Any, Tensor]] = {}
+        self.sends: list[tuple[Message, Any, Tensor]] = []
+        self.polling = device.type == "cuda"  # NCCL's wait() does not block the host
+
+    def send(self, message: Message, tensor: Tensor) -> None:
+        """Post ``tensor`` (header first) to ``message.dst_rank``; returns at once."""
+        shape, dtype = self.shapes[message]
+        if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+            raise TransportError(
+                f"rank {self.rank} was to send {message} as {_describe(shape, dtype)} but "
+                f"produced {_describe(tuple(tensor.shape), tensor.dtype)}"
+            )
+        header = torch.tensor(
+            encode_header(message, tensor.dtype, tuple(tensor.shape)),
+            dtype=torch.int64,
+            device=self.device,
+        )
+        payload = tensor.detach().contiguous()
+        for t in (header, payload):
+            self.sends.append((message, dist.isend(t, message.dst_rank), t))
+
+    def post(self, message: Message) -> None:
+        """Post the receives of ``message``'s header and payload; returns at once."""
+        shape, dtype = self.shapes[message]
+        header = torch.empty(HEADER_LENGTH, dtype=torch.int64, device=self.device)
+        payload = torch.empty(shape, dtype=dtype, device=self.device)
+        self.pending[message] = (
+            dist.irecv(header, message.src_rank),
+            header,
+            dist.irecv(payload, message.src_rank),
+            payload,
+        )
+
+    def take(self, message: Message) -> Tensor:
+        """Wait for ``message`` (posted before), check its header, return its payload."""
+        header_work, header, payload_work, payload = self.pending.pop(message)
+        self._wait(header_work, message, "the header of")
+        got = decode_header(header.tolist())
+        shape, dtype = self.shapes[message]
+        expected = decode_header(encode_header(message, dtype, tuple(shape)))
+        if got != expected:
+            seen = (
+                "something that is not a pipesim header"
+                if got is None
+                else f"{got[0][2]} -> {got[0][3]} from rank {got[0][0]} to rank {got[0][1]} as "
+                f"{got[1]} {list(got[2])}"
+            )
+            raise TransportError(
+                f"rank {self.rank} expected {message.producer} -> {message.consumer} from rank "
+                f"{message.src_rank} as {_describe(shape, dtype)}, but received {seen}; the "
+                "two ranks disagree on the order or the shape of their messages"
+            )
+        self._wait(payload_work, message, "")
+        return payload
+
+    def finish(self) -> None:
+        """Wait until every posted send has left (end of the step)."""
+        for message, work, _ in self.sends:
+            self._wait(work, message, "", peer=message.dst_rank)
+        self.sends = []
+        if self.pending:
+            left = ", ".join(str(m) for m in self.pending)
+            raise TransportError(f"rank {self.rank} posted receives it never used: {left}")
+
+    def _wait(self, work: Any, message: Message, what: str, *, peer: int | None = None) -> None:
+        peer = message.src_rank if peer is None else peer
+        if self.on_wait is not None:
+            self.on_wait(message, peer)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            if self.polling:
+                while not work.is_completed():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError
+                    time.sleep(1e-5)
+                work.wait()
+            else:
+                work.wait(timeout=timedelta(seconds=self.timeout_s))
+        except (RuntimeError, TimeoutError) as exc:
+            text = _first_words(str(exc)) or "timed out"
+            if message.dst_rank == self.rank:
+                waited = f"for {what or 'the'} message {message} needed by {message.consumer}"
+            else:
+                waited = f"until rank {peer} took message {message} sent by {message.producer}"
+            raise TransportError(
+                f"rank {self.rank} waited {waited} and gave up after at most "
+                f"{self.timeout_s:g} s (peer: rank {peer}): {text}"
+            ) from None
+        finally:
+            if self.on_wait is not None:
+                self.on_wait(None, -1)
+
+
+def _describe(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    return f"{dtype} {list(shape)}"
+
+
+def _first_words(text: str) -> str:
+    """gloo's message without its source location and advice: ``[pair.cc:537] Read error
+    ...: Connection reset by peer. This is typically ...`` -> ``Read error ...: Connection
+    reset by peer``."""
+    lines = text.strip().splitlines()
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else ""
+    return first.split(". This is typically")[0]
