@@ -1,12 +1,20 @@
-"""verify.dist: one process per rank with torch.distributed (gloo), deadlines, failures.
+"""verify.dist: one process per rank with torch.distributed (gloo), untagged ordered messages,
+deadlines, dead and hung ranks, clean exits.
 
-Each test starts real processes (a few seconds each); every run has a deadline.
+Each test starts real processes (several seconds each on a loaded machine); every run has a
+deadline, and the schedules share process launches (verify_distributed_all).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -14,12 +22,66 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pipesim.cli import main  # noqa: E402
-from pipesim.schedules import generate  # noqa: E402
+from pipesim.errors import ScheduleError  # noqa: E402
+from pipesim.schedules import generate, get_spec, schedule_names  # noqa: E402
 from verify.compare import verify  # noqa: E402
-from verify.dist import verify_distributed  # noqa: E402
-from verify.errors import RunFailedError, VerifyError  # noqa: E402
+from verify.dist import verify_distributed, verify_distributed_all  # noqa: E402
+from verify.errors import RunFailedError  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(300)]
+
+_MODELS = '''
+import multiprocessing
+import os
+import signal
+import time
+from torch import nn
+
+
+class InRanks(nn.Module):
+    """Runs ``action`` when called inside a rank process (never in the launcher)."""
+
+    def __init__(self, action):
+        super().__init__()
+        self.action = action
+
+    def forward(self, x):
+        if multiprocessing.parent_process() is not None:
+            self.action()
+        return x
+
+
+def _boom():
+    raise RuntimeError("boom inside rank")
+
+
+def tiny():
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(6, 6), nn.Tanh()]
+    return layers
+
+
+def sleepy():  # stage 0 of 2 (rank 0) hangs in its first forward
+    return [nn.Linear(4, 4), InRanks(lambda: time.sleep(120)), nn.Linear(4, 2)]
+
+
+def failing():
+    return [nn.Linear(4, 4), InRanks(_boom), nn.Linear(4, 2)]
+
+
+def dying():  # stage 1 of 2 (rank 1) is killed in its first forward
+    return [nn.Linear(4, 4), nn.Linear(4, 4), InRanks(lambda: os.kill(os.getpid(), 9)),
+            nn.Linear(4, 2)]
+'''
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    (tmp_path / "dist_models.py").write_text(_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "dist_models"
 
 
 def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -36,7 +98,7 @@ def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-unt
             "--warmup",
             "0",
             "--timeout",
-            "90",
+            "120",
         ]
     )
     data = json.loads(capsys.readouterr().out)
@@ -49,56 +111,132 @@ def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-unt
     assert data["predicted_makespan"] == data["predicted_makespan_parallel"]
 
 
-def test_dualpipe_copies_overlaps_and_split_backward_across_processes() -> None:
-    schedule = generate("dualpipe", n_ranks=2, n_microbatches=4)
-    report = verify_distributed(schedule, model="mlp", warmup=0, timeout_s=90)
-    assert report.bit_identical, report.mismatches
-    # The same gradients as the one-process executor (an independent path through torch).
-    local = verify(schedule, model="mlp", warmup=0)
-    assert report.grad_norms == local.grad_norms
-    assert report.accumulation_orders == local.accumulation_orders
+def _registered(n_ranks: int, microbatches: tuple[int, ...]) -> list:  # type: ignore[type-arg]
+    found = []
+    for name in schedule_names():
+        spec = get_spec(name)
+        for m in microbatches:
+            for v in spec.virtual_values or (2,):
+                try:
+                    found.append(generate(name, n_ranks=n_ranks, n_microbatches=m, virtual=v))
+                except ScheduleError:
+                    continue
+    return found
 
 
-@pytest.fixture
-def slow_models(tmp_path: Path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
-    (tmp_path / "dist_models.py").write_text(
-        textwrap.dedent("""
-        import multiprocessing
-        import time
-        from torch import nn
-
-        class InRanks(nn.Module):
-            def __init__(self, action):
-                super().__init__()
-                self.action = action
-
-            def forward(self, x):
-                if multiprocessing.parent_process() is not None:  # only inside a rank
-                    self.action()
-                return x
-
-        def _boom():
-            raise RuntimeError("boom inside rank")
-
-        def sleepy():
-            return [nn.Linear(4, 4), InRanks(lambda: time.sleep(60)), nn.Linear(4, 2)]
-
-        def failing():
-            return [nn.Linear(4, 4), InRanks(_boom), nn.Linear(4, 2)]
-    """)
+@pytest.mark.parametrize(("p", "microbatches"), [(2, (4,)), (4, (8,))])
+def test_every_registered_schedule_is_bit_identical_over_untagged_gloo(
+    p: int, microbatches: tuple[int, ...], models: str
+) -> None:
+    schedules = _registered(p, microbatches)
+    names = {s.name for s in schedules}
+    assert names >= {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"}
+    reports = verify_distributed_all(
+        schedules, model=f"{models}:tiny", warmup=0, timeout_s=280, wait_timeout_s=120
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    return "dist_models"
+    for schedule, report in zip(schedules, reports, strict=True):
+        assert report.bit_identical, (schedule.name, report.mismatches)
+        assert report.order_followed and report.grads_equal is not False
+        if schedule.name == "dualpipe":
+            # The same gradients as the one-process executor (the other driver of the runtime).
+            local = verify(schedule, model=f"{models}:tiny", warmup=0)
+            assert report.grad_norms == local.grad_norms
+            assert report.accumulation_orders == local.accumulation_orders
 
 
-def test_a_hung_rank_hits_the_deadline(slow_models: str) -> None:
+def _no_children_left() -> None:
+    assert multiprocessing.active_children() == []
+
+
+def test_a_hung_rank_ends_the_run_within_seconds_naming_ranks_actions_and_peer(
+    models: str,
+) -> None:
     schedule = generate("gpipe", n_ranks=2, n_microbatches=2)
-    with pytest.raises(VerifyError, match=r"did not finish within 4 s; its ranks were stopped"):
-        verify_distributed(schedule, model=f"{slow_models}:sleepy", timeout_s=4, warmup=0)
+    start = time.monotonic()
+    with pytest.raises(RunFailedError) as info:
+        verify_distributed(
+            schedule, model=f"{models}:sleepy", timeout_s=100, wait_timeout_s=3, warmup=0
+        )
+    # Start-up takes a few seconds; the hang itself is noticed after the 3 s wait deadline.
+    assert time.monotonic() - start < 60
+    text = str(info.value)
+    assert "rank 1 waited for the header of message 0F0 -> 1F0 (rank 0 -> 1) needed by 1F0" in text
+    assert "gave up after at most 3 s (peer: rank 0)" in text
+    assert "rank 0 was running 0F0" in text
+    _no_children_left()
 
 
-def test_a_failing_rank_is_reported(slow_models: str) -> None:
+def test_the_overall_deadline_stops_every_rank(models: str) -> None:
+    schedule = generate("gpipe", n_ranks=2, n_microbatches=2)
+    with pytest.raises(RunFailedError, match=r"did not finish within 4 s; its ranks were stopped"):
+        verify_distributed(schedule, model=f"{models}:sleepy", timeout_s=4, warmup=0)
+    _no_children_left()
+
+
+def test_a_killed_rank_is_named_with_what_its_peer_waited_for(models: str) -> None:
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
+    with pytest.raises(RunFailedError) as info:
+        verify_distributed(schedule, model=f"{models}:dying", timeout_s=100, warmup=0)
+    text = str(info.value)
+    assert text.startswith("the distributed run of '1f1b' failed: rank 1 died (killed by SIGKILL)")
+    assert "rank 1 was running 1F0" in text
+    assert "rank 0" in text and "1B0" in text  # rank 0 was waiting for 1B0's gradient
+    _no_children_left()
+
+
+def test_a_failing_rank_is_reported(models: str) -> None:
     schedule = generate("gpipe", n_ranks=2, n_microbatches=2)
     with pytest.raises(RunFailedError, match=r"run of 'gpipe' failed: rank 0 failed: boom inside"):
-        verify_distributed(schedule, model=f"{slow_models}:failing", timeout_s=60, warmup=0)
+        verify_distributed(schedule, model=f"{models}:failing", timeout_s=100, warmup=0)
+    _no_children_left()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over processes")
+def test_sigterm_removes_the_temporary_folder_and_every_rank(models: str, tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = f"PIPESIM_TEST_MARK_{os.getpid()}_{time.monotonic_ns()}"
+    env = dict(os.environ, TMPDIR=str(tmp), **{marker: "1"})
+    code = textwrap.dedent(f"""
+        from pipesim.schedules import generate
+        from verify.dist import verify_distributed
+        if __name__ == "__main__":
+            verify_distributed(generate("gpipe", n_ranks=2, n_microbatches=2),
+                               model="{models}:sleepy", timeout_s=200, warmup=0)
+    """)
+    script = tmp_path / "run_sleepy.py"
+    script.write_text(code)
+    launcher = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        # Wait until both ranks have joined (each writes its log in the run's folder).
+        while time.monotonic() < deadline:
+            logs = list(tmp.glob("pipesim-dist-*/rank*.log"))
+            if len(logs) == 2 and len(_processes_with(marker)) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ranks did not start within 90 s")
+        launcher.send_signal(signal.SIGTERM)
+        status = launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert status == 128 + signal.SIGTERM
+    assert list(tmp.iterdir()) == []  # the rendezvous folder and its logs are gone
+    time.sleep(0.5)
+    assert _processes_with(marker) == []
+    assert b"Traceback" not in (launcher.stderr.read() if launcher.stderr else b"")

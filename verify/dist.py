@@ -113,6 +113,7 @@ def verify_distributed(
     seed: int | None = None,
     batch_size: int | None = None,
     timeout_s: float = 120.0,
+    wait_timeout_s: float | None = None,
     warmup: int = 1,
 ) -> VerifyReport:
     """Run ``schedule`` with one process per rank and compare it with the unsplit model.
@@ -121,8 +122,10 @@ def verify_distributed(
     builds its own), ``model_options`` its keyword options (``n_layers``,
     ``width``). The report is :func:`verify.compare.verify`'s; its
     ``predicted_makespan`` simulates the schedule with one device per rank.
-    A run that has not finished after ``timeout_s`` seconds is stopped; that,
-    and a rank that fails or dies, is a :class:`~verify.errors.RunFailedError`.
+    A run that has not finished after ``timeout_s`` seconds is stopped; a rank
+    that waits longer than ``wait_timeout_s`` (default ``timeout_s``) for one
+    message gives up; those, and a rank that fails or dies, are a
+    :class:`~verify.errors.RunFailedError` naming the ranks and what they were doing.
     """
     (report,) = verify_distributed_all(
         [schedule],
@@ -131,6 +134,7 @@ def verify_distributed(
         seed=seed,
         batch_size=batch_size,
         timeout_s=timeout_s,
+        wait_timeout_s=wait_timeout_s,
         warmup=warmup,
     )
     return report
@@ -145,6 +149,7 @@ def verify_distributed_all(
     seed: int | None = None,
     batch_size: int | None = None,
     timeout_s: float = 120.0,
+    wait_timeout_s: float | None = None,
     warmup: int = 1,
 ) -> tuple[VerifyReport, ...]:
     """:func:`verify_distributed` for several schedules of one rank count, one after the
@@ -177,7 +182,7 @@ def verify_distributed_all(
             model_options=options,
             seed=seed,
             batch_size=rows,
-            timeout_s=timeout_s,
+            timeout_s=timeout_s if wait_timeout_s is None else min(wait_timeout_s, timeout_s),
             warmup=max(warmup, 0),
             n_threads=torch.get_num_threads(),
             shapes=message_shapes(schedule, stages, xs),

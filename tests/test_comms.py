@@ -1,0 +1,161 @@
+"""pipesim.comms: messages, the global order, the send/receive lowering and its validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipesim.comms import (
+    Comm,
+    CommOp,
+    comm_schedule_from_programs,
+    global_order,
+    lower_comms,
+    messages,
+    parse_step,
+    validate_comms,
+)
+from pipesim.errors import DeadlockError, ParseError, ScheduleError
+from pipesim.graph import build_graph
+from pipesim.schedules import generate, get_spec, schedule_names
+
+
+def _programs(comms) -> list[list[str]]:  # type: ignore[no-untyped-def]
+    return [[str(s) for s in program] for program in comms.programs]
+
+
+def test_gpipe_by_hand() -> None:
+    # Worked by hand: all forwards (each activation sent right after it is made and received
+    # at that moment), then the backwards in the lock-step order of the two ranks.
+    comms = lower_comms(generate("gpipe", n_ranks=2, n_microbatches=2))
+    assert _programs(comms) == [
+        ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+        ["1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"],
+    ]
+
+
+def _cases() -> list[tuple[str, int, int, int]]:
+    found = []
+    for name in schedule_names():
+        for p, m in ((2, 4), (4, 8), (3, 6)):
+            for v in get_spec(name).virtual_values or (2,):
+                try:
+                    generate(name, n_ranks=p, n_microbatches=m, virtual=v)
+                except ScheduleError:
+                    continue
+                found.append((name, p, m, v))
+    return found
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), _cases())
+def test_every_registered_schedule_lowers_to_a_valid_comms_schedule(
+    name: str, p: int, m: int, v: int
+) -> None:
+    schedule = generate(name, n_ranks=p, n_microbatches=m, virtual=v)
+    comms = lower_comms(schedule)
+    validate_comms(comms)
+    # The compute part is the schedule itself, untouched.
+    assert [tuple(s for s in prog if not isinstance(s, Comm)) for prog in comms.programs] == [
+        tuple(order) for order in schedule.orders
+    ]
+    # One SEND and one RECV per message between ranks. Oracle, by counting: each stage
+    # boundary inside a model copy whose two stages sit on different ranks carries, per
+    # micro-batch of that copy, one activation and (training) one gradient.
+    per_copy = schedule.n_stages // schedule.n_copies
+    crossing_boundaries = sum(
+        1
+        for s in range(schedule.n_stages - 1)
+        if (s + 1) % per_copy and schedule.rank_of(s) != schedule.rank_of(s + 1)
+    )
+    expected = crossing_boundaries * (m // schedule.n_copies) * 2
+    sends = [s for prog in comms.programs for s in prog if isinstance(s, Comm) and s.op.is_send]
+    recvs = [s for prog in comms.programs for s in prog if isinstance(s, Comm) and not s.op.is_send]
+    assert len(sends) == len(recvs) == expected
+    # Between every two ranks both ends see the messages in the same order.
+    for a in range(p):
+        for b in range(p):
+            if a == b:
+                continue
+            sent = [
+                str(s)
+                for s in comms.programs[a]
+                if isinstance(s, Comm)
+                and s.op.is_send
+                and schedule.rank_of(s.stage - 1 if s.op is CommOp.SEND_B else s.stage + 1) == b
+            ]
+            got = [m for m in messages(schedule) if m.src_rank == a and m.dst_rank == b]
+            assert sent == [str(m.send) for m in got]
+
+
+def test_global_order_is_topological_and_keeps_rank_orders() -> None:
+    schedule = generate("zbv", n_ranks=2, n_microbatches=4)
+    order = global_order(schedule)
+    position = {w: i for i, w in enumerate(order)}
+    graph = build_graph(schedule)
+    assert all(position[a] < position[b] for a, b in graph.edges)
+    for rank_order in schedule.orders:
+        assert sorted(rank_order, key=position.__getitem__) == list(rank_order)
+
+
+def test_parse_step_spells_like_torch() -> None:
+    assert parse_step("2SEND_B1") == Comm(stage=2, op=CommOp.SEND_B, microbatch=1)
+    assert str(parse_step("0F3")) == "0F3"
+    assert parse_step("1UNSHARD") is None and parse_step("0REDUCE_GRAD") is None
+    with pytest.raises(ParseError, match=r"cannot parse '1SEND_X0'"):
+        parse_step("1SEND_X0")
+
+
+def _from_rows(rows: list[list[str]]):  # type: ignore[no-untyped-def]
+    return comm_schedule_from_programs([[parse_step(x) for x in row] for row in rows])
+
+
+def test_receives_in_another_order_than_the_sends_are_refused() -> None:
+    rows = _programs(lower_comms(generate("gpipe", n_ranks=2, n_microbatches=2)))
+    rows[1] = ["1RECV_F1", "1RECV_F0", "1F0", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"]
+    with pytest.raises(
+        ScheduleError,
+        match=r"rank 0 sends 0SEND_F0 as its message 0 to rank 1, "
+        r"which receives 1RECV_F1 there: without tags they would pair the wrong",
+    ):
+        validate_comms(_from_rows(rows))
+
+
+def test_missing_or_misplaced_sends_and_receives_are_named() -> None:
+    rows = _programs(lower_comms(generate("gpipe", n_ranks=2, n_microbatches=2)))
+    rows[0] = ["0SEND_F0", "0F0", "0F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"]  # no 0SEND_F1
+    rows[1] = ["1RECV_F0", "1F0", "1F1", "1RECV_F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"]
+    with pytest.raises(ScheduleError) as info:
+        validate_comms(_from_rows(rows))
+    text = str(info.value)
+    assert "0SEND_F0 comes before 0F0, which produces it" in text
+    assert "0SEND_F1 is missing on rank 0" in text
+    assert "1RECV_F1 comes after 1F1, which needs it" in text
+
+
+def test_blocking_sends_that_wait_on_each_other_are_a_deadlock_with_the_cycle() -> None:
+    # Both ranks send first and receive second: with blocking (rendezvous) sends, as NCCL's,
+    # each send waits for a receive the other rank never reaches (pytorch issue #172668).
+    schedule_rows = [
+        ["0F0", "0SEND_F0", "0RECV_B0", "0B0"],
+        ["1RECV_F0", "1F0", "1B0", "1SEND_B0"],
+    ]
+    validate_comms(_from_rows(schedule_rows))  # sane: passes
+    crossed = [
+        ["0F0", "0F1", "0RECV_B0", "0SEND_F0", "0SEND_F1", "0B0", "0RECV_B1", "0B1"],
+        ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"],
+    ]
+    with pytest.raises(DeadlockError) as info:
+        validate_comms(_from_rows(crossed))
+    assert set(info.value.cycle) >= {"0SEND_F0/1RECV_F0", "1SEND_B0/0RECV_B0"}
+    assert "0SEND_F0/1RECV_F0" in str(info.value)
+
+
+def test_unknown_and_duplicate_comms_are_refused() -> None:
+    rows = [["0F0", "0SEND_F0", "0SEND_F0"], ["1RECV_F0", "1F0", "1RECV_F3"]]
+    with pytest.raises(ScheduleError) as info:
+        validate_comms(
+            comm_schedule_from_programs(
+                [[parse_step(x) for x in row] for row in rows], n_microbatches=1
+            )
+        )
+    assert "0SEND_F0 appears twice" in str(info.value)
+    assert "1RECV_F3 matches no message" in str(info.value)
