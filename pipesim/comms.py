@@ -57,10 +57,10 @@ from typing import TypeAlias
 import networkx as nx
 
 from pipesim.actions import Action, Op, Work, parse_action
-from pipesim.dependencies import index_schedule
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
+from pipesim.step import step_structure
 
 __all__ = [
     "Comm",
@@ -191,22 +191,23 @@ def global_order(schedule: Schedule, /) -> tuple[Work, ...]:
     ['0F0', '1F0', '0F1', '1F1', '1B0', '0B0', '1B1', '0B1']
     """
     validate(schedule)
-    index = index_schedule(schedule)
-    succ = index.successors()
-    indegree = [0] * index.n_nodes
+    structure = step_structure(schedule)
+    succ = structure.successors()
+    indegree = [0] * structure.n_nodes
     for targets in succ:
         for t in targets:
             indegree[t] += 1
-    ready = [(index.positions[n], index.ranks[n], n) for n, d in enumerate(indegree) if d == 0]
+    positions, ranks = structure.positions, structure.ranks
+    ready = [(positions[n], ranks[n], n) for n, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     order: list[Work] = []
     while ready:
         _, _, node = heapq.heappop(ready)
-        order.append(index.works[node])
+        order.append(structure.works[node])
         for t in succ[node]:
             indegree[t] -= 1
             if indegree[t] == 0:
-                heapq.heappush(ready, (index.positions[t], index.ranks[t], t))
+                heapq.heappush(ready, (positions[t], ranks[t], t))
     return tuple(order)
 
 
@@ -217,9 +218,9 @@ def messages(schedule: Schedule, /) -> tuple[Message, ...]:
     >>> [str(m) for m in messages(generate("gpipe", n_ranks=2, n_microbatches=1))]
     ['0F0 -> 1F0 (rank 0 -> 1)', '1B0 -> 0B0 (rank 1 -> 0)']
     """
-    index = index_schedule(schedule)
     by_producer: dict[Action, list[Action]] = defaultdict(list)
-    for _, _, producer, consumer in index.data_edges:
+    # The dependency rules are pipesim.step's; a hand-over is a data edge between two stages.
+    for _, _, producer, consumer in step_structure(schedule).data_edges:
         if producer.stage != consumer.stage:
             by_producer[producer].append(consumer)
     found: list[Message] = []

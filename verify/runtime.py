@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from pipesim.actions import Action, Op
 from pipesim.schedule import Schedule
+from pipesim.step import step_structure
 from verify.errors import VerifyError
 
 __all__ = ["SavedBytes", "StageRuntime"]
@@ -108,8 +109,9 @@ class StageRuntime:
         self.stages, self.devices = stages, devices
         self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
         self.n_microbatches = schedule.n_microbatches
-        # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two).
-        self.per_copy = schedule.n_stages // schedule.n_copies
+        # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two);
+        # which stage reads the input and which computes the loss is pipesim.step's rule.
+        self.structure = step_structure(schedule)
         self.mbs_per_copy = schedule.n_microbatches // schedule.n_copies
         self.params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}
         self.param_storage = {
@@ -129,11 +131,11 @@ class StageRuntime:
 
     def is_first(self, stage: int) -> bool:
         """A model copy's first stage: reads the input, sends no input gradient."""
-        return stage % self.per_copy == 0
+        return self.structure.reads_input(stage)
 
     def is_last(self, stage: int) -> bool:
         """A model copy's last stage: computes the loss, sends no activation."""
-        return stage % self.per_copy == self.per_copy - 1
+        return self.structure.computes_loss(stage)
 
     def run(self, action: Action, incoming: Tensor | None, /) -> Tensor | None:
         """Run ``action`` with the tensor another stage handed it (activation for F,
