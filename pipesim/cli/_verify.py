@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import warnings
 from typing import Any
 
@@ -148,6 +149,13 @@ def register(subparsers: Any) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the report (JSON with --json) to FILE instead of stdout; under torchrun "
+        "rank 0 writes it",
+    )
+    out.add_argument(
         "--costs-out",
         metavar="FILE",
         help="write the calibrated cost model (time unit: ns) for `pipesim simulate --costs FILE`",
@@ -215,7 +223,12 @@ def _print(args: argparse.Namespace, report: Any, schedule: Any) -> None:
     from verify.report import format_report
 
     _write_costs(args, report, schedule)
-    if args.json:
+    if args.output:
+        from pipesim.files import write_text
+
+        text = json.dumps(report.to_dict(), indent=1) if args.json else format_report(report)
+        write_text(args.output, text + "\n")
+    elif args.json:
         print_json(report.to_dict())
     else:
         print(format_report(report))
