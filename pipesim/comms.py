@@ -47,8 +47,10 @@ gradient going back.
 
 from __future__ import annotations
 
+import csv
 import enum
 import heapq
+import io
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -68,7 +70,11 @@ __all__ = [
     "CommSchedule",
     "Message",
     "Step",
+    "comm_schedule_from_programs",
+    "comms_from_csv",
+    "comms_to_csv",
     "global_order",
+    "is_comms_csv",
     "lower_comms",
     "messages",
     "parse_step",
@@ -411,3 +417,53 @@ def _summary(headline: str, problems: list[str]) -> str:
     listed = problems[:8]
     more = f"; ... and {len(problems) - 8} more" if len(problems) > 8 else ""
     return f"{headline}: " + "; ".join(listed) + more
+
+
+def comms_to_csv(comms: CommSchedule, /) -> str:
+    """``comms`` in torch's "compute_comms" CSV (``_dump_csv(format="compute_comms")``):
+    one row per rank, one action per cell, sends and receives included.
+
+    >>> from pipesim.schedules import generate
+    >>> print(comms_to_csv(lower_comms(generate("gpipe", n_ranks=2, n_microbatches=1))), end="")
+    0F0,0SEND_F0,0RECV_B0,0B0
+    1RECV_F0,1F0,1B0,1SEND_B0
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    for program in comms.programs:
+        writer.writerow([str(step) for step in program])
+    return buffer.getvalue()
+
+
+def comms_from_csv(
+    text: str, /, *, name: str = "custom", n_microbatches: int | None = None, source: str = "csv"
+) -> CommSchedule:
+    """Read a "compute_comms" CSV, torch's own included (its FSDP actions ``UNSHARD``,
+    ``RESHARD`` and ``REDUCE_GRAD`` move no pipeline data and are left out). Not validated:
+    see :func:`validate_comms`."""
+    programs: list[list[Step]] = []
+    for line, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        program: list[Step] = []
+        for column, cell in enumerate(row, start=1):
+            cell = cell.strip()
+            if not cell:
+                continue
+            try:
+                step = parse_step(cell)
+            except ParseError as exc:
+                raise ParseError(f"{source}: line {line}, column {column}: {exc}") from None
+            if step is not None:
+                program.append(step)
+        programs.append(program)
+    if not programs:
+        raise ParseError(f"{source}: the CSV is empty; write one row of actions per rank")
+    return comm_schedule_from_programs(programs, name=name, n_microbatches=n_microbatches)
+
+
+def is_comms_csv(text: str, /) -> bool:
+    """Whether a CSV holds sends or receives (torch's "compute_comms" format).
+
+    >>> is_comms_csv("0F0,0SEND_F0"), is_comms_csv("0F0,0B0")
+    (True, False)
+    """
+    return _COMM.search(text) is not None

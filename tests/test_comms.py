@@ -159,3 +159,60 @@ def test_unknown_and_duplicate_comms_are_refused() -> None:
         )
     assert "0SEND_F0 appears twice" in str(info.value)
     assert "1RECV_F3 matches no message" in str(info.value)
+
+
+def test_comms_csv_round_trip_and_the_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipesim.cli import main
+    from pipesim.comms import comms_from_csv, comms_to_csv
+
+    schedule = generate("interleaved-1f1b", n_ranks=2, n_microbatches=4, virtual=2)
+    comms = lower_comms(schedule)
+    assert comms_from_csv(comms_to_csv(comms), n_microbatches=4).programs == comms.programs
+    path = tmp_path / "x.csv"
+    argv = ["schedule", "interleaved-1f1b", "-p", "2", "-m", "4", "--virtual", "2", "--comms"]
+    assert main([*argv, "-o", str(path)]) == 0
+    assert path.read_text() == comms_to_csv(comms)
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 0
+    assert "valid comms schedule (2 ranks, 24 messages" in capsys.readouterr().out
+    # A hand-broken copy: rank 1 receives its first two activations the other way round.
+    rows = path.read_text().splitlines()
+    rows[1] = rows[1].replace("1RECV_F0", "TMP").replace("1RECV_F1", "1RECV_F0")
+    rows[1] = rows[1].replace("TMP", "1RECV_F1")
+    path.write_text("\n".join(rows) + "\n")
+    assert main(["validate", str(path)]) == 1
+    assert "without tags they would pair the wrong tensors" in capsys.readouterr().err
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("torch_class", "same_as_pipesim"),
+    [
+        ("ScheduleInterleaved1F1B", True),
+        ("ScheduleLoopedBFS", True),
+        ("ScheduleInterleavedZeroBubble", True),
+        ("ScheduleZBVZeroBubble", False),
+        ("ScheduleDualPipeV", False),
+    ],
+)
+def test_torchs_own_compute_comms_csv_loads_and_validates(
+    torch_class: str, same_as_pipesim: bool, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from pipesim.comms import comms_from_csv
+    from pipesim.torch_import import _StandInStage
+
+    n_ranks, n_mb = 2, 4
+    v_shape = torch_class in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    held = (0, 2 * n_ranks - 1) if v_shape else (0, n_ranks)  # rank 0's two stages
+    stages = [_StandInStage(stage=s, n_stages=2 * n_ranks, n_ranks=n_ranks) for s in held]
+    path = tmp_path / "torch.csv"
+    # torch lowers its compute order with _add_send_recv and dumps the result.
+    getattr(schedules, torch_class)(stages, n_mb)._dump_csv(str(path), format="compute_comms")
+    text = path.read_text()
+    assert "SEND_F" in text and "UNSHARD" in text  # torch's own artifact, FSDP actions and all
+    comms = comms_from_csv(text, n_microbatches=n_mb)
+    validate_comms(comms)
+    # torch's lowering walks the ranks round-robin, pipesim's by (position, rank): the same
+    # programs where the two sweeps agree, equally valid where they do not.
+    assert (comms.programs == lower_comms(comms.schedule).programs) is same_as_pipesim

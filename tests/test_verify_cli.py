@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -177,6 +178,15 @@ def test_factory_model_and_failed_check_exit_status(models_module: str, capsys) 
     )
     assert status == 1
     assert data["bit_identical"] is False and data["outputs_equal"] is False
+    # The first difference: which tensor, by how much, and the action that made it.
+    first = data["mismatches"][0]
+    assert re.fullmatch(r"output of micro-batch 0 \(max abs diff [0-9.e+]+, made by 1F0\)", first)
+    assert any(
+        re.fullmatch(
+            r"gradient of 2\.weight \(stage 1\) \(max abs diff .*, added by 1B0\.\.1B1\)", m
+        )
+        for m in data["mismatches"]
+    ), data["mismatches"]
 
 
 @torch_only

@@ -40,6 +40,7 @@ from pipesim.actions import Op
 from pipesim.engine import simulate
 from pipesim.graph import data_dependencies, validate
 from pipesim.schedule import Schedule
+from pipesim.step import step_structure
 from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
@@ -287,18 +288,19 @@ def build_report(
     mismatches: list[str] = []
     outputs_equal = True
     losses_equal = True
+    made_by, added_by = _where(schedule)
     for k in range(n_mb):
         if not torch.equal(run.outputs[k].cpu(), ref.outputs[k].cpu()):
             outputs_equal = False
             mismatches.append(
                 f"output of micro-batch {k} (max abs diff "
-                f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g})"
+                f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g}, made by {made_by[k]})"
             )
         if not torch.equal(run.losses[k].cpu(), ref.losses[k].cpu()):
             losses_equal = False
             mismatches.append(
                 f"loss of micro-batch {k} (max abs diff "
-                f"{_max_diff(run.losses[k], ref.losses[k]):.3g})"
+                f"{_max_diff(run.losses[k], ref.losses[k]):.3g}, made by {made_by[k]})"
             )
 
     grads_equal: bool | None = None
@@ -313,6 +315,7 @@ def build_report(
             n_microbatches=n_mb,
             mismatches=mismatches,
             full_diffs=full_diffs,
+            added_by=added_by,
         )
     order_followed = _order_followed(run)
     if not order_followed:
@@ -381,6 +384,7 @@ def _compare_grads(
     n_microbatches: int,
     mismatches: list[str],
     full_diffs: list[float],
+    added_by: Sequence[str],
 ) -> bool:
     """Each stage's gradients against the reference added in that stage's order.
 
@@ -421,7 +425,7 @@ def _compare_grads(
                 equal = False
                 mismatches.append(
                     f"gradient of {name} (stage {s}) (max abs diff "
-                    f"{_max_diff(actual, expected):.3g})"
+                    f"{_max_diff(actual, expected):.3g}, added by {added_by[s]})"
                 )
             total = combined.get(i)
             combined[i] = actual.cpu() if total is None else total + actual.cpu()
@@ -434,6 +438,23 @@ def _compare_grads(
         if full is not None:
             full_diffs.append(_max_diff(total, full))
     return equal
+
+
+def _where(schedule: Schedule) -> tuple[dict[int, str], list[str]]:
+    """Per micro-batch, the action that made its output and loss (the F of the stage that
+    computes the loss); per stage, the actions that add its gradients, in order."""
+    structure = step_structure(schedule)
+    made_by: dict[int, str] = {}
+    added: list[list[str]] = [[] for _ in range(schedule.n_stages)]
+    for order in schedule.orders:
+        for work in order:
+            for a in work.parts:
+                if a.op is Op.F and structure.computes_loss(a.stage):
+                    made_by[a.microbatch] = str(a)
+                elif a.op in (Op.B, Op.W):
+                    added[a.stage].append(str(a))
+    spans = [f"{a[0]}..{a[-1]}" if len(a) > 1 else "".join(a) or "nothing" for a in added]
+    return made_by, spans
 
 
 def _accumulate(grads: Sequence[Tensor | None], order: Sequence[int], n_mb: int) -> Tensor | None:

@@ -46,7 +46,8 @@ class VerifyReport:
     order_followed: bool
     """Every rank ran its actions in the Schedule's order and nothing ran before its inputs."""
     mismatches: tuple[str, ...]
-    """One line per tensor that differs from the reference, with its largest difference."""
+    """One line per tensor that differs from the reference, first the first one: its largest
+    difference and the action(s) that made it (``made by 1F3``, ``added by 1B0..1B3``)."""
     max_abs_diff_full_batch: float
     """Largest difference of outputs and gradients against the whole batch run at once."""
     loss_full_batch: float | None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import add_schedule_arguments, schedule_from_args, schedule_from_source
 from pipesim.errors import PipesimError
+from pipesim.files import read_text, write_text
 from pipesim.graph import validate
 from pipesim.schedule_io import save_schedule, schedule_to_json
 from pipesim.schedules import get_spec, schedule_names
@@ -46,12 +48,23 @@ def register(subparsers: Any) -> None:
         "--virtual; needs torch (the verify extra), starts no process group",
     )
     make.add_argument("-o", "--output", metavar="FILE", help=".json or .csv (default: stdout JSON)")
+    make.add_argument(
+        "--comms",
+        action="store_true",
+        help="with the sends and receives placed (SEND_F / RECV_F / SEND_B / RECV_B, torch's "
+        "\"compute_comms\" CSV): each rank's program in the order pipesim's verify runs it",
+    )
     make.set_defaults(func=run_schedule)
 
     check = subparsers.add_parser(
         "validate",
         help="check a schedule file: complete, consistent, deadlock-free",
-        description="Validate a .json or .csv schedule; exit 1 naming every problem found.",
+        description=(
+            "Validate a .json or .csv schedule; exit 1 naming every problem found. A CSV with "
+            "sends and receives (torch's compute_comms format) is also checked for messages "
+            "that the two ends would pair differently and for blocking sends and receives "
+            "that wait on each other in a cycle."
+        ),
     )
     check.add_argument("file", metavar="FILE", help="a .json or .csv schedule file")
     check.set_defaults(func=run_validate)
@@ -95,6 +108,8 @@ def run_schedule(args: argparse.Namespace) -> int:
         )
     else:
         schedule = schedule_from_args(args)
+    if args.comms:
+        return _write_comms(args, schedule)
     if args.output is None:
         sys.stdout.write(schedule_to_json(schedule))
     else:
@@ -106,7 +121,37 @@ def run_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_comms(args: argparse.Namespace, schedule: Any) -> int:
+    from pipesim.comms import comms_to_csv, lower_comms
+
+    text = comms_to_csv(lower_comms(schedule))
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    if not args.output.lower().endswith(".csv"):
+        raise PipesimError(
+            f"--comms writes torch's compute_comms CSV: use a .csv suffix, not {args.output!r}"
+        )
+    path = write_text(args.output, text)
+    n_comms = text.count("SEND_")
+    print(f"wrote {path} ({schedule.name}: {schedule.n_ranks} ranks, {n_comms} messages)")
+    return 0
+
+
 def run_validate(args: argparse.Namespace) -> int:
+    if args.file.lower().endswith(".csv"):
+        from pipesim.comms import comms_from_csv, is_comms_csv, validate_comms
+
+        text = read_text(args.file, what="schedule")
+        if is_comms_csv(text):
+            comms = comms_from_csv(text, name=Path(args.file).stem, source=args.file)
+            validate_comms(comms)
+            n_comms = sum(str(s).count("SEND_") for p in comms.programs for s in p)
+            print(
+                f"{args.file}: valid comms schedule ({comms.schedule.n_ranks} ranks, "
+                f"{n_comms} messages, each sent and received in one order, no blocking cycle)"
+            )
+            return 0
     schedule = schedule_from_source(args.file, stages=None, microbatches=None)
     validate(schedule)
     print(
