@@ -5,8 +5,12 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.models`: the chapter's MLP, a small GPT, ``package.module:factory`` models;
 - :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules
   (the cut is :mod:`pipesim.partition`'s, the planner's);
+- :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
-- :mod:`verify.dist`: one process per rank with torch.distributed (gloo, CPU ranks);
+- :mod:`verify.dist`: one process per rank with torch.distributed (gloo on the CPU);
+- :mod:`verify.transport`: untagged, ordered, header-checked messages between ranks;
+- :mod:`verify.torchrun`: one rank per process under ``torchrun -m verify`` (NCCL on GPUs);
+- :mod:`verify.crosscheck`: the same run by torch.distributed.pipelining, bit for bit;
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
@@ -30,8 +34,19 @@ from verify.compare import (
     split_microbatches,
     verify,
 )
-from verify.dist import verify_distributed
-from verify.errors import ExactnessError, VerifyError
+from verify.crosscheck import CrossCheck, crosscheck, crosscheck_all
+from verify.dist import (
+    RankSpec,
+    as_rank,
+    assemble,
+    launch,
+    message_shapes,
+    report_from_results,
+    run_rank,
+    verify_distributed,
+    verify_distributed_all,
+)
+from verify.errors import ExactnessError, RunFailedError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
 from verify.fidelity import Measurement, calibrate_cut, measure, threads_per_rank
 from verify.local import (
@@ -41,49 +56,82 @@ from verify.local import (
     execution_order,
     parse_devices,
     run_schedule,
+    transfer_table,
 )
 from verify.measured import as_run_trace, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
+from verify.runtime import SavedBytes, StageRuntime
+from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
+from verify.transport import (
+    HEADER_LENGTH,
+    OrderedTransport,
+    TransportError,
+    decode_header,
+    encode_header,
+)
 
 __all__ = [
+    "HEADER_LENGTH",
     "MODEL_NAMES",
     "ActionTiming",
+    "CrossCheck",
     "ExactnessError",
     "LocalRun",
     "Measurement",
+    "OrderedTransport",
+    "RankSpec",
     "Reference",
+    "RunFailedError",
+    "SavedBytes",
+    "StageRuntime",
+    "TorchrunPlace",
     "TransferTiming",
+    "TransportError",
     "VerifyError",
     "VerifyModel",
     "VerifyReport",
+    "as_rank",
     "as_run_schedule",
     "as_run_trace",
+    "assemble",
     "build_report",
     "build_stages",
     "calibrate",
     "calibrate_cut",
+    "crosscheck",
+    "crosscheck_all",
+    "decode_header",
+    "encode_header",
     "exact_settings",
     "exactness_problems",
     "execution_order",
     "format_report",
     "from_factory",
     "gpt",
+    "launch",
     "load_model",
     "measure",
     "measured_trace",
+    "message_shapes",
     "mlp",
     "param_bytes",
     "parse_devices",
     "partition",
     "reference_run",
+    "report_from_results",
+    "run_rank",
     "run_schedule",
     "save_costs",
     "schedule_accumulation_orders",
     "split_microbatches",
     "threads_per_rank",
+    "torchrun_place",
+    "transfer_table",
     "verify",
     "verify_distributed",
+    "verify_distributed_all",
+    "verify_torchrun",
     "write_measured_trace",
 ]

@@ -7,5 +7,7 @@ import sys
 
 from pipesim.cli import main
 
+__all__: list[str] = []
+
 if __name__ == "__main__":
     raise SystemExit(main(["verify", *sys.argv[1:]]))

@@ -73,7 +73,9 @@ from verify.transport import OrderedTransport
 
 __all__ = [
     "RankSpec",
+    "as_rank",
     "assemble",
+    "launch",
     "message_shapes",
     "report_from_results",
     "run_rank",
@@ -195,7 +197,7 @@ def verify_distributed_all(
         tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir,
         exact_settings(prepared[0][1].layers, devices=cpu),
     ):
-        _launch([p[3] for p in prepared], schedules, workdir=Path(workdir), timeout_s=timeout_s)
+        launch([p[3] for p in prepared], schedules, workdir=Path(workdir), timeout_s=timeout_s)
         for index, (schedule, reference_model, stages, spec) in enumerate(prepared):
             results = [
                 torch.load(Path(workdir) / f"rank{r}-{index}.pt", weights_only=False)
@@ -260,15 +262,24 @@ def _terminate_cleanly() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _launch(
-    specs: Sequence[RankSpec], schedules: Sequence[Schedule], *, workdir: Path, timeout_s: float
+def launch(
+    specs: Sequence[RankSpec],
+    schedules: Sequence[Schedule],
+    *,
+    workdir: Path,
+    timeout_s: float,
+    target: Callable[..., None] | None = None,
 ) -> None:
+    """Start one process per rank running ``target(rank, world_size, specs, workdir,
+    status)`` (default: the verify step), wait for all with a deadline, and stop every
+    rank on the first failure; RunFailedError says which rank did what."""
+    target = _worker if target is None else target
     n_ranks = schedules[0].n_ranks
     context = multiprocessing.get_context("spawn")
     status = context.Array("q", 3 * n_ranks + 1, lock=False)
     processes = [
         context.Process(
-            target=_worker, args=(rank, n_ranks, specs, str(workdir), status), daemon=True
+            target=target, args=(rank, n_ranks, specs, str(workdir), status), daemon=True
         )
         for rank in range(n_ranks)
     ]
@@ -365,6 +376,33 @@ def _describe_states(schedule: Schedule, status: Any, ranks: Sequence[int] | ran
 def _worker(
     rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
 ) -> None:
+    as_rank(rank, world_size, specs, workdir, status, body=_run_specs)
+
+
+def _run_specs(
+    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+) -> None:
+    def report(state: int, value: int, peer: int) -> None:
+        status[3 * rank : 3 * rank + 3] = [state, value, peer]
+
+    for index, spec in enumerate(specs):
+        if rank == 0:
+            status[3 * world_size] = index
+        result = run_rank(rank, spec, device=torch.device("cpu"), report=report)
+        torch.save(result, Path(workdir) / f"rank{rank}-{index}.pt")
+
+
+def as_rank(
+    rank: int,
+    world_size: int,
+    specs: Sequence[RankSpec],
+    workdir: str,
+    status: Any,
+    *,
+    body: Callable[[int, int, Sequence[RankSpec], str, Any], None],
+) -> None:
+    """Run ``body`` as one rank of a gloo group on the CPU (a process :func:`launch`
+    started): stderr to a log file, a failure written where the launcher reads it."""
     # torch's own warnings and C++ logs go to a file, not into pipesim's error output.
     log = os.open(os.path.join(workdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
     os.dup2(log, 2)
@@ -378,15 +416,7 @@ def _worker(
             timeout=timedelta(seconds=specs[0].timeout_s),
         )
         try:
-
-            def report(state: int, value: int, peer: int) -> None:
-                status[3 * rank : 3 * rank + 3] = [state, value, peer]
-
-            for index, spec in enumerate(specs):
-                if rank == 0:
-                    status[3 * world_size] = index
-                result = run_rank(rank, spec, device=torch.device("cpu"), report=report)
-                torch.save(result, Path(workdir) / f"rank{rank}-{index}.pt")
+            body(rank, world_size, specs, workdir, status)
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # every failure is reported to the launcher
@@ -419,12 +449,16 @@ def run_rank(
     for stage in schedule.stages_of(rank):
         stages[stage].to(device)
     result: dict[str, Any] = {}
+    walls = []
     with exact_settings(model.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+            start = time.perf_counter_ns()
             step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
             step.report = report
             result = step.run()
             dist.barrier()
+            walls.append(time.perf_counter_ns() - start)
+    result["step_wall_ns"] = walls  # each step's wall time, warm-ups first
     return result
 
 

@@ -1,0 +1,247 @@
+"""Cross-check with torch's own runtime: the same schedule, split and micro-batches run by
+``torch.distributed.pipelining`` and by pipesim's multi-process executor, bit for bit.
+
+The schedule goes to torch as its compute-only CSV; torch's ``_PipelineScheduleRuntime``
+loads it (``_load_csv``), adds its own sends and receives (``_add_send_recv``) and runs
+it with ``PipelineStage`` wrappers around the very stage modules pipesim cuts. Both run in
+the same rank processes (gloo on the CPU), on the same batch, from the same
+initial parameters, and are compared directly: the last stage's output (torch merges
+the micro-batch outputs with ``torch.cat``), each micro-batch's loss and every stage's
+gradients (both divide once by the micro-batch count, torch's ``scale_grads``). Each
+also runs a few steps so that the steady-state wall time per step of the two can be
+set side by side (``benchmarks/bench_verify_torch.py``).
+
+``crosscheck(generate("1f1b", n_ranks=2, n_microbatches=4))`` starts two processes
+(tests/test_verify_crosscheck.py runs every schedule torch ships); with no schedules
+nothing starts:
+
+>>> crosscheck_all([], model="mlp")
+()
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to_json
+from verify.compare import build_stages, split_microbatches
+from verify.dist import RankSpec, as_rank, launch, message_shapes, run_rank
+from verify.errors import VerifyError
+from verify.models import load_model
+
+__all__ = ["CrossCheck", "crosscheck", "crosscheck_all"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossCheck:
+    """pipesim's multi-process executor against torch's runtime on one schedule."""
+
+    schedule: str
+    identical: bool
+    """Outputs, losses and gradients ``torch.equal`` between the two."""
+    mismatches: tuple[str, ...]
+    """One line per tensor that differs, with its largest difference."""
+    pipesim_step_s: float
+    """Median wall time of a steady-state step (all steps but the first), slowest rank."""
+    torch_step_s: float
+    """The same for torch's runtime."""
+
+
+def crosscheck(
+    schedule: Schedule,
+    /,
+    *,
+    model: str = "mlp",
+    model_options: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
+    steps: int = 3,
+    timeout_s: float = 120.0,
+) -> CrossCheck:
+    """Run ``schedule`` ``steps`` times with each runtime and compare the last steps."""
+    (check,) = crosscheck_all(
+        [schedule],
+        model=model,
+        model_options=model_options,
+        seed=seed,
+        batch_size=batch_size,
+        steps=steps,
+        timeout_s=timeout_s,
+    )
+    return check
+
+
+def crosscheck_all(
+    schedules: Sequence[Schedule],
+    /,
+    *,
+    model: str = "mlp",
+    model_options: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
+    steps: int = 3,
+    timeout_s: float = 120.0,
+) -> tuple[CrossCheck, ...]:
+    """:func:`crosscheck` for several schedules of one rank count in the same processes;
+    ``timeout_s`` bounds the whole run."""
+    if len({s.n_ranks for s in schedules}) > 1:
+        raise VerifyError("cross-check schedules of one rank count at a time")
+    options = dict(model_options or {})
+    specs = []
+    for schedule in schedules:
+        if schedule.n_copies != 1:
+            raise VerifyError(
+                f"torch's CSV cannot say that {schedule.name!r} runs {schedule.n_copies} model "
+                "copies; cross-check a schedule with one"
+            )
+        built = load_model(model, seed=seed, **options)
+        n_mb = schedule.n_microbatches
+        rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+        x, target = built.make_batch(rows)
+        stages = build_stages(built, schedule)
+        specs.append(
+            RankSpec(
+                schedule_json=schedule_to_json(schedule),
+                model=model,
+                model_options=options,
+                seed=seed,
+                batch_size=rows,
+                timeout_s=timeout_s,
+                warmup=max(steps - 1, 0),
+                n_threads=torch.get_num_threads(),
+                shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
+                batch=(x, target),
+            )
+        )
+    if not specs:
+        return ()
+    with tempfile.TemporaryDirectory(prefix="pipesim-crosscheck-") as workdir:
+        launch(specs, schedules, workdir=Path(workdir), timeout_s=timeout_s, target=_worker)
+        return tuple(
+            _compare(
+                schedule,
+                [
+                    torch.load(Path(workdir) / f"rank{r}-{i}.pt", weights_only=False)
+                    for r in range(schedule.n_ranks)
+                ],
+            )
+            for i, schedule in enumerate(schedules)
+        )
+
+
+def _compare(schedule: Schedule, results: Sequence[dict[str, Any]]) -> CrossCheck:
+    mismatches: list[str] = []
+
+    def check(what: str, ours: Tensor | None, theirs: Tensor | None) -> None:
+        if ours is None or theirs is None:
+            if (ours is None) != (theirs is None):
+                mismatches.append(f"{what}: present in only one run")
+            return
+        if ours.shape != theirs.shape:
+            mismatches.append(f"{what}: shapes {list(ours.shape)} and {list(theirs.shape)}")
+        elif not torch.equal(ours, theirs):
+            diff = float((ours.double() - theirs.double()).abs().max())
+            mismatches.append(f"{what} (max abs diff {diff:.3g})")
+
+    for result in results:
+        ours, theirs = result["pipesim"], result["torch"]
+        if ours["outputs"]:
+            merged = torch.cat([ours["outputs"][k] for k in sorted(ours["outputs"])])
+            check("output", merged, theirs["output"])
+            for k, loss in theirs["losses"].items():
+                check(f"loss of micro-batch {k}", ours["losses"][k], loss)
+        for stage, grads in ours["grads"].items():
+            for i, (a, b) in enumerate(zip(grads, theirs["grads"][stage], strict=True)):
+                check(f"gradient {i} of stage {stage}", a, b)
+
+    def step_s(key: str) -> float:
+        walls = [r[key] for r in results]
+        per_step = [max(w[i] for w in walls) for i in range(len(walls[0]))]
+        steady = per_step[1:] or per_step
+        return float(statistics.median(steady)) / 1e9
+
+    return CrossCheck(
+        schedule=schedule.name,
+        identical=not mismatches,
+        mismatches=tuple(mismatches),
+        pipesim_step_s=step_s("pipesim_walls"),
+        torch_step_s=step_s("torch_walls"),
+    )
+
+
+# -- inside each rank's process ---------------------------------------------------------------
+def _worker(
+    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+) -> None:
+    as_rank(rank, world_size, specs, workdir, status, body=_both)
+
+
+def _both(rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any) -> None:
+    for index, spec in enumerate(specs):
+        if rank == 0:
+            status[3 * world_size] = index
+        ours = run_rank(rank, spec, device=torch.device("cpu"))
+        theirs = _torch_steps(rank, spec, Path(workdir, f"schedule-{index}-rank{rank}.csv"))
+        torch.save(
+            {
+                "pipesim": ours,
+                "torch": theirs,
+                "pipesim_walls": ours["step_wall_ns"],
+                "torch_walls": theirs["walls"],
+            },
+            Path(workdir) / f"rank{rank}-{index}.pt",
+        )
+
+
+def _torch_steps(rank: int, spec: RankSpec, csv_path: Path) -> dict[str, Any]:
+    """``spec.warmup + 1`` steps of torch's runtime on this rank's stages (the last kept)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    schedule = schedule_from_json(spec.schedule_json)
+    csv_path.write_text(schedule_to_csv(schedule))  # what torch reads: its compute-only CSV
+    model = load_model(spec.model, seed=spec.seed, **spec.model_options)
+    stages = build_stages(model, schedule)
+    assert spec.batch is not None
+    x, target = spec.batch
+    mine = schedule.stages_of(rank)
+    device = torch.device("cpu")
+    wrapped = [PipelineStage(stages[s], s, schedule.n_stages, device) for s in mine]
+    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+        wrapped, schedule.n_microbatches, loss_fn=model.loss_fn, scale_grads=True
+    )
+    runtime._load_csv(str(csv_path), format="compute_only")
+    first, last = 0 in mine, schedule.n_stages - 1 in mine
+    walls = []
+    output = None
+    losses: list[Tensor] = []
+    for _ in range(spec.warmup + 1):
+        for s in mine:
+            for p in stages[s].parameters():
+                p.grad = None
+        losses = []
+        start = time.perf_counter_ns()
+        kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
+        output = runtime.step(*((x,) if first else ()), **kwargs)
+        dist.barrier()
+        walls.append(time.perf_counter_ns() - start)
+    return {
+        "output": output.detach() if isinstance(output, Tensor) and last else None,
+        "losses": {k: loss.detach() for k, loss in enumerate(losses)},
+        "grads": {
+            s: [None if p.grad is None else p.grad.detach().clone() for p in stages[s].parameters()]
+            for s in mine
+        },
+        "walls": walls,
+    }
