@@ -226,7 +226,7 @@ def messages(schedule: Schedule, /) -> tuple[Message, ...]:
     """
     by_producer: dict[Action, list[Action]] = defaultdict(list)
     # The dependency rules are pipesim.step's; a hand-over is a data edge between two stages.
-    for _, _, producer, consumer in step_structure(schedule).data_edges:
+    for _, _, producer, consumer in step_structure(schedule).data_edges():
         if producer.stage != consumer.stage:
             by_producer[producer].append(consumer)
     found: list[Message] = []
