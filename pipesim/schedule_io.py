@@ -211,13 +211,23 @@ def _csv_row(row: list[str], line_number: int, source: str) -> list[Work]:
 
 
 def load_schedule(path: str | Path, /) -> Schedule:
-    """Read a schedule from a ``.json`` or ``.csv`` file (chosen by suffix)."""
+    """Read a schedule from a ``.json`` or ``.csv`` file (chosen by suffix); a CSV with
+    sends and receives (torch's compute_comms format) is validated as such first."""
     path = Path(path)
     text = read_text(path, what="schedule")
     suffix = path.suffix.lower()
     if suffix == ".json":
         return schedule_from_json(text, source=str(path))
     if suffix == ".csv":
+        from pipesim.comms import comms_from_csv, is_comms_csv, validate_comms
+
+        if is_comms_csv(text):
+            # torch's compute_comms CSV: its sends and receives are checked (order on both
+            # ends, no blocking cycle); what runs is the compute schedule, whose messages
+            # the engine sends after each producer, as pipesim verify does.
+            comms = comms_from_csv(text, name=path.stem, source=str(path))
+            validate_comms(comms)
+            return comms.schedule
         return schedule_from_csv(text, name=path.stem, source=str(path))
     raise ParseError(f"schedule file {str(path)!r}: unknown suffix {suffix!r}; use .json or .csv")
 

@@ -216,3 +216,28 @@ def test_torchs_own_compute_comms_csv_loads_and_validates(
     # torch's lowering walks the ranks round-robin, pipesim's by (position, rank): the same
     # programs where the two sweeps agree, equally valid where they do not.
     assert (comms.programs == lower_comms(comms.schedule).programs) is same_as_pipesim
+
+
+def test_every_command_takes_a_comms_csv(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from pipesim.cli import main
+    from pipesim.comms import comms_to_csv
+
+    schedule = generate("zbv", n_ranks=2, n_microbatches=4)
+    path = tmp_path / "zbv.csv"
+    path.write_text(comms_to_csv(lower_comms(schedule)))
+    assert main(["simulate", str(path), "--json"]) == 0
+    from_comms = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "zbv", "-p", "2", "-m", "4", "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert from_comms["makespan"] == direct["makespan"]
+    assert from_comms["ranks"] == direct["ranks"]
+    # A comms file whose blocking sends wait on each other is refused before simulating.
+    path.write_text(
+        "0F0,0F1,0RECV_B0,0SEND_F0,0SEND_F1,0B0,0RECV_B1,0B1\n"
+        "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n"
+    )
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: ") and "0SEND_F0/1RECV_F0" in err
