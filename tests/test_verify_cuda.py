@@ -101,3 +101,22 @@ def test_cuda_event_timings_are_on_the_trace() -> None:
     report = verify(generate("1f1b", n_ranks=2, n_microbatches=4), model="mlp", devices=_devices(2))
     assert all(r.end >= r.start >= 0 for r in report.trace.actions)
     assert report.costs.stage(0).forward > 0
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
+@pytest.mark.timeout(400)
+def test_torchrun_with_nccl_is_bit_identical(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "-m", "verify", "zbv", "-p", "2", "-m", "8"]
+    command += ["--model", "gpt", "--gpt-layers", "6", "--json", "-o", str(report)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=360)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["bit_identical"] is True, data["mismatches"]
+    assert data["devices"] == ["cuda:0", "cuda:1"]
