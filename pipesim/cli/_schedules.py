@@ -139,7 +139,7 @@ def _write_comms(args: argparse.Namespace, schedule: Any) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    if args.file.lower().endswith(".csv"):
+    if args.file.lower().endswith(".csv") and Path(args.file).is_file():
         from pipesim.comms import comms_from_csv, is_comms_csv, validate_comms
 
         text = read_text(args.file, what="schedule")
