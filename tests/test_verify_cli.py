@@ -197,6 +197,7 @@ def test_factory_model_and_failed_check_exit_status(models_module: str, capsys) 
         (["--model", "nope_pkg.x:build"], "cannot import module 'nope_pkg.x'", 2),
         (["--model", "cli_models:dropout"], "dropout layer '1' (Dropout, p=0.5) is in training", 3),
         (["--devices", "gpu0"], "unknown device 'gpu0'; use cpu or cuda:N", 2),
+        (["--device", "cuda:99"], "device 'cuda:99' is not present (CUDA devices here: ", 3),
         (["--devices", "cpu,cpu,cpu"], "got 3 devices (cpu,cpu,cpu) for 2 ranks", 2),
         (["--batch-size", "3"], "a batch of 3 rows cannot make 4 micro-batches", 2),
         (["--split", "5,5"], "layer counts [5, 5] do not cut 7 layers into 2 stages", 2),

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from pipesim.actions import Action, Work
 from pipesim.comms import Message, global_order, messages
 from pipesim.schedule import Schedule
-from verify.errors import VerifyError
+from verify.errors import ExactnessError, VerifyError
 from verify.runtime import StageRuntime
 
 __all__ = [
@@ -140,7 +140,8 @@ def parse_devices(text: str | Sequence[str], /, *, n_ranks: int) -> tuple[torch.
             index = 0 if device.index is None else device.index
             if index >= count:
                 present = ", ".join(f"cuda:{i}" for i in range(count)) or "none"
-                raise VerifyError(
+                # A GPU asked for and missing: the environment, not the input (exit status 3).
+                raise ExactnessError(
                     f"device {name!r} is not present (CUDA devices here: {present}); use one "
                     "of them or cpu"
                 )
