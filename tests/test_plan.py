@@ -75,7 +75,9 @@ def test_bubble_equals_closed_forms(p: int, m: int) -> None:
         # makespan in ns: (m + (p-1)/v) (F+B) with a rank's F+B = 3 s * 8/p layers
         assert point.pipeline_time_ns == (m + Fraction(p - 1, v)) * 3 * Fraction(8, p) * 10**9
         assert point.allreduce_time_ns == 0
-    assert {("gpipe", 1), ("1f1b", 1)} <= seen
+    assert ("gpipe", 1) in seen
+    # 1F1B is listed unless its per-rank orders equal GPipe's (p = 1 or m = 1): once only
+    assert ("1f1b", 1) in seen or (result.n_duplicates > 0 and (p == 1 or m == 1))
 
 
 def test_gpipe_is_never_recommended_when_only_1f1b_memory_fits() -> None:
@@ -172,6 +174,8 @@ def test_metrics_of_a_point_by_hand() -> None:
         microbatch_sizes=[2],
         virtual=[1],
         schedules=["1f1b"],
+        tensor=[1],
+        recompute=["none"],
         workers=1,
     )
     (point,) = result.points
@@ -183,14 +187,15 @@ def test_metrics_of_a_point_by_hand() -> None:
     assert point.mfu == pytest.approx(flops / (seconds * 2 * h100.peak_flops))
     # MFU cannot beat the efficiency the durations were computed with
     assert point.mfu < h100.efficiency
-    # static memory: 16 bytes per parameter of the stage's layers (embedding or head included)
+    # static memory: 18 bytes per parameter of the stage's layers (embedding or head
+    # included): bf16 weights, fp32 gradients, fp32 Adam (Megatron-LM's table), d = 1
     layers = model_layers(SMALL)
     sizes = point.layers_per_stage
     per_stage = [
         sum(x.params for x in layers[: sizes[0]]),
         sum(x.params for x in layers[sizes[0] :]),
     ]
-    assert point.static_memory_bytes in {16 * n for n in per_stage}
+    assert point.static_memory_bytes in {18 * n for n in per_stage}
 
 
 def test_mfu_never_exceeds_efficiency_for_any_schedule() -> None:
@@ -283,7 +288,7 @@ def test_bad_inputs_are_clear_errors() -> None:
     with pytest.raises(PlanError, match="does not divide 8 devices"):
         plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, stages=[3])
     with pytest.raises(PlanError, match="global batch 2 cannot be split"):
-        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=2, stages=[1, 2])
+        plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=2, stages=[1, 2], tensor=[1])
     with pytest.raises(UnknownNameError, match="presets are"):
         plan("gpt-7", devices=8, accelerator="h100-sxm", global_batch=64)
     with pytest.raises(UnknownNameError, match="presets are"):
@@ -314,7 +319,15 @@ def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
     from pipesim.engine import simulate
     from pipesim.plan import configuration
 
-    result = plan(SMALL, devices=4, accelerator="h100-sxm", global_batch=16, workers=1)
+    # (full recomputation's transient is in the planner's peak, not in the cost model)
+    result = plan(
+        SMALL,
+        devices=4,
+        accelerator="h100-sxm",
+        global_batch=16,
+        recompute=["none", "selective"],
+        workers=1,
+    )
     best = result.best
     assert best is not None
     schedule, costs = configuration(result, best, model=SMALL)
@@ -354,7 +367,7 @@ def test_cost_file_units_and_microbatch_scaling() -> None:
     # GPipe, m = 2, by hand: rank 0 F0 0-8000, F1 8000-16000; rank 1 F0 8000-12000,
     # F1 16000-20000, B0 20000-28000, B1 28000-36000; rank 0 B0 28000-44000, B1 44000-60000
     assert point.pipeline_time_ns == 60000
-    assert point.static_memory_bytes == 100 * 16
+    assert point.static_memory_bytes == 100 * 18
     assert point.peak_activation_bytes == 2 * 4 * 300
     with pytest.raises(ParseError, match="time_unit"):
         workload_from_costs(costs, meta={"time_unit": "h"})
@@ -374,6 +387,8 @@ def test_batch_that_does_not_divide_is_a_reason_not_an_error() -> None:
         microbatch_sizes=[1, 4],
         virtual=[1],
         schedules=["1f1b"],
+        tensor=[1],
+        recompute=["none"],
         workers=1,
     )
     refused = [p for p in result.points if not p.feasible]
@@ -394,10 +409,20 @@ def test_schedules_meet_only_the_virtual_values_they_take() -> None:
         microbatch_sizes=[1],
         virtual=[1, 2],
         schedules=["1f1b", "zbv", "interleaved-1f1b"],
+        tensor=[1],
+        recompute=["none"],
         workers=1,
     )
     pairs = sorted((p.schedule, p.virtual) for p in result.points)
-    assert pairs == [("1f1b", 1), ("interleaved-1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2)]
+    # interleaved-1f1b with one stage per rank is 1f1b, order for order: listed once
+    from pipesim.schedules import generate
+
+    same = [
+        generate(n, n_ranks=2, n_microbatches=8, virtual=1) for n in ("1f1b", "interleaved-1f1b")
+    ]
+    assert same[0].orders == same[1].orders
+    assert pairs == [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2)]
+    assert result.n_duplicates == 1
     with pytest.raises(PlanError, match=r"no schedule among \['1f1b'\] takes \[2\] stages"):
         plan(
             SMALL,

@@ -125,7 +125,10 @@ def test_preset_and_cost_file_models(tmp_path: Path, capsys: pytest.CaptureFixtu
     [
         (["--devices", "12"], "whole number of 8-GPU nodes"),
         (["--stages", "3"], "does not divide 8 devices"),
-        (["--global-batch", "1", "--stages", "1"], "global batch 1 cannot be split"),
+        (
+            ["--global-batch", "1", "--stages", "1", "--tensor-parallel", "1"],
+            "global batch 1 cannot be split",
+        ),
         (["--accelerator", "v100"], "unknown accelerator 'v100'"),
         (["--schedules", "nope"], "unknown schedule 'nope'"),
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),
@@ -161,4 +164,5 @@ def test_require_fit(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert "--require-fit: no configuration fits the memory capacity" in captured.err
     assert "custom on 8 x h100-sxm" in captured.out
-    assert main([*BASE, "--memory-capacity", "1e6"]) == 0  # without the flag: report only
+    # without the flag too: plan exits 1 when nothing is recommended (issue 10)
+    assert main([*BASE, "--memory-capacity", "1e6"]) == 1

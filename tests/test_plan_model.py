@@ -130,7 +130,7 @@ def test_every_preset_number_carries_a_source() -> None:
     assert set(accelerators) == set(accelerator_names()) >= {"a100-80gb", "h100-sxm", "h200"}
     for name, entry in accelerators.items():
         numbers = [k for k, v in entry.items() if isinstance(v, int | float)]
-        assert len(numbers) == 8, name
+        assert len(numbers) == 9, name
         for key in numbers:
             assert len(entry[f"{key}_source"]) > 10, (name, key)
 

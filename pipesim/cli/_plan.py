@@ -1,16 +1,19 @@
-"""``pipesim plan``: sweep stages, micro-batches and schedules for a model on hardware.
+"""``pipesim plan``: sweep tensor / pipeline / data parallelism, recomputation,
+micro-batches and schedules for a model on hardware.
 
-Prints the top configurations that fit with a one-line reason for the winner;
-``--json`` / ``--csv`` print every configuration; ``-o plan.html`` writes an
-interactive chart. Exit status 0 when the sweep ran (even if nothing fits:
-the table says so), 1 on bad input.
+Prints the top configurations that fit with a one-line reason for the winner
+and its Megatron-LM and torchtitan settings; ``--json`` / ``--csv`` print every
+configuration; ``-o FILE`` writes a report whose format the suffix picks
+(.html, .json, .csv). Exit status: 0 when a configuration is recommended; 1
+when nothing fits, nothing fitting reaches a sane efficiency, the sweep ran
+out of time (the partial ranking is printed), or the input is bad; 130 on
+Ctrl-C (after printing the partial ranking).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +85,48 @@ def register(subparsers: Any) -> None:
         "--memory-capacity", metavar="BYTES", help="override device memory (e.g. 80e9)"
     )
     hardware.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="share of device memory kept free for allocator fragmentation and workspaces "
+        "(default 0.10)",
+    )
+    hardware.add_argument(
         "--bytes-per-param",
         type=positive_int,
-        default=16,
+        default=18,
         metavar="N",
-        help="weights + grads + optimizer state per parameter (16: mixed-precision Adam)",
+        help="weights + grads + optimizer state per parameter without the distributed "
+        "optimizer (18: bf16 weights, fp32 grads and Adam, as Megatron-LM)",
     )
     sweep = parser.add_argument_group("sweep")
+    sweep.add_argument(
+        "--tensor-parallel",
+        metavar="T[,T...]",
+        help="tensor-parallel sizes (default: divisors of the GPUs per node that divide the "
+        "heads, i.e. inside a node)",
+    )
+    sweep.add_argument(
+        "--sequence-parallel",
+        nargs="?",
+        const="on",
+        metavar="on|off|on,off",
+        help="Megatron sequence parallelism with t > 1 (default on; bare flag: on)",
+    )
+    sweep.add_argument(
+        "--recompute",
+        metavar="none|selective|full[,...]",
+        help="activation recomputation (default: all three; selective is left out with "
+        "flash attention, where it changes nothing)",
+    )
+    sweep.add_argument(
+        "--distributed-optimizer",
+        nargs="?",
+        const="on",
+        metavar="on|off|on,off",
+        help="shard the optimizer state over data parallelism, ZeRO-1 (default on with d > 1)",
+    )
     sweep.add_argument("--stages", metavar="P[,P...]", help="pipeline degrees (default: all)")
     sweep.add_argument(
         "--microbatch-sizes",
@@ -122,13 +160,32 @@ def register(subparsers: Any) -> None:
         type=seconds,
         default=600.0,
         metavar="S",
-        help="give up after S seconds (default 600)",
+        help="stop after S seconds and rank what was evaluated (default 600)",
+    )
+    sweep.add_argument(
+        "--min-mfu",
+        type=float,
+        metavar="F",
+        help="the least MFU a winner must reach to be recommended (default: a quarter of "
+        "the accelerator's assumed efficiency)",
     )
     out = parser.add_argument_group("output")
     kind = out.add_mutually_exclusive_group()
     kind.add_argument("--json", action="store_true", help="one JSON object with every point")
     kind.add_argument("--csv", action="store_true", help="one CSV row per point")
-    out.add_argument("-o", "--output", metavar="FILE.html", help="write an interactive chart")
+    out.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write a report: FILE.html (winner, top table, Pareto front, refusals), "
+        "FILE.json or FILE.csv",
+    )
+    out.add_argument(
+        "--costs-out",
+        metavar="FILE.json",
+        help="write the winner's cost model, for `pipesim simulate/plot --costs FILE`",
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     out.add_argument("--cdn", action="store_true", help="chart links plotly.js from its CDN")
     out.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown")
     add_require_fit_argument(out)
@@ -211,34 +268,49 @@ def _workload(args: argparse.Namespace) -> Any:
     return workload_from_model(spec)
 
 
-def _progress() -> Callable[[int, int], None] | None:
-    """A progress bar on a terminal (tqdm if installed), nothing otherwise."""
-    if not sys.stderr.isatty():
+def _flag_values(text: str | None, flag: str) -> list[bool] | None:
+    if text is None:
         return None
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-    except ImportError:
-        tqdm = None
-    state: dict[str, Any] = {}
+    words = {"on": True, "off": False, "true": True, "false": False}
+    values = [x.strip().lower() for x in text.split(",") if x.strip()]
+    if not values or any(v not in words for v in values):
+        raise PlanError(f"{flag} takes on, off or on,off, got {text!r}")
+    return [words[v] for v in values]
 
-    def update(done: int, total: int) -> None:
-        if tqdm is not None:
-            bar = state.get("bar")
-            if bar is None:
-                bar = state["bar"] = tqdm(total=total, unit="config", leave=False)
-            bar.update(done - bar.n)
-            if done == total:
-                bar.close()
+
+def _words(text: str | None) -> list[str] | None:
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+
+class _Progress:
+    """A tqdm progress bar on stderr (a terminal only, unless forced), shown from the
+    first second: it opens when the sweep starts, before any result is in."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
             return
-        end = "\n" if done == total else ""
-        print(
-            f"\rplanning: {done}/{total} configurations ({done / total:.0%})",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.bar is None:
+            from tqdm import tqdm  # type: ignore[import-untyped]
 
-    return update
+            self.bar = tqdm(
+                total=total,
+                unit="config",
+                desc="planning",
+                leave=False,
+                file=sys.stderr,
+                mininterval=0.2,
+                smoothing=0.1,
+            )
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _list() -> str:
@@ -265,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from pipesim.plan.hardware import get_accelerator, load_accelerator
     from pipesim.plan.planner import plan
-    from pipesim.plan.report import format_csv, format_table, write_html
+    from pipesim.plan.report import format_csv, format_table
 
     missing = [
         flag
@@ -292,34 +364,103 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.timeout <= 0:
         raise PlanError(f"--timeout must be positive, got {args.timeout}")
-    result = plan(
-        workload,
-        devices=args.devices,
-        accelerator=accelerator,
-        global_batch=args.global_batch,
-        stages=_ints(args.stages, "--stages"),
-        microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes") or (),
-        virtual=_ints(args.virtual, "--virtual") or (),
-        schedules=None
-        if args.schedules is None
-        else [s.strip() for s in args.schedules.split(",") if s.strip()],
-        bytes_per_param=args.bytes_per_param,
-        memory_capacity_bytes=_capacity(args.memory_capacity),
-        engine=args.engine,
-        workers=args.workers,
-        timeout_s=args.timeout,
-        progress=_progress(),
-    )
+    output = _output_kind(args.output) if args.output else None
+    progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
+    try:
+        result = plan(
+            workload,
+            devices=args.devices,
+            accelerator=accelerator,
+            global_batch=args.global_batch,
+            stages=_ints(args.stages, "--stages"),
+            tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
+            recompute=_words(args.recompute),
+            sequence_parallel=_flag_values(args.sequence_parallel, "--sequence-parallel"),
+            distributed_optimizer=_flag_values(
+                args.distributed_optimizer, "--distributed-optimizer"
+            ),
+            microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes") or (),
+            virtual=_ints(args.virtual, "--virtual") or (),
+            schedules=_words(args.schedules),
+            bytes_per_param=args.bytes_per_param,
+            memory_capacity_bytes=_capacity(args.memory_capacity),
+            memory_headroom=args.memory_headroom,
+            min_mfu=args.min_mfu,
+            engine=args.engine,
+            workers=args.workers,
+            timeout_s=args.timeout,
+            progress=progress,
+            partial=True,
+        )
+    finally:
+        progress.close()
+    interrupted = result.stopped is not None and "interrupted" in result.stopped
     if args.json:
         print_json(result.to_dict())
     elif args.csv:
         sys.stdout.write(format_csv(result.points))
     else:
         print(format_table(result, top=args.top))
-    if args.output:
+    if output is not None:
         sys.stdout.flush()
-        path = write_html(result, args.output, cdn=args.cdn)
+        path = _write(result, args.output, output, cdn=args.cdn)
         print(f"wrote {path}", file=sys.stderr)
+    best = result.recommended
+    if args.costs_out:
+        _write_costs(result, workload, args)
+    if interrupted:
+        return 130
     fits = any(point.fits for point in result.points)
     require_fit(args, fits, failure="no configuration fits the memory capacity")
-    return 0
+    return 0 if best is not None and result.stopped is None else 1
+
+
+def _output_kind(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    kinds = {".html": "html", ".htm": "html", ".json": "json", ".csv": "csv"}
+    if suffix not in kinds:
+        raise PlanError(
+            f"-o {path}: cannot tell the format from the suffix {suffix or '(none)'!r}; use "
+            ".html (report), .json or .csv"
+        )
+    return kinds[suffix]
+
+
+def _write(result: Any, path: str, kind: str, *, cdn: bool) -> Path:
+    import json
+
+    from pipesim.files import write_text
+    from pipesim.plan.report import format_csv, write_html
+
+    if kind == "html":
+        return write_html(result, path, cdn=cdn)
+    if kind == "json":
+        return write_text(Path(path), json.dumps(result.to_dict(), indent=2) + "\n")
+    return write_text(Path(path), format_csv(result.points))
+
+
+def _write_costs(result: Any, workload: Any, args: argparse.Namespace) -> None:
+    import json
+
+    from pipesim.costs import costs_to_dict
+    from pipesim.files import write_text
+    from pipesim.plan.planner import configuration
+
+    best = result.recommended or result.best
+    if best is None:
+        raise PlanError(f"--costs-out {args.costs_out}: no configuration fits, so none to write")
+    _, costs = configuration(result, best, model=workload, bytes_per_param=args.bytes_per_param)
+    data = costs_to_dict(costs)
+    data["meta"] = {
+        "time_unit": "ns",
+        "plan": best.label(),
+        "note": "durations include tensor-parallel traffic; data-parallel traffic and the "
+        "optimizer step follow the pipeline and are not in this file",
+    }
+    path = write_text(Path(args.costs_out), json.dumps(data, indent=2) + "\n")
+    virtual = f" --virtual {best.virtual}" if best.virtual > 1 else ""
+    print(
+        f"wrote {path}; simulate it: pipesim simulate {best.schedule} -p {best.pipeline} "
+        f"-m {best.n_microbatches}{virtual} --costs {path}",
+        file=sys.stderr,
+    )

@@ -62,6 +62,9 @@ class Accelerator:
     """Bytes per second per direction per device, inter-node link."""
     efficiency: float
     """Share of peak FLOP/s that real training kernels achieve (0 < e <= 1)."""
+    memory_bandwidth: float | None = None
+    """Device memory (HBM) bytes per second, for the optimizer step; None: unknown
+    (the step is then not timed)."""
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -86,6 +89,8 @@ class Accelerator:
             raise PlanError(
                 f"gpus_per_node must be a whole number >= 1, got {brief(self.gpus_per_node)}"
             )
+        if self.memory_bandwidth is not None:
+            _check_number("memory_bandwidth", self.memory_bandwidth, positive=True)
         _check_number("efficiency", self.efficiency, positive=True)
         if self.efficiency > 1:
             raise PlanError(
@@ -139,7 +144,9 @@ def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Ac
             f"{source}: unknown accelerator fields {unknown}; valid fields are {sorted(_FIELDS)}"
         )
     missing = sorted(
-        f.name for f in fields(Accelerator) if f.name not in values and f.name != "description"
+        f.name
+        for f in fields(Accelerator)
+        if f.name not in values and f.name not in ("description", "memory_bandwidth")
     )
     if missing:
         raise ParseError(f"{source}: missing accelerator fields {missing}")

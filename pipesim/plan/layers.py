@@ -1,7 +1,8 @@
-"""Per-layer parameters, FLOPs and activation bytes of a transformer.
+"""Per-layer parameters, FLOPs, activation bytes and tensor-parallel traffic of a transformer.
 
-Everything here is *per sequence* (micro-batch size 1): every term is linear in
-the micro-batch size b, so a stage of micro-batch b costs b times as much. The
+Everything here is *per sequence* (micro-batch size 1) and *per device* of a
+tensor-parallel group of ``t`` devices: every term is linear in the
+micro-batch size b, so a stage of micro-batch b costs b times as much. The
 layers are the embedding, ``n_layers`` transformer blocks, and the LM head; the
 planner puts the embedding on the first stage and the head on the last.
 
@@ -15,16 +16,39 @@ Bubble Pipeline Parallelism", ICLR 2024, Table 1: the input gradient I costs
 as much as the forward for every weight matmul and twice as much for the two
 attention matmuls (both of their operands need a gradient); the weight
 gradient W costs as much as the forward of the weight matmuls only. So
-``I = 24sh^2 + 8s^2h`` and ``W = 24sh^2`` for a GPT block.
+``I = 24sh^2 + 8s^2h`` and ``W = 24sh^2`` for a GPT block. Tensor parallelism
+splits every matmul t ways (Megatron's column / row split, Narayanan et al.
+2021 section 2.3), so each device does 1/t of the FLOPs.
 
-Activation bytes (Korthikanti et al., "Reducing Activation Recomputation in
-Large Transformer Models", MLSys 2023, section 4.1, no tensor parallelism, no
-recomputation): a GPT block stores ``s h (34 + 5 a s / h)`` bytes with 16-bit
-activations and 1-byte dropout masks: attention 11sh + 5as^2, MLP 19sh, two
-LayerNorms 4sh. What W still needs after I are the inputs of the four weight
-matmuls (QKV input, output-projection input, both MLP inputs: ``14 s h`` for
-GPT); I frees the rest. The output gradients that I hands to W are not
-counted: the cost model allocates memory only at F.
+Recomputation (Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models", MLSys 2023, sections 4.3 and 5): ``full`` stores only
+each block's input and re-runs its forward before the backward (Narayanan et
+al. 2021's ``4`` passes instead of 3: the forward FLOPs are added to I);
+``selective`` re-runs only the attention core (the two s x s matmuls, 4s^2h
+FLOPs), whose softmax, dropout mask and dropout output are the ``5as^2``
+bytes it stops storing. With flash attention those are never stored and the
+kernel already recomputes them, so ``selective`` changes nothing.
+
+Activation bytes (Korthikanti et al. 2023, Table 2): a GPT block stores ``s h
+(34 + 5 a s / h)`` bytes with 16-bit activations and 1-byte dropout masks.
+With tensor parallelism ``10 s h`` of them are replicated on every device (the
+two LayerNorm inputs, the QKV and first-MLP inputs, the two dropout masks)
+and the rest is split t ways: ``s h (10 + 24/t + 5as/(ht))``; sequence
+parallelism splits the replicated part too: ``s h (34/t + 5as/(ht))``;
+selective recomputation drops the ``5as/(ht)`` term; full recomputation keeps
+only the block input, ``2 s h`` bytes (``2sh/t`` with sequence parallelism,
+as Megatron-LM checkpoints the sequence-split hidden states), and re-creates
+one block's activations at a time in the backward (``LayerCost.transient_bytes``).
+What W still needs after I are the inputs of the four weight matmuls
+(``14 s h`` for GPT at t=1); I frees the rest.
+
+Tensor-parallel traffic (Narayanan et al. 2021, section 2.3: "two all-reduce
+operations in the forward pass and two in the backward pass" per block;
+Korthikanti et al. 2023, section 4.2.2: with sequence parallelism each becomes
+a reduce-scatter plus an all-gather of the same total volume): counted in
+all-reduces of the ``s h`` activation (``LayerCost.tp_forward_allreduces``,
+``tp_backward_allreduces``); full recomputation repeats the forward's in the
+backward. Zero when t = 1.
 
 >>> from pipesim.plan.model import ModelSpec
 >>> gpt = ModelSpec(n_layers=1, hidden=1024, n_heads=16, seq_length=2048, vocab_size=50000)
@@ -33,15 +57,21 @@ counted: the cost model allocates memory only at F.
 True
 >>> block.activation_bytes == 2048 * 1024 * 34 + 5 * 16 * 2048**2
 True
+>>> sp = transformer_block(gpt, tensor=8, sequence_parallel=True, recompute="selective")
+>>> sp.activation_bytes == 2048 * 1024 * 34 // 8
+True
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
+from pipesim.errors import PlanError
 from pipesim.plan.model import ModelSpec
 
 __all__ = [
+    "RECOMPUTE",
     "LayerCost",
     "embedding",
     "lm_head",
@@ -50,136 +80,215 @@ __all__ = [
     "transformer_block",
 ]
 
+Amount = int | Fraction
+
+#: Megatron-LM's ``--recompute-granularity`` values, plus ``none``.
+RECOMPUTE = ("none", "selective", "full")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerCost:
-    """One layer's costs for one sequence (micro-batch size 1)."""
+    """One layer's costs for one sequence (micro-batch size 1) on one device of its
+    tensor-parallel group."""
 
     name: str
-    params: int
-    """Parameters held by this layer."""
-    forward_flops: int
-    input_grad_flops: int
-    """FLOPs of the input-gradient half of the backward (I)."""
-    weight_grad_flops: int
+    params: Amount
+    """Parameters held by this layer on one device."""
+    forward_flops: Amount
+    input_grad_flops: Amount
+    """FLOPs of the input-gradient half of the backward (I), recomputation included."""
+    weight_grad_flops: Amount
     """FLOPs of the weight-gradient half of the backward (W)."""
-    activation_bytes: int
+    activation_bytes: Amount
     """Bytes the forward stores for the backward."""
-    weight_grad_bytes: int
+    weight_grad_bytes: Amount
     """The part of ``activation_bytes`` that W still needs after I."""
+    transient_bytes: Amount = 0
+    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    tp_forward_allreduces: int = 0
+    """Tensor-parallel all-reduces (or reduce-scatter + all-gather pairs) of the
+    layer's ``s h`` activation in the forward."""
+    tp_backward_allreduces: int = 0
+    """The same in the backward (I), recomputation included."""
 
     @property
-    def backward_flops(self) -> int:
+    def backward_flops(self) -> Amount:
         """A full backward B: I + W."""
         return self.input_grad_flops + self.weight_grad_flops
 
     @property
-    def flops(self) -> int:
-        """Forward and backward: the layer's model FLOPs per sequence."""
+    def flops(self) -> Amount:
+        """Forward and backward: the layer's FLOPs per sequence (recomputation included)."""
         return self.forward_flops + self.backward_flops
 
 
-def transformer_block(spec: ModelSpec, /) -> LayerCost:
-    """One transformer block (attention + MLP + two norms)."""
+def _split(value: int, t: int) -> Amount:
+    """``value / t`` exactly (an int when it divides)."""
+    q, r = divmod(value, t)
+    return q if r == 0 else Fraction(value, t)
+
+
+def _check(spec: ModelSpec, tensor: int, recompute: str) -> None:
+    if isinstance(tensor, bool) or not isinstance(tensor, int) or tensor < 1:
+        raise PlanError(f"tensor parallel size must be a whole number >= 1, got {tensor!r}")
+    if spec.n_heads % tensor or spec.kv_heads % tensor:
+        raise PlanError(
+            f"tensor parallel size {tensor} must divide the attention heads ({spec.n_heads}) "
+            f"and key/value heads ({spec.kv_heads}); use a common divisor"
+        )
+    if recompute not in RECOMPUTE:
+        raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+
+
+def transformer_block(
+    spec: ModelSpec,
+    /,
+    *,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> LayerCost:
+    """One transformer block (attention + MLP + two norms) on one of ``tensor`` devices."""
+    _check(spec, tensor, recompute)
+    t = tensor
     s, h, a, f = spec.seq_length, spec.hidden, spec.n_heads, spec.ffn
     kv = spec.kv_hidden
     d = spec.dtype_bytes
     n_mlp_in = 2 if spec.gated_mlp else 1  # gate and up projections, or one fc1
-    # -- parameters: QKV, output projection, MLP, two norms (GPT: 12h^2 + 13h)
-    params = h * (h + 2 * kv) + h * h + (n_mlp_in + 1) * h * f
+    # -- parameters: QKV, output projection, MLP (split t ways), norms (replicated)
+    matrices = h * (h + 2 * kv) + h * h + (n_mlp_in + 1) * h * f
     if spec.bias:
-        params += (h + 2 * kv) + h + n_mlp_in * f + h + 2 * 2 * h  # biases + LayerNorm (g, b)
+        split_bias = (h + 2 * kv) + n_mlp_in * f  # column-parallel biases are split
+        replicated = h + h + 2 * 2 * h  # row-parallel biases, LayerNorm (g, b)
     else:
-        params += 2 * h  # RMSNorm gains
+        split_bias, replicated = 0, 2 * h  # RMSNorm gains
+    params = _split(matrices + split_bias, t) + replicated
     # -- FLOPs (Narayanan et al. 2021): weight matmuls and the two s x s attention matmuls
     weighted = 2 * s * h * (h + 2 * kv) + 2 * s * h * h + 2 * s * h * f * (n_mlp_in + 1)
     attention = 2 * s * s * h + 2 * s * s * h  # Q K^T and scores x V, over all heads
     forward = weighted + attention
     input_grad = weighted + 2 * attention  # Qi et al. 2024, Table 1
-    weight_grad = weighted
-    # -- activation bytes (Korthikanti et al. 2023, section 4.1), d bytes per element
+    if recompute == "full":
+        input_grad += forward  # the whole forward again (Narayanan et al. 2021, 4 passes)
+    elif recompute == "selective" and not spec.flash_attention:
+        input_grad += attention  # the attention core again (Korthikanti et al. 2023, sec. 5)
+    # -- activation bytes (Korthikanti et al. 2023, Table 2), d bytes per element
     mask = 1 if spec.dropout else 0  # dropout masks: one byte per element
-    attention_bytes = (
-        d * s * h  # LayerNorm 1 input
-        + d * s * h  # QKV input (LayerNorm 1 output)      [W]
-        + d * s * (h + kv)  # Q and K, for Q K^T
-        + d * s * kv  # V, for scores x V
-        + d * s * h  # output projection input              [W]
-        + mask * s * h  # attention dropout mask
-    )
+    # replicated across the tensor-parallel group unless sequence parallel:
+    # LayerNorm 1 and 2 inputs, QKV input [W], first MLP input [W], two dropout masks
+    seq_part = 4 * d * s * h + 2 * mask * s * h
+    # split t ways: Q and K, V, output projection input [W], activation-function input(s),
+    # second MLP input [W]
+    head_part = d * s * (h + kv) + d * s * kv + d * s * h + n_mlp_in * d * s * f + d * s * f
     if spec.flash_attention:
-        attention_bytes += 4 * a * s  # only the fp32 log-sum-exp per row (Dao et al. 2022)
+        score_part = 4 * a * s  # only the fp32 log-sum-exp per row (Dao et al. 2022)
+        recomputable = 0
+    else:  # softmax output, its dropout mask and the dropout output: 5 a s^2
+        score_part = d * a * s * s + mask * a * s * s + (d * a * s * s if spec.dropout else 0)
+        recomputable = score_part
+    seq_t = t if sequence_parallel else 1
+    full_bytes = _split(seq_part, seq_t) + _split(head_part + score_part, t)
+    wgrad_seq = 2 * d * s * h  # QKV and first-MLP inputs
+    wgrad_head = d * s * h + d * s * f  # output-projection and second-MLP inputs
+    weight_grad_bytes = _split(wgrad_seq, seq_t) + _split(wgrad_head, t)
+    transient: Amount = 0
+    if recompute == "full":
+        stored = _split(d * s * h, seq_t)  # the block input only
+        transient = full_bytes  # one block re-created at a time in the backward
+        activation, weight_grad_bytes = stored, stored
+    elif recompute == "selective":
+        activation = full_bytes - _split(recomputable, t)
     else:
-        attention_bytes += d * a * s * s  # softmax output
-        attention_bytes += mask * a * s * s + (d * a * s * s if spec.dropout else 0)  # mask, out
-    mlp_bytes = (
-        d * s * h  # LayerNorm 2 input
-        + d * s * h  # first MLP input (LayerNorm 2 output) [W]
-        + n_mlp_in * d * s * f  # activation-function input(s): GeLU input, or gate and up
-        + d * s * f  # second MLP input (activation output)  [W]
-        + mask * s * h  # MLP dropout mask
-    )
-    weight_grad_bytes = 3 * d * s * h + d * s * f
+        activation = full_bytes
+    tp_ops = 2 if t > 1 else 0  # attention and MLP each end in an all-reduce
     return LayerCost(
         name="block",
         params=params,
-        forward_flops=forward,
-        input_grad_flops=input_grad,
-        weight_grad_flops=weight_grad,
-        activation_bytes=attention_bytes + mlp_bytes,
-        weight_grad_bytes=weight_grad_bytes,
+        forward_flops=_split(forward, t),
+        input_grad_flops=_split(input_grad, t),
+        weight_grad_flops=_split(weighted, t),
+        activation_bytes=activation,
+        weight_grad_bytes=min(weight_grad_bytes, activation),
+        transient_bytes=transient,
+        tp_forward_allreduces=tp_ops,
+        tp_backward_allreduces=tp_ops * (2 if recompute == "full" else 1),
     )
 
 
-def embedding(spec: ModelSpec, /) -> LayerCost:
+def embedding(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerCost:
     """Token (and learned position) embedding: a lookup, no multiply-adds.
 
-    Stores its dropout mask (Korthikanti et al. 2023, section 4.3) and the token
-    ids, which W needs to scatter the embedding gradient (8 bytes each, int64).
+    The token table is split over the tensor-parallel group by vocabulary
+    (Megatron's VocabParallelEmbedding), whose partial lookups one all-reduce
+    sums. Stores its dropout mask (Korthikanti et al. 2023, section 4.3) and
+    the token ids, which W needs to scatter the embedding gradient (8 bytes
+    each, int64).
     """
-    s, h = spec.seq_length, spec.hidden
-    params = spec.vocab_size * h + (s * h if spec.learned_positions else 0)
+    _check(spec, tensor, "none")
+    s, h, t = spec.seq_length, spec.hidden, tensor
+    params = _split(spec.vocab_size * h, t) + (s * h if spec.learned_positions else 0)
     ids = 8 * s
+    mask = _split(s * h, t if sequence_parallel else 1) if spec.dropout else 0
     return LayerCost(
         name="embedding",
         params=params,
         forward_flops=0,
         input_grad_flops=0,
         weight_grad_flops=0,
-        activation_bytes=ids + (s * h if spec.dropout else 0),
+        activation_bytes=ids + mask,
         weight_grad_bytes=ids,
+        tp_forward_allreduces=1 if t > 1 else 0,
     )
 
 
-def lm_head(spec: ModelSpec, /) -> LayerCost:
+def lm_head(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerCost:
     """Final norm, output projection to the vocabulary and the cross-entropy loss.
 
-    FLOPs 2shV each for F, I and W (Narayanan et al. 2021's logit term); stores
-    the norm input, the projection input (W needs it) and the fp32 logits for
-    the loss, 4sV bytes (Korthikanti et al. 2023, section 4.3).
+    FLOPs 2shV each for F, I and W (Narayanan et al. 2021's logit term), split
+    t ways by vocabulary; stores the norm input, the projection input (W needs
+    it) and the fp32 logits for the loss, 4sV/t bytes (Korthikanti et al. 2023,
+    section 4.3, with Megatron's vocabulary-parallel cross entropy). The input
+    gradient is all-reduced over the tensor-parallel group in the backward.
     """
-    s, h, v = spec.seq_length, spec.hidden, spec.vocab_size
+    _check(spec, tensor, "none")
+    s, h, v, t = spec.seq_length, spec.hidden, spec.vocab_size, tensor
     d = spec.dtype_bytes
-    matmul = 2 * s * h * v
+    matmul = _split(2 * s * h * v, t)
+    inputs = _split(d * s * h, t if sequence_parallel else 1)
     return LayerCost(
         name="head",
-        params=v * h + (2 * h if spec.bias else h),
+        params=_split(v * h, t) + (2 * h if spec.bias else h),
         forward_flops=matmul,
         input_grad_flops=matmul,
         weight_grad_flops=matmul,
-        activation_bytes=d * s * h + d * s * h + 4 * s * v,
-        weight_grad_bytes=d * s * h,
+        activation_bytes=2 * inputs + _split(4 * s * v, t),
+        weight_grad_bytes=inputs,
+        tp_backward_allreduces=1 if t > 1 else 0,
     )
 
 
-def model_layers(spec: ModelSpec, /) -> tuple[LayerCost, ...]:
+def model_layers(
+    spec: ModelSpec,
+    /,
+    *,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> tuple[LayerCost, ...]:
     """Embedding, ``n_layers`` blocks, head: the units the partitioner splits."""
-    block = transformer_block(spec)
-    return (embedding(spec), *([block] * spec.n_layers), lm_head(spec))
+    block = transformer_block(
+        spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
+    )
+    return (
+        embedding(spec, tensor=tensor, sequence_parallel=sequence_parallel),
+        *([block] * spec.n_layers),
+        lm_head(spec, tensor=tensor, sequence_parallel=sequence_parallel),
+    )
 
 
 def model_flops_per_sequence(spec: ModelSpec, /) -> int:
-    """Forward + backward FLOPs of one sequence: Narayanan et al. 2021's
+    """Forward + backward model FLOPs of one sequence, no recomputation (what MFU
+    counts, Chowdhery et al. 2022, appendix B): Narayanan et al. 2021's
     ``72 s l h^2 (1 + s / 6h + V / 12hl)`` per sequence for GPT shapes.
 
     >>> from pipesim.plan.model import get_model
@@ -188,4 +297,6 @@ def model_flops_per_sequence(spec: ModelSpec, /) -> int:
     >>> model_flops_per_sequence(spec) == 72 * s * l * h**2 + 12 * s * s * l * h + 6 * s * h * V
     True
     """
-    return sum(layer.flops for layer in model_layers(spec))
+    total = sum((layer.flops for layer in model_layers(spec)), start=0)
+    assert isinstance(total, int)
+    return total

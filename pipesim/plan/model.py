@@ -131,7 +131,7 @@ class ModelSpec:
         """Parameters of the model, a tied embedding counted once."""
         from pipesim.plan.layers import model_layers
 
-        total = sum(layer.params for layer in model_layers(self))
+        total = int(sum(layer.params for layer in model_layers(self)))
         if self.tied_embeddings:
             total -= self.vocab_size * self.hidden  # the last stage's copy of the embedding
         return total

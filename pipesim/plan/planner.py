@@ -1,29 +1,46 @@
-"""``plan``: sweep pipeline degree, micro-batch size, virtual stages and schedules.
+"""``plan``: sweep tensor, pipeline and data parallelism, recomputation, the optimizer's
+sharding, micro-batch size, virtual stages and schedules.
 
 For ``devices`` devices and a global batch of ``global_batch`` sequences, every
-pipeline degree p that divides ``devices`` (data parallel d = devices / p
-fills the rest), every micro-batch size b with ``global_batch`` divisible by
-``d * b`` (so m = global_batch / (d b) micro-batches), every virtual stage
-count v and every registered schedule is a configuration; the schedule's own
-rules decide which of them it accepts. Each accepted one is simulated and
-ranked (see :mod:`pipesim.plan.sweep` and :mod:`pipesim.plan.result`).
+tensor-parallel size t (default: the divisors of the GPUs per node that divide
+the heads: tensor parallelism inside a node), every pipeline degree p with t p
+dividing ``devices`` (data parallel d = devices / (t p) fills the rest), every
+micro-batch size b with ``global_batch`` divisible by ``d * b`` (so m =
+global_batch / (d b) micro-batches), every recomputation (none, selective,
+full), sequence parallelism and distributed optimizer (default: on wherever
+they apply, since they cost no time), every virtual stage count v and every
+registered schedule is a configuration; the schedule's own rules decide which
+of them it accepts. Each accepted one is simulated and ranked (see
+:mod:`pipesim.plan.sweep` and :mod:`pipesim.plan.result`). Any dimension can
+be pinned to one value or a list; with all pinned, exactly one configuration
+is evaluated. Configurations whose schedules and costs come out identical
+(interleaved 1F1B with one stage per rank is 1F1B) are listed once.
+
+A configuration fits when its peak memory stays within the capacity less a
+headroom (default 10%: the CUDA caching allocator's fragmentation, NCCL and
+cuBLAS workspaces, which no formula here counts). The fastest that fits is
+recommended only if it reaches a sane MFU (default: a quarter of the
+accelerator's assumed efficiency).
 
 >>> from pipesim.plan.model import ModelSpec
 >>> spec = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=256, vocab_size=1000)
 >>> result = plan(spec, devices=4, accelerator="h100-sxm", global_batch=16, workers=1)
->>> result.best.schedule in {"1f1b", "gpipe", "interleaved-1f1b", "sequential"} | set(
-...     schedule_names())
+>>> result.best.schedule in schedule_names()
 True
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from pipesim.costs import CostModel
 from pipesim.errors import PlanError
 from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.sweep import (
@@ -38,8 +55,10 @@ from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec, schedule_names
 
 __all__ = [
+    "DEFAULT_MEMORY_HEADROOM",
     "DEFAULT_MICROBATCH_SIZES",
     "DEFAULT_VIRTUAL",
+    "Dimensions",
     "configuration",
     "plan",
     "sweep_points",
@@ -47,6 +66,27 @@ __all__ = [
 
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (1, 2, 4)
+#: Share of device memory kept free for allocator fragmentation and workspaces.
+DEFAULT_MEMORY_HEADROOM = 0.10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dimensions:
+    """The values each dimension of the sweep takes (None: the default set)."""
+
+    tensor: tuple[int, ...] | None = None
+    """Tensor-parallel sizes; None: divisors of the GPUs per node that divide the heads."""
+    stages: tuple[int, ...] | None = None
+    """Pipeline degrees; None: every one that divides devices / t."""
+    microbatch_sizes: tuple[int, ...] = DEFAULT_MICROBATCH_SIZES
+    virtual: tuple[int, ...] = DEFAULT_VIRTUAL
+    schedules: tuple[str, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    """None: none, selective (unless flash attention makes it the same as none), full."""
+    sequence_parallel: tuple[bool, ...] | None = None
+    """None: on wherever t > 1 (it costs no time and saves memory)."""
+    distributed_optimizer: tuple[bool, ...] | None = None
+    """None: on wherever d > 1 (same traffic as an all-reduce, less memory)."""
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
@@ -54,6 +94,70 @@ def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise PlanError(f"{name} must be whole numbers >= 1, got {list(values)!r}")
     return tuple(sorted(set(values)))
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
+
+
+def _tensor_sizes(
+    dims: Dimensions, *, devices: int, gpus_per_node: int, workload: Workload
+) -> tuple[int, ...]:
+    spec = workload.spec
+    if dims.tensor is None:
+        if spec is None:
+            return (1,)
+        return tuple(
+            t
+            for t in _divisors(gpus_per_node)
+            if devices % t == 0 and spec.n_heads % t == 0 and spec.kv_heads % t == 0
+        )
+    sizes = _positive_ints("tensor parallel sizes", dims.tensor)
+    bad = [t for t in sizes if devices % t]
+    if bad:
+        raise PlanError(
+            f"tensor parallel size {bad} does not divide {devices} devices; use divisors of "
+            f"{devices}: {list(_divisors(devices))}"
+        )
+    if spec is None and sizes != (1,):
+        raise PlanError(
+            f"{workload.name} is a cost file: tensor parallelism applies only to a model given "
+            "by its shapes; drop --tensor-parallel"
+        )
+    if spec is not None:
+        bad = [t for t in sizes if spec.n_heads % t or spec.kv_heads % t]
+        if bad:
+            raise PlanError(
+                f"tensor parallel size {bad} must divide the attention heads ({spec.n_heads}) "
+                f"and key/value heads ({spec.kv_heads})"
+            )
+    return sizes
+
+
+def _recomputes(dims: Dimensions, workload: Workload) -> tuple[str, ...]:
+    if dims.recompute is None:
+        if workload.spec is None:
+            return ("none",)
+        if workload.spec.flash_attention:  # selective recomputes what flash already does
+            return ("none", "full")
+        return RECOMPUTE
+    values = tuple(dict.fromkeys(dims.recompute))
+    bad = [r for r in values if r not in RECOMPUTE]
+    if not values or bad:
+        raise PlanError(f"recompute takes {', '.join(RECOMPUTE)}, got {list(values)!r}")
+    if workload.spec is None and values != ("none",):
+        raise PlanError(
+            f"{workload.name} is a cost file: recomputation applies only to a model given by "
+            "its shapes; drop --recompute"
+        )
+    return values
+
+
+def _flags(values: tuple[bool, ...] | None, applies: bool) -> tuple[bool, ...]:
+    """Default on where it applies; where it does not, off is the same configuration."""
+    if not applies:
+        return (False,)
+    return (True,) if values is None else tuple(dict.fromkeys(values))
 
 
 def sweep_points(
@@ -66,6 +170,8 @@ def sweep_points(
     microbatch_sizes: Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     virtual: Sequence[int] = DEFAULT_VIRTUAL,
     schedules: Sequence[str] | None = None,
+    workload: Workload | None = None,
+    dimensions: Dimensions | None = None,
 ) -> tuple[list[Point], list[PlanPoint]]:
     """The configurations to simulate, and those refused before simulation (with why).
 
@@ -83,20 +189,31 @@ def sweep_points(
             f"{low} or {low + gpus_per_node} devices (or an accelerator with another "
             "gpus_per_node)"
         )
-    if stages is None:
-        degrees = tuple(p for p in range(1, devices + 1) if devices % p == 0 and p <= n_layers)
+    dims = dimensions or Dimensions(
+        stages=None if stages is None else tuple(stages),
+        microbatch_sizes=tuple(microbatch_sizes),
+        virtual=tuple(virtual),
+        schedules=None if schedules is None else tuple(schedules),
+    )
+    if workload is None:
+        tensors: tuple[int, ...] = (1,)
+        recomputes: tuple[str, ...] = ("none",)
     else:
-        degrees = _positive_ints("stages", stages)
-        bad = [p for p in degrees if devices % p]
+        tensors = _tensor_sizes(
+            dims, devices=devices, gpus_per_node=gpus_per_node, workload=workload
+        )
+        recomputes = _recomputes(dims, workload)
+    pinned_stages = None if dims.stages is None else _positive_ints("stages", dims.stages)
+    if pinned_stages is not None:
+        bad = [p for p in pinned_stages if devices % p]
         if bad:
-            divisors = [p for p in range(1, devices + 1) if devices % p == 0]
             raise PlanError(
                 f"pipeline degree {bad} does not divide {devices} devices, so data parallelism "
-                f"cannot fill the rest; use divisors of {devices}: {divisors}"
+                f"cannot fill the rest; use divisors of {devices}: {list(_divisors(devices))}"
             )
-    sizes = _positive_ints("microbatch_sizes", microbatch_sizes)
-    virtuals = _positive_ints("virtual", virtual)
-    names = tuple(schedule_names()) if schedules is None else tuple(schedules)
+    sizes = _positive_ints("microbatch_sizes", dims.microbatch_sizes)
+    virtuals = _positive_ints("virtual", dims.virtual)
+    names = tuple(schedule_names()) if dims.schedules is None else tuple(dims.schedules)
     if "auto" in names:  # every registered family and the schedules made from the costs
         names = (*schedule_names(), *cost_aware_names())
     if not names:
@@ -104,54 +221,86 @@ def sweep_points(
     specs = {name: get_cost_aware(name) or get_spec(name) for name in names}  # or unknown name
     points: list[Point] = []
     refused: list[PlanPoint] = []
-    for p in degrees:
-        d = devices // p
-        for b in sizes:
-            m, remainder = divmod(global_batch, d * b)
-            for v in virtuals:
-                for name in names:
-                    allowed = specs[name].virtual_values
-                    if allowed is not None and v not in allowed:
-                        continue  # not a configuration of this schedule at all
-                    if remainder or m == 0:
-                        refused.append(
-                            PlanPoint(
-                                schedule=name,
-                                pipeline=p,
-                                virtual=v,
-                                data_parallel=d,
-                                microbatch_size=b,
-                                n_microbatches=0,
-                                reason=f"global batch {global_batch} is not a multiple of "
-                                f"data parallel {d} x micro-batch size {b} = {d * b}",
-                            )
-                        )
-                        continue
-                    points.append(
-                        Point(
-                            schedule=name,
-                            pipeline=p,
-                            virtual=v,
-                            microbatch_size=b,
-                            n_microbatches=m,
-                            data_parallel=d,
-                        )
-                    )
+    degrees_seen: list[int] = []
+    for t in tensors:
+        if pinned_stages is None:
+            degrees = tuple(p for p in _divisors(devices // t) if p <= n_layers)
+        else:
+            degrees = tuple(p for p in pinned_stages if (devices // t) % p == 0)
+        degrees_seen += degrees
+        for p in degrees:
+            d = devices // (t * p)
+            for b in sizes:
+                m, remainder = divmod(global_batch, d * b)
+                for v in virtuals:
+                    for name in names:
+                        allowed = specs[name].virtual_values
+                        if allowed is not None and v not in allowed:
+                            continue  # not a configuration of this schedule at all
+                        for recompute in recomputes:
+                            for sp in _flags(dims.sequence_parallel, t > 1):
+                                for zero in _flags(dims.distributed_optimizer, d > 1):
+                                    point = Point(
+                                        schedule=name,
+                                        pipeline=p,
+                                        virtual=v,
+                                        microbatch_size=b,
+                                        n_microbatches=m,
+                                        data_parallel=d,
+                                        tensor=t,
+                                        sequence_parallel=sp,
+                                        recompute=recompute,
+                                        distributed_optimizer=zero,
+                                    )
+                                    if remainder or m == 0:
+                                        refused.append(
+                                            _refused(
+                                                point,
+                                                f"global batch {global_batch} is not a multiple "
+                                                f"of data parallel {d} x micro-batch size {b} = "
+                                                f"{d * b}",
+                                            )
+                                        )
+                                    else:
+                                        points.append(point)
     if not points and not refused:
         raise PlanError(
-            f"no schedule among {list(names)} takes {list(virtuals)} stages per rank; "
-            "see `pipesim schedules` for each schedule's rules, or change --virtual"
+            f"no schedule among {list(names)} takes {list(virtuals)} stages per rank with these "
+            "degrees; see `pipesim schedules` for each schedule's rules, or change --virtual, "
+            "--stages or --tensor-parallel"
         )
     if not points:
-        smallest = devices // max(degrees)
+        smallest = devices // (max(tensors) * max(degrees_seen, default=1))
         raise PlanError(
             f"global batch {global_batch} cannot be split over {devices} devices with "
-            f"pipeline degrees {list(degrees)} and micro-batch sizes {list(sizes)}: it must "
-            f"be a multiple of data parallel x micro-batch size, at least {smallest}; use a "
-            f"global batch of {smallest * min(sizes)} or more (a multiple of it), or more "
+            f"pipeline degrees {sorted(set(degrees_seen))} and micro-batch sizes {list(sizes)}: "
+            f"it must be a multiple of data parallel x micro-batch size, at least {smallest}; "
+            f"use a global batch of {smallest * min(sizes)} or more (a multiple of it), or more "
             "pipeline stages"
         )
     return points, refused
+
+
+def _refused(point: Point, reason: str) -> PlanPoint:
+    return PlanPoint(
+        schedule=point.schedule,
+        pipeline=point.pipeline,
+        virtual=point.virtual,
+        data_parallel=point.data_parallel,
+        microbatch_size=point.microbatch_size,
+        n_microbatches=0,
+        tensor=point.tensor,
+        sequence_parallel=point.sequence_parallel,
+        recompute=point.recompute,
+        distributed_optimizer=point.distributed_optimizer,
+        reason=reason,
+    )
+
+
+def _check_fraction(name: str, value: float, *, upper: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < upper:
+        raise PlanError(f"{name} must be a number from 0 to below {upper:g}, got {value!r}")
+    return float(value)
 
 
 def plan(
@@ -165,23 +314,36 @@ def plan(
     microbatch_sizes: Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     virtual: Sequence[int] = DEFAULT_VIRTUAL,
     schedules: Sequence[str] | None = None,
-    bytes_per_param: int = 16,
+    tensor: Sequence[int] | None = None,
+    recompute: Sequence[str] | None = None,
+    sequence_parallel: Sequence[bool] | None = None,
+    distributed_optimizer: Sequence[bool] | None = None,
+    bytes_per_param: int = BYTES_PER_PARAM,
     memory_capacity_bytes: int | None = None,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+    min_mfu: float | None = None,
     engine: str = "fast",
     workers: int | None = None,
     timeout_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
+    partial: bool = False,
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
     ``model``: a preset name, a :class:`ModelSpec`, or a :class:`Workload` (e.g.
-    from a calibrated cost file). ``stages``: pipeline degrees to try (default:
-    every divisor of ``devices`` up to the layer count). ``bytes_per_param``:
-    weights + gradients + optimizer state per parameter (16 for mixed-precision
-    Adam: fp16 weights and gradients, fp32 master weights, momentum and
-    variance; Rajbhandari et al., "ZeRO", SC 2020, section 3.1).
-    ``memory_capacity_bytes`` overrides the accelerator's memory. ``engine``:
-    ``fast`` or ``simpy`` (the reference; identical results, slower).
+    from a calibrated cost file: t = 1 and no recomputation only). ``stages``,
+    ``tensor``, ``recompute``, ``sequence_parallel``, ``distributed_optimizer``,
+    ``microbatch_sizes``, ``virtual``, ``schedules``: the values to try (see the
+    module docstring for the defaults). ``bytes_per_param``: weights + gradients
+    + optimizer state per parameter without the distributed optimizer (18:
+    Megatron-LM's bf16 weights with fp32 gradients and Adam, see
+    :mod:`pipesim.plan.iteration`). ``memory_capacity_bytes`` overrides the
+    accelerator's memory; ``memory_headroom`` is the share of it kept free.
+    ``min_mfu``: the least MFU a winner needs to be recommended (default a
+    quarter of the accelerator's efficiency). ``engine``: ``fast`` or ``simpy``
+    (the reference; identical results, slower). ``partial``: on a deadline or
+    Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
+    raising.
     """
     if isinstance(model, str):
         model = get_model(model)
@@ -199,48 +361,100 @@ def plan(
     capacity = accelerator.memory_bytes if memory_capacity_bytes is None else memory_capacity_bytes
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise PlanError(f"memory capacity must be a whole number of bytes >= 1, got {capacity!r}")
+    headroom = _check_fraction("memory headroom", memory_headroom, upper=1)
+    if min_mfu is None:
+        min_mfu = accelerator.efficiency / 4
+    min_mfu = _check_fraction("min_mfu", min_mfu, upper=1.0000001)
+    dims = Dimensions(
+        tensor=None if tensor is None else tuple(tensor),
+        stages=None if stages is None else tuple(stages),
+        microbatch_sizes=tuple(microbatch_sizes),
+        virtual=tuple(virtual),
+        schedules=None if schedules is None else tuple(schedules),
+        recompute=None if recompute is None else tuple(recompute),
+        sequence_parallel=None if sequence_parallel is None else tuple(sequence_parallel),
+        distributed_optimizer=None
+        if distributed_optimizer is None
+        else tuple(distributed_optimizer),
+    )
     points, refused = sweep_points(
         devices=devices,
         global_batch=global_batch,
         gpus_per_node=accelerator.gpus_per_node,
         n_layers=len(workload.layers),
-        stages=stages,
-        microbatch_sizes=microbatch_sizes,
-        virtual=virtual,
-        schedules=schedules,
+        workload=workload,
+        dimensions=dims,
     )
+    usable = math.floor(capacity * (1 - headroom))
     context = SweepContext(
         workload=workload,
         accelerator=accelerator,
         devices=devices,
         bytes_per_param=bytes_per_param,
-        memory_capacity_bytes=capacity,
+        optimizer_bytes_per_param=min(OPTIMIZER_BYTES_PER_PARAM, bytes_per_param),
+        memory_capacity_bytes=usable,
         engine=engine,
     )
     evaluations = evaluate_points(
-        context, points, workers=workers, timeout_s=timeout_s, progress=progress
+        context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
     )
-    plan_points = [
-        _plan_point(
-            point,
-            evaluation,
-            workload=workload,
-            accelerator=accelerator,
-            devices=devices,
-            global_batch=global_batch,
-            capacity=capacity,
-        )
-        for point, evaluation in zip(points, evaluations, strict=True)
-    ]
+    stopped = next((e.reason for e in evaluations if e.stopped), None)
+    plan_points, duplicates = _dedupe(
+        [
+            _plan_point(
+                point,
+                evaluation,
+                workload=workload,
+                accelerator=accelerator,
+                devices=devices,
+                global_batch=global_batch,
+                usable=usable,
+            )
+            for point, evaluation in zip(points, evaluations, strict=True)
+        ],
+        [e.fingerprint for e in evaluations],
+    )
+    spec = workload.spec
     return PlanResult(
         model=workload.name,
         accelerator=accelerator,
         devices=devices,
         global_batch=global_batch,
         memory_capacity_bytes=capacity,
+        memory_headroom=headroom,
+        min_mfu=min_mfu,
         points=rank_points(plan_points + refused),
         engine=engine,
+        stopped=None if stopped is None else stopped.removeprefix("not evaluated: "),
+        n_duplicates=duplicates,
+        n_layers=0 if spec is None else spec.n_layers,
+        seq_length=workload.seq_length,
     )
+
+
+def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[PlanPoint], int]:
+    """Drop configurations identical to an earlier one: the same generated per-rank
+    orders (``fingerprint``) with the same degrees, batch and memory choices give the
+    same simulation. The first, in registry order, stays."""
+    seen: set[tuple[object, ...]] = set()
+    kept: list[PlanPoint] = []
+    for point, fingerprint in zip(points, fingerprints, strict=True):
+        if point.feasible and fingerprint:
+            key = (
+                fingerprint,
+                point.tensor,
+                point.pipeline,
+                point.microbatch_size,
+                point.n_microbatches,
+                point.sequence_parallel,
+                point.recompute,
+                point.distributed_optimizer,
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(point)
+    return kept, len(points) - len(kept)
 
 
 def _plan_point(
@@ -251,7 +465,7 @@ def _plan_point(
     accelerator: Accelerator,
     devices: int,
     global_batch: int,
-    capacity: int,
+    usable: int,
 ) -> PlanPoint:
     base = PlanPoint(
         schedule=point.schedule,
@@ -260,12 +474,16 @@ def _plan_point(
         data_parallel=point.data_parallel,
         microbatch_size=point.microbatch_size,
         n_microbatches=point.n_microbatches,
+        tensor=point.tensor,
+        sequence_parallel=point.sequence_parallel,
+        recompute=point.recompute,
+        distributed_optimizer=point.distributed_optimizer,
     )
     if evaluation.reason is not None:
-        return _replace(base, reason=evaluation.reason)
+        return replace(base, reason=evaluation.reason, evaluated=not evaluation.stopped)
     step_ns = evaluation.makespan_ns + evaluation.allreduce_ns
     seconds = step_ns / 1e9
-    fits = evaluation.peak_memory_bytes <= capacity
+    fits = evaluation.peak_memory_bytes <= usable
     tokens = None
     if workload.seq_length is not None and step_ns:
         tokens = global_batch * workload.seq_length / seconds
@@ -282,14 +500,18 @@ def _plan_point(
             f"needs {evaluation.peak_memory_bytes / 1e9:.1f} GB per device "
             f"({evaluation.static_bytes / 1e9:.1f} GB params, grads and optimizer + "
             f"{evaluation.activation_bytes / 1e9:.1f} GB activations) > "
-            f"{capacity / 1e9:.1f} GB"
+            f"{usable / 1e9:.1f} GB usable"
         )
-    return _replace(
+    return replace(
         base,
         n_stages=evaluation.n_stages,
         layers_per_stage=evaluation.layers_per_stage,
         step_time_ns=step_ns,
         pipeline_time_ns=evaluation.makespan_ns,
+        tp_comm_time_ns=evaluation.tp_comm_ns,
+        dp_comm_time_ns=evaluation.dp_exposed_ns,
+        dp_comm_total_ns=evaluation.dp_comm_ns,
+        optimizer_time_ns=evaluation.optimizer_ns,
         allreduce_time_ns=evaluation.allreduce_ns,
         bubble=evaluation.bubble,
         tokens_per_s=tokens,
@@ -302,24 +524,20 @@ def _plan_point(
     )
 
 
-def _replace(point: PlanPoint, **changes: object) -> PlanPoint:
-    from dataclasses import replace
-
-    return replace(point, **changes)  # type: ignore[arg-type]
-
-
 def configuration(
     result: PlanResult,
     point: PlanPoint,
     /,
     *,
     model: ModelSpec | Workload | str,
-    bytes_per_param: int = 16,
+    bytes_per_param: int = BYTES_PER_PARAM,
 ) -> tuple[Schedule, CostModel]:
     """The schedule and cost model (times in integer nanoseconds) behind ``point`` of
     ``result``: simulate it with :func:`pipesim.simulate`, plot it with ``pipesim.plot``.
 
-    ``model`` (and ``bytes_per_param``) must be those the plan was made with.
+    ``model`` (and ``bytes_per_param``) must be those the plan was made with. The
+    cost model's durations include the tensor-parallel traffic inside F and I; the
+    data-parallel traffic and optimizer step that follow the pipeline are not in it.
     """
     if isinstance(model, str):
         model = get_model(model)
@@ -331,7 +549,7 @@ def configuration(
         accelerator=result.accelerator,
         devices=result.devices,
         bytes_per_param=bytes_per_param,
-        memory_capacity_bytes=result.memory_capacity_bytes,
+        memory_capacity_bytes=result.usable_memory_bytes,
     )
     return build_configuration(
         context,
@@ -342,5 +560,9 @@ def configuration(
             microbatch_size=point.microbatch_size,
             n_microbatches=point.n_microbatches,
             data_parallel=point.data_parallel,
+            tensor=point.tensor,
+            sequence_parallel=point.sequence_parallel,
+            recompute=point.recompute,
+            distributed_optimizer=point.distributed_optimizer,
         ),
     )

@@ -19,23 +19,51 @@ from typing import Any
 from pipesim.files import write_text
 from pipesim.plan.result import PlanPoint, PlanResult, explain
 
-__all__ = ["format_csv", "format_table", "plan_figure", "write_html"]
+__all__ = ["COLUMN_KEY", "format_csv", "format_table", "plan_figure", "write_html"]
 
 _HEADERS = (
     "rank",
     "schedule",
+    "t",
     "p",
     "v",
     "d",
     "b",
     "m",
+    "sp",
+    "recompute",
+    "zero1",
     "step s",
+    "dp s",
     "tokens/s",
     "MFU",
     "bubble",
     "memory GB",
     "fits",
     "pareto",
+)
+
+#: What each column of the table (and of the HTML report) means, with its unit.
+COLUMN_KEY = (
+    ("rank", "1 = recommended; only configurations that fit are ranked"),
+    ("schedule", "pipeline schedule (`pipesim schedules`)"),
+    ("t", "tensor-parallel size (--tensor-parallel), inside a node"),
+    ("p", "pipeline degree: ranks per pipeline (--stages)"),
+    ("v", "stages per rank (--virtual)"),
+    ("d", "data-parallel replicas: devices / (t p)"),
+    ("b", "micro-batch size, sequences"),
+    ("m", "micro-batches per step: global batch / (d b)"),
+    ("sp", "sequence parallelism (--sequence-parallel)"),
+    ("recompute", "activation recomputation: none, selective or full (--recompute)"),
+    ("zero1", "optimizer state sharded over d (--distributed-optimizer)"),
+    ("step s", "seconds per iteration: pipeline + exposed dp traffic + optimizer step"),
+    ("dp s", "seconds of data-parallel traffic and optimizer step after the pipeline"),
+    ("tokens/s", "tokens per second, all devices"),
+    ("MFU", "model FLOPs (no recomputation) / (step time x devices x peak FLOP/s)"),
+    ("bubble", "idle share of the pipeline's ranks x pipeline time"),
+    ("memory GB", "peak per device, 10^9 bytes: weights + grads + optimizer + activations"),
+    ("fits", "peak within the usable memory (capacity less the headroom)"),
+    ("pareto", "* on the step-time / memory Pareto front"),
 )
 
 
@@ -48,12 +76,17 @@ def _row(point: PlanPoint) -> tuple[str, ...]:
     return (
         "-" if point.rank is None else str(point.rank),
         point.schedule,
+        str(point.tensor),
         str(point.pipeline),
         str(point.virtual),
         str(point.data_parallel),
         str(point.microbatch_size),
         str(point.n_microbatches),
+        "yes" if point.sequence_parallel else "-",
+        point.recompute,
+        "yes" if point.distributed_optimizer else "-",
         fmt(point.step_time_s, ".4g"),
+        fmt(None if point.allreduce_time_ns is None else point.allreduce_time_ns / 1e9, ".3g"),
         fmt(point.tokens_per_s, ",.0f"),
         fmt(point.mfu, ".1%"),
         fmt(bubble, ".1%"),
@@ -104,7 +137,29 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
             lines.append(f"  {len(texts):5d} x {texts[0]}")
         if len(ranked) > 8:
             lines.append(f"  ... and {len(ranked) - 8} more kinds (see --json or --csv)")
+    if result.n_duplicates:
+        lines += [
+            "",
+            f"{result.n_duplicates} configurations identical to one listed (same per-rank "
+            "orders and costs, e.g. interleaved-1f1b with v=1 is 1f1b) are not repeated",
+        ]
     lines += ["", "winner: " + explain(result)]
+    best = result.recommended
+    if best is not None:
+        from pipesim.plan.frameworks import megatron_args, torchtitan_args
+
+        parts = best.parts_s() or {}
+        lines += [
+            "",
+            "iteration (s): "
+            + ", ".join(
+                f"{name} {parts[name]:.3g}"
+                for name in ("pipeline", "tp_comm", "bubble", "dp_comm", "optimizer", "step")
+            )
+            + " (tp_comm and bubble are inside pipeline)",
+            "Megatron-LM: " + megatron_args(result, best),
+            "torchtitan:  " + torchtitan_args(result, best),
+        ]
     return "\n".join(lines)
 
 
@@ -113,13 +168,22 @@ _CSV_FIELDS = (
     "schedule",
     "pipeline",
     "virtual",
+    "tensor_parallel",
     "data_parallel",
+    "sequence_parallel",
+    "recompute",
+    "distributed_optimizer",
     "microbatch_size",
     "n_microbatches",
     "n_stages",
     "layers_per_stage",
     "step_time_s",
     "pipeline_time_ns",
+    "tp_comm_time_ns",
+    "dp_comm_time_ns",
+    "dp_comm_total_ns",
+    "optimizer_time_ns",
+    "bubble_time_ns",
     "allreduce_time_ns",
     "tokens_per_s",
     "mfu",

@@ -9,13 +9,14 @@ most as much memory, with one of the two strictly better.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
 from pipesim.plan.hardware import Accelerator
 
-__all__ = ["PlanPoint", "PlanResult", "explain", "rank_points"]
+__all__ = ["PlanPoint", "PlanResult", "alternatives", "explain", "rank_points"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,14 +31,32 @@ class PlanPoint:
     data_parallel: int
     microbatch_size: int
     n_microbatches: int
+    tensor: int = 1
+    """Tensor-parallel size t (``--tensor-parallel``)."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    """Activation recomputation: none, selective or full."""
+    distributed_optimizer: bool = False
+    """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
     n_stages: int | None = None
     """Stages the model is cut into (``p * v`` for interleaved schedules)."""
     layers_per_stage: tuple[int, ...] = ()
     """Layers (embedding and head included) on each stage."""
     step_time_ns: int | None = None
-    """Pipeline time plus the data-parallel all-reduce, integer nanoseconds."""
+    """The whole iteration: pipeline time + exposed data-parallel traffic + optimizer
+    step, integer nanoseconds."""
     pipeline_time_ns: int | None = None
+    """The pipeline schedule's makespan, tensor-parallel traffic inside F / I included."""
+    tp_comm_time_ns: int | None = None
+    """Tensor-parallel traffic inside the pipeline time (busiest rank; part of it)."""
+    dp_comm_time_ns: int | None = None
+    """Data-parallel traffic not hidden behind compute (added to the pipeline time)."""
+    dp_comm_total_ns: int | None = None
+    """All data-parallel traffic of the busiest rank, hidden or not."""
+    optimizer_time_ns: int | None = None
+    """Optimizer step (added to the pipeline time)."""
     allreduce_time_ns: int | None = None
+    """What follows the pipeline: exposed data-parallel traffic + optimizer step."""
     bubble: Fraction | None = None
     """Idle share of the pipeline's ranks x pipeline time."""
     tokens_per_s: float | None = None
@@ -57,6 +76,8 @@ class PlanPoint:
     """1 = recommended; only configurations that fit are ranked."""
     pareto: bool = False
     """On the step-time / memory Pareto front (of configurations that fit)."""
+    evaluated: bool = True
+    """False when the sweep stopped (deadline, Ctrl-C) before reaching this point."""
 
     @property
     def feasible(self) -> bool:
@@ -68,12 +89,32 @@ class PlanPoint:
         """Step time in seconds."""
         return None if self.step_time_ns is None else self.step_time_ns / 1e9
 
+    @property
+    def bubble_time_ns(self) -> int | None:
+        """Idle time inside the pipeline: ``bubble x pipeline time``."""
+        if self.bubble is None or self.pipeline_time_ns is None:
+            return None
+        return round(self.bubble * self.pipeline_time_ns)
+
     def label(self) -> str:
-        """A short description: ``1f1b p=4 v=1 d=2 b=2 m=16``."""
-        return (
-            f"{self.schedule} p={self.pipeline} v={self.virtual} d={self.data_parallel} "
-            f"b={self.microbatch_size} m={self.n_microbatches}"
+        """A short description: ``1f1b t=8 p=4 v=1 d=2 b=2 m=16 sp recompute=full zero1``.
+
+        >>> PlanPoint(schedule="1f1b", pipeline=4, virtual=1, data_parallel=2,
+        ...           microbatch_size=1, n_microbatches=8, tensor=8, sequence_parallel=True,
+        ...           recompute="selective", distributed_optimizer=True).label()
+        '1f1b t=8 p=4 v=1 d=2 b=1 m=8 sp recompute=selective zero1'
+        """
+        text = (
+            f"{self.schedule} t={self.tensor} p={self.pipeline} v={self.virtual} "
+            f"d={self.data_parallel} b={self.microbatch_size} m={self.n_microbatches}"
         )
+        if self.sequence_parallel:
+            text += " sp"
+        if self.recompute != "none":
+            text += f" recompute={self.recompute}"
+        if self.distributed_optimizer:
+            text += " zero1"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (bubble as a float, times in seconds and nanoseconds)."""
@@ -82,14 +123,24 @@ class PlanPoint:
             "schedule": self.schedule,
             "pipeline": self.pipeline,
             "virtual": self.virtual,
+            "tensor_parallel": self.tensor,
             "data_parallel": self.data_parallel,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute,
+            "distributed_optimizer": self.distributed_optimizer,
             "microbatch_size": self.microbatch_size,
             "n_microbatches": self.n_microbatches,
             "n_stages": self.n_stages,
             "layers_per_stage": list(self.layers_per_stage),
             "step_time_s": self.step_time_s,
             "step_time_ns": self.step_time_ns,
+            "parts_s": self.parts_s(),
             "pipeline_time_ns": self.pipeline_time_ns,
+            "tp_comm_time_ns": self.tp_comm_time_ns,
+            "dp_comm_time_ns": self.dp_comm_time_ns,
+            "dp_comm_total_ns": self.dp_comm_total_ns,
+            "optimizer_time_ns": self.optimizer_time_ns,
+            "bubble_time_ns": self.bubble_time_ns,
             "allreduce_time_ns": self.allreduce_time_ns,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
@@ -100,16 +151,47 @@ class PlanPoint:
             "fits": self.fits,
             "pareto": self.pareto,
             "reason": self.reason,
+            "evaluated": self.evaluated,
+        }
+
+    def parts_s(self) -> dict[str, float] | None:
+        """The iteration in seconds, part by part: ``pipeline`` (the schedule's
+        makespan, which contains ``tp_comm`` and ``bubble``), then ``dp_comm``
+        (exposed) and ``optimizer``, which follow it; ``step = pipeline + dp_comm +
+        optimizer``."""
+        if self.step_time_ns is None:
+            return None
+
+        def s(ns: int | None) -> float:
+            return 0.0 if ns is None else ns / 1e9
+
+        return {
+            "pipeline": s(self.pipeline_time_ns),
+            "tp_comm": s(self.tp_comm_time_ns),
+            "bubble": s(self.bubble_time_ns),
+            "dp_comm": s(self.dp_comm_time_ns),
+            "dp_comm_hidden": s((self.dp_comm_total_ns or 0) - (self.dp_comm_time_ns or 0)),
+            "optimizer": s(self.optimizer_time_ns),
+            "step": s(self.step_time_ns),
         }
 
 
 def _order(point: PlanPoint) -> tuple[Any, ...]:
-    tie = (point.schedule, point.pipeline, point.virtual, point.microbatch_size)
+    tie = (
+        point.schedule,
+        point.tensor,
+        point.pipeline,
+        point.virtual,
+        point.microbatch_size,
+        point.recompute,
+        point.sequence_parallel,
+        point.distributed_optimizer,
+    )
     if point.fits:
         return (0, point.step_time_ns, point.peak_memory_bytes, *tie)
     if point.feasible:
         return (1, point.peak_memory_bytes, point.step_time_ns, *tie)
-    return (2, 0, 0, *tie)
+    return (2 if point.evaluated else 3, 0, 0, *tie)
 
 
 def rank_points(points: list[PlanPoint], /) -> tuple[PlanPoint, ...]:
@@ -149,15 +231,41 @@ class PlanResult:
     devices: int
     global_batch: int
     memory_capacity_bytes: int
+    """Device memory the plan was made for (the accelerator's, or ``--memory-capacity``)."""
     points: tuple[PlanPoint, ...]
     """Ranked (see :func:`rank_points`)."""
     engine: str = "fast"
+    memory_headroom: float = 0.0
+    """Share of the capacity kept free (allocator fragmentation, workspaces)."""
+    min_mfu: float | None = None
+    """The least MFU a winner must reach to be recommended (None: no bar)."""
+    stopped: str | None = None
+    """Why the sweep stopped early (deadline, Ctrl-C); None when complete."""
+    n_duplicates: int = 0
+    """Configurations dropped as identical to one listed (same per-rank orders, costs)."""
+    n_layers: int = 0
+    """Transformer blocks of the model (for framework settings; 0 if unknown)."""
+    seq_length: int | None = None
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """What a configuration may use: capacity minus the headroom."""
+        return math.floor(self.memory_capacity_bytes * (1 - self.memory_headroom))
 
     @property
     def best(self) -> PlanPoint | None:
-        """The recommended configuration (None if nothing fits)."""
+        """The fastest configuration that fits (None if nothing fits)."""
         first = self.points[0] if self.points else None
         return first if first is not None and first.fits else None
+
+    @property
+    def recommended(self) -> PlanPoint | None:
+        """:attr:`best` when it reaches ``min_mfu``; None when nothing fits or nothing
+        that fits runs at a sane efficiency."""
+        best = self.best
+        if best is None or self.min_mfu is None or best.mfu is None:
+            return best
+        return best if best.mfu >= self.min_mfu else None
 
     @property
     def fitting(self) -> tuple[PlanPoint, ...]:
@@ -171,7 +279,9 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``pipesim plan --json`` object."""
-        best = self.best
+        from pipesim.plan.frameworks import megatron_args, torchtitan_args
+
+        best = self.recommended
         return {
             "model": self.model,
             "accelerator": self.accelerator.name,
@@ -179,10 +289,18 @@ class PlanResult:
             "devices": self.devices,
             "global_batch": self.global_batch,
             "memory_capacity_bytes": self.memory_capacity_bytes,
+            "memory_headroom": self.memory_headroom,
+            "usable_memory_bytes": self.usable_memory_bytes,
+            "min_mfu": self.min_mfu,
             "engine": self.engine,
+            "complete": self.stopped is None,
+            "stopped": self.stopped,
             "n_points": len(self.points),
             "n_fitting": len(self.fitting),
+            "n_duplicates": self.n_duplicates,
             "best": None if best is None else best.to_dict(),
+            "megatron_args": None if best is None else megatron_args(self, best),
+            "torchtitan_args": None if best is None else torchtitan_args(self, best),
             "reason": explain(self),
             "points": [p.to_dict() for p in self.points],
         }
@@ -192,35 +310,81 @@ def _gb(n_bytes: int | None) -> str:
     return "?" if n_bytes is None else f"{n_bytes / 1e9:.1f} GB"
 
 
-def explain(result: PlanResult, /) -> str:
-    """One line: why the winner wins (or why nothing fits)."""
+_DIMENSIONS = (
+    ("tensor", "t"),
+    ("pipeline", "p"),
+    ("recompute", "recompute"),
+    ("schedule", "schedule"),
+    ("microbatch_size", "b"),
+)
+
+
+def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
+    """For each dimension (t, p, recompute, schedule, b), the fastest configuration that
+    fits with another value than the winner's, as ``(what differs, point)``, fastest
+    first: why the winner wins, one alternative at a time."""
     best = result.best
-    capacity = _gb(result.memory_capacity_bytes)
+    if best is None:
+        return []
+    found: list[tuple[str, PlanPoint]] = []
+    for field, short in _DIMENSIONS:
+        mine = getattr(best, field)
+        seen = set()
+        for point in result.fitting:
+            value = getattr(point, field)
+            if value == mine or value in seen:
+                continue
+            seen.add(value)
+            found.append((f"{short}={value}", point))
+    found.sort(key=lambda item: item[1].step_time_ns or 0)
+    return found
+
+
+def explain(result: PlanResult, /) -> str:
+    """One line: why the winner wins (or why nothing is recommended)."""
+    best = result.best
+    usable = _gb(result.usable_memory_bytes)
+    prefix = ""
+    if result.stopped is not None:
+        done = sum(p.evaluated for p in result.points)
+        prefix = f"partial plan ({result.stopped}; {done} of {len(result.points)} evaluated): "
     if best is None:
         feasible = [p for p in result.points if p.feasible]
         if not feasible:
-            return "no configuration is feasible: every schedule refused every configuration"
+            return (
+                prefix + "no configuration is feasible: every schedule refused every configuration"
+            )
         least = min(feasible, key=lambda p: p.peak_memory_bytes or 0)
-        return (
-            f"nothing fits in {capacity} per device; the least memory is "
-            f"{_gb(least.peak_memory_bytes)} ({least.label()}): add devices, lower the "
-            "micro-batch size, or use an accelerator with more memory"
+        return prefix + (
+            f"nothing fits in {usable} per device ({_gb(result.memory_capacity_bytes)} less "
+            f"{result.memory_headroom:.0%} headroom); the least memory is "
+            f"{_gb(least.peak_memory_bytes)} ({least.label()}): add devices, use tensor "
+            "parallelism, recomputation or the distributed optimizer, lower the micro-batch "
+            "size, or use an accelerator with more memory"
         )
     assert best.step_time_ns is not None and best.bubble is not None
+    if result.recommended is None:
+        return prefix + (
+            f"no configuration reaches a sane efficiency: the fastest that fits, "
+            f"{best.label()}, takes {best.step_time_ns / 1e9:.3g} s/step at "
+            f"{best.mfu or 0:.1%} MFU, below {result.min_mfu or 0:.1%}; add devices, or "
+            "allow tensor parallelism and recomputation"
+        )
+    mfu = "" if best.mfu is None else f", MFU {best.mfu:.1%}"
     parts = [
         f"{best.label()} is the fastest configuration that fits: "
-        f"{best.step_time_ns / 1e9:.3g} s/step, {_gb(best.peak_memory_bytes)} of {capacity}, "
-        f"bubble {float(best.bubble):.1%}"
+        f"{best.step_time_ns / 1e9:.3g} s/step{mfu}, {_gb(best.peak_memory_bytes)} of "
+        f"{usable} usable, bubble {float(best.bubble):.1%}"
     ]
-    other = next((p for p in result.fitting if p.schedule != best.schedule), None)
-    if other is not None and other.step_time_ns:
-        gain = other.step_time_ns / best.step_time_ns - 1
-        parts.append(f"{gain:.1%} faster than the best {other.schedule} ({other.label()})")
+    for what, other in alternatives(result)[:2]:
+        if other.step_time_ns:
+            gain = other.step_time_ns / best.step_time_ns - 1
+            parts.append(f"{gain:.1%} faster than the best with {what} ({other.label()})")
     faster = [
         p
         for p in result.points
         if p.feasible and not p.fits and (p.step_time_ns or 0) < best.step_time_ns
     ]
     if faster:
-        parts.append(f"{len(faster)} faster configurations need more memory than {capacity}")
-    return "; ".join(parts)
+        parts.append(f"{len(faster)} faster configurations need more memory than {usable}")
+    return prefix + "; ".join(parts)

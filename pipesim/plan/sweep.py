@@ -1,46 +1,51 @@
 """Evaluating sweep points: one configuration -> step time and memory, on all cores.
 
-A point is ``(schedule, pipeline degree p, virtual v, micro-batch size b,
+A point is ``(schedule, pipeline degree p, virtual v, tensor parallel t,
+sequence parallel, recomputation, distributed optimizer, micro-batch size b,
 micro-batches m, data parallel d)``. Evaluating it generates the schedule from
 the registry (a :class:`~pipesim.errors.ScheduleError` is the point's
-infeasibility reason), cuts the workload into the schedule's stages
-(:mod:`pipesim.plan.partition`), builds an exact cost model in integer
-nanoseconds, and simulates one step with the fast evaluator
+infeasibility reason), cuts the workload of that t / recomputation into the
+schedule's stages (:mod:`pipesim.plan.partition`), builds an exact cost model
+in integer nanoseconds, and simulates one step with the fast evaluator
 (:mod:`pipesim.plan.fastsim`, identical to the SimPy engine, which
 ``engine="simpy"`` uses instead).
 
 Hardware model (documented assumptions):
 
-- Devices are ordered as Megatron-LM orders its groups (data parallel inside,
-  pipeline outside: ``megatron/core/parallel_state.py``, order "tp-dp-pp"):
-  a data-parallel group fits in a node when d divides the GPUs per node g, so
-  consecutive pipeline ranks share a node g / d at a time (one per node when d
-  does not divide g). A hop between two ranks of one node takes the intra-node
-  link, a hop between nodes the inter-node link (links per rank pair,
-  :class:`pipesim.costs.Links`); a job inside one node uses the intra-node link.
-- After the pipeline drains, gradients are all-reduced across the d replicas
-  with a ring: ``2 (d-1)/d * bytes / bandwidth + 2 (d-1) * latency`` (Patarasuk
-  and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
-  workstations", JPDC 2009), not overlapped with the pipeline.
+- Devices are ordered as Megatron-LM orders its groups (tensor parallel
+  innermost, then data parallel, then pipeline: ``megatron/core/parallel_state.py``,
+  order "tp-dp-pp"). A tensor-parallel group stays in a node when t <= GPUs
+  per node, and its collectives (:mod:`pipesim.plan.layers`,
+  :mod:`pipesim.plan.collectives`) run on the intra-node link inside every
+  F and I, so they are part of each action's duration. Consecutive pipeline
+  ranks (blocks of t d devices) share a node g / (t d) at a time; a hop inside
+  a node takes the intra-node link, a hop between nodes the inter-node link
+  (links per rank pair, :class:`pipesim.costs.Links`).
+- Data-parallel gradient traffic, its overlap and the optimizer step follow
+  :mod:`pipesim.plan.iteration`; they come after the pipeline.
+- Full recomputation re-creates one block's activations at a time in the
+  backward: the largest such transient on a rank is added to its peak.
 
-Workers: a process pool (fork from a single-threaded process,
-else forkserver) evaluates chunks
-of points; every wait has a deadline, so a sweep never hangs, and one worker
-evaluates in this process.
+Workers: a process pool (fork from a single-threaded process, else
+forkserver) evaluates chunks of points; every wait has a deadline, and a sweep
+stopped by its deadline or by Ctrl-C terminates its workers at once and
+returns what was evaluated (unevaluated points carry ``stopped=True``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -48,12 +53,20 @@ from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.plan.collectives import allreduce_s
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.plan.iteration import (
+    BYTES_PER_PARAM,
+    OPTIMIZER_BYTES_PER_PARAM,
+    RankIteration,
+    rank_iteration,
+    static_bytes,
+)
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition
-from pipesim.plan.workload import Workload
+from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
@@ -81,6 +94,13 @@ class Point:
     microbatch_size: int
     n_microbatches: int
     data_parallel: int
+    tensor: int = 1
+    """Tensor-parallel size t."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    """Activation recomputation: none, selective or full."""
+    distributed_optimizer: bool = False
+    """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,12 +108,35 @@ class SweepContext:
     """Everything a worker needs besides the points."""
 
     workload: Workload
+    """The model at t = 1 without recomputation (other variants are derived from its
+    ``spec``; a cost-file workload has only this one)."""
     accelerator: Accelerator
     devices: int
-    bytes_per_param: int = 16
+    bytes_per_param: int = BYTES_PER_PARAM
+    """Weights + gradients + optimizer state per parameter without the distributed
+    optimizer (:mod:`pipesim.plan.iteration`)."""
+    optimizer_bytes_per_param: int = OPTIMIZER_BYTES_PER_PARAM
+    """The part of ``bytes_per_param`` the distributed optimizer shards."""
     memory_capacity_bytes: int
     engine: str = "fast"
     """``fast`` (pipesim.plan.fastsim) or ``simpy`` (the reference engine)."""
+    overlap_grad_reduce: bool = True
+    """Hide data-parallel traffic behind the last backward / first forward."""
+
+    def workload_for(self, point: Point, /) -> Workload:
+        """The workload of ``point``'s tensor parallelism and recomputation."""
+        w = self.workload
+        sp = point.sequence_parallel and point.tensor > 1
+        if (point.tensor, sp, point.recompute) == (w.tensor, w.sequence_parallel, w.recompute):
+            return w
+        if w.spec is None:
+            raise PlanError(
+                f"{w.name} is a cost file: tensor parallelism and recomputation apply only to "
+                "a model given by its shapes (a preset, a model file or --layers/--hidden/...)"
+            )
+        return workload_from_model(
+            w.spec, tensor=point.tensor, sequence_parallel=sp, recompute=point.recompute
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,13 +144,24 @@ class Evaluation:
     """A point's outcome: ``reason`` set when infeasible, else the numbers."""
 
     reason: str | None = None
+    stopped: bool = False
+    """Not evaluated: the sweep stopped (deadline or Ctrl-C) first."""
     n_stages: int = 0
     layers_per_stage: tuple[int, ...] = ()
     """Per stage of one model copy."""
     makespan_ns: int = 0
-    """Pipeline time of one step."""
+    """Pipeline time of one step (tensor-parallel traffic included in F / I)."""
+    tp_comm_ns: int = 0
+    """Tensor-parallel traffic inside the pipeline time, on the busiest rank."""
+    dp_comm_ns: int = 0
+    """Data-parallel traffic of the rank with the most (all of it, hidden or not)."""
+    dp_exposed_ns: int = 0
+    """Data-parallel traffic not hidden, added to the iteration (the largest of any rank)."""
+    optimizer_ns: int = 0
+    """Optimizer step (the largest of any rank)."""
     allreduce_ns: int = 0
-    """Data-parallel gradient all-reduce after the pipeline."""
+    """What the iteration adds after the pipeline: exposed data-parallel traffic and
+    optimizer step, the largest over ranks."""
     bubble: Fraction = Fraction(0)
     """Idle share of ranks x pipeline time (Metrics.bubble_ratio)."""
     peak_memory_bytes: int = 0
@@ -115,37 +169,72 @@ class Evaluation:
     static_bytes: int = 0
     """Static memory of the rank with the peak."""
     activation_bytes: int = 0
-    """Peak activations of the rank with the peak."""
+    """Peak activations (with any recomputation transient) of the rank with the peak."""
+    fingerprint: str = ""
+    """Digest of the generated schedule: equal for identical per-rank orders."""
 
 
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
-_SCHEDULES: dict[tuple[str, int, int, int], Schedule | str] = {}
-_PARTITIONS: dict[int, tuple[int, ...]] = {}
-_COSTS: dict[tuple[int, int, int, int | None], tuple[CostModel, list[int], list[int]]] = {}
+_SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
+_WORKLOADS: dict[tuple[int, bool, str], Workload] = {}
+_PARTITIONS: dict[tuple[int, bool, str, int], tuple[int, ...]] = {}
+_COSTS: dict[tuple[Any, ...], _StageTable] = {}
+_SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _MAX_SCHEDULES = 64
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTable:
+    costs: CostModel
+    params: list[int | Fraction]
+    """Per stage."""
+    transient: list[int]
+    """Per stage: bytes re-created for one backward (full recomputation)."""
+    tp_ns: list[int]
+    """Per stage: tensor-parallel traffic of one micro-batch's F + backward."""
 
 
 def _install(context: SweepContext) -> None:
     global _CONTEXT
     _CONTEXT = context
     _SCHEDULES.clear()
+    _WORKLOADS.clear()
     _PARTITIONS.clear()
     _COSTS.clear()
+    _SIMULATED.clear()
 
 
-def _schedule(point: Point) -> Schedule | str:
+def _worker_init(context: SweepContext) -> None:
+    # Ctrl-C on a terminal reaches the whole process group: the parent stops the
+    # workers itself, so they must not die with a traceback of their own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _install(context)
+
+
+def _fingerprint(schedule: Schedule) -> str:
+    digest = hashlib.blake2b(digest_size=12)
+    for order in schedule.orders:
+        digest.update(" ".join(map(str, order)).encode())
+        digest.update(b"|")
+    digest.update(repr((schedule.placement, schedule.n_copies)).encode())
+    digest.update(" ".join(f"{a}<{b}" for a, b in schedule.happens_before).encode())
+    return digest.hexdigest()
+
+
+def _schedule(point: Point) -> tuple[Schedule, str] | str:
     key = (point.schedule, point.pipeline, point.n_microbatches, point.virtual)
     found = _SCHEDULES.get(key)
     if found is None:
         try:
-            found = generate(
+            schedule = generate(
                 point.schedule,
                 n_ranks=point.pipeline,
                 n_microbatches=point.n_microbatches,
                 virtual=point.virtual,
             )
+            found = (schedule, _fingerprint(schedule))
         except ScheduleError as exc:
             found = f"schedule rule: {exc}"
         if len(_SCHEDULES) >= _MAX_SCHEDULES:
@@ -154,59 +243,102 @@ def _schedule(point: Point) -> Schedule | str:
     return found
 
 
+def _workload(context: SweepContext, point: Point) -> Workload:
+    key = (point.tensor, point.sequence_parallel and point.tensor > 1, point.recompute)
+    found = _WORKLOADS.get(key)
+    if found is None:
+        found = _WORKLOADS[key] = context.workload_for(point)
+    return found
+
+
+def _ns_per_work(context: SweepContext, workload: Workload) -> Fraction:
+    if workload.in_flops:
+        accelerator = context.accelerator
+        return Fraction(_NS_PER_S) / (
+            Fraction(repr(accelerator.peak_flops)) * Fraction(repr(accelerator.efficiency))
+        )
+    return Fraction(_NS_PER_S)
+
+
+def _tp_link(context: SweepContext, tensor: int) -> Interconnect:
+    """Tensor parallel inside a node when it fits there (Megatron's default layout)."""
+    return context.accelerator.link(inter_node=tensor > context.accelerator.gpus_per_node)
+
+
 def _stage_costs(
     context: SweepContext,
+    workload: Workload,
     sizes: tuple[int, ...],
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
-) -> tuple[CostModel, list[int], list[int]]:
-    """Cost model of the stages (integer ns), static bytes and parameters per stage;
+) -> _StageTable:
+    """Cost model of the stages (integer ns) and what the iteration needs per stage;
     ``n_copies`` copies of the model's stages one after the other; pipeline ranks
     ``ranks_per_node`` to a node (None: the whole job in one node)."""
-    key = (len(sizes), microbatch_size, n_copies, ranks_per_node)
+    key = (
+        workload.tensor,
+        workload.sequence_parallel,
+        workload.recompute,
+        sizes,
+        microbatch_size,
+        n_copies,
+        ranks_per_node,
+    )
     found = _COSTS.get(key)
     if found is not None:
         return found
-    workload, accelerator = context.workload, context.accelerator
+    accelerator = context.accelerator
     b = microbatch_size
-    if workload.in_flops:
-        ns_per_work = Fraction(_NS_PER_S) / (
-            Fraction(repr(accelerator.peak_flops)) * Fraction(repr(accelerator.efficiency))
+    ns_per_work = _ns_per_work(context, workload)
+    # one tensor-parallel all-reduce of this micro-batch's activation
+    allreduce_ns = (
+        allreduce_s(
+            workload.tp_payload_bytes * b,
+            n_devices=workload.tensor,
+            link=_tp_link(context, workload.tensor),
         )
-    else:
-        ns_per_work = Fraction(_NS_PER_S)
+        * _NS_PER_S
+    )
     message_bytes = math.ceil(workload.message_bytes * b)
     stages = []
-    static: list[int] = []
-    params: list[int] = []
+    params: list[int | Fraction] = []
+    transient: list[int] = []
+    tp_ns: list[int] = []
     start = 0
     for size in sizes:
         layers = workload.layers[start : start + size]
         start += size
 
-        def ns(field: str, layers: Sequence[Any] = layers) -> int:
-            return round(
-                sum((getattr(x, field) for x in layers), start=Fraction(0)) * b * ns_per_work
-            )
+        def total(field: str, layers: Sequence[Any] = layers) -> Fraction:
+            return sum((Fraction(getattr(x, field)) for x in layers), start=Fraction(0))
 
-        stage_params = sum(x.params for x in layers)
-        act = math.ceil(sum((x.activation_bytes for x in layers), start=Fraction(0)) * b)
-        kept = math.ceil(sum((x.weight_grad_bytes for x in layers), start=Fraction(0)) * b)
+        fwd_comm = round(total("tp_forward_allreduces") * allreduce_ns)
+        bwd_comm = round(total("tp_backward_allreduces") * allreduce_ns)
+        forward = round(total("forward") * b * ns_per_work) + fwd_comm
+        input_grad = round(total("input_grad") * b * ns_per_work) + bwd_comm
+        weight_grad = round(total("weight_grad") * b * ns_per_work)
+        backward = round(total("backward") * b * ns_per_work) + bwd_comm
+        stage_params = total("params")
+        act = math.ceil(total("activation_bytes") * b)
+        kept = math.ceil(total("weight_grad_bytes") * b)
         stages.append(
             StageCost(
-                forward=ns("forward"),
-                backward=ns("backward"),
-                input_grad=ns("input_grad"),
-                weight_grad=ns("weight_grad"),
+                forward=forward,
+                backward=backward,
+                input_grad=input_grad,
+                weight_grad=weight_grad,
                 activation_bytes=act,
                 weight_grad_bytes=min(kept, act),
                 output_bytes=message_bytes,
-                param_bytes=stage_params * context.bytes_per_param,
+                param_bytes=math.ceil(stage_params * context.bytes_per_param),
             )
         )
-        static.append(stage_params * context.bytes_per_param)
         params.append(stage_params)
+        transient.append(
+            math.ceil(max((Fraction(x.transient_bytes) for x in layers), default=0) * b)
+        )
+        tp_ns.append(fwd_comm + bwd_comm)
     intra = _link(accelerator.link(inter_node=False), message_bytes)
     links = None
     if ranks_per_node is not None:
@@ -218,10 +350,18 @@ def _stage_costs(
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
     )
-    static, params = static * n_copies, params * n_copies
-    found = (costs, static, params)
+    found = _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
     _COSTS[key] = found
     return found
+
+
+def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...]:
+    key = (workload.tensor, workload.sequence_parallel, workload.recompute, per_copy)
+    sizes = _PARTITIONS.get(key)
+    if sizes is None:
+        work = [layer.work for layer in workload.layers]
+        sizes = _PARTITIONS[key] = partition(work, n_stages=per_copy)
+    return sizes
 
 
 def _link(path: Interconnect, message_bytes: int) -> Link:
@@ -237,25 +377,14 @@ def _link(path: Interconnect, message_bytes: int) -> Link:
     )
 
 
-def _pipeline_ranks_per_node(context: SweepContext, data_parallel: int) -> int | None:
-    """Pipeline ranks per node, devices ordered tp-dp-pp; None when the job fits one node."""
+def _pipeline_ranks_per_node(context: SweepContext, point: Point) -> int | None:
+    """Pipeline ranks per node, devices ordered tp-dp-pp (each pipeline rank is a block
+    of t d devices); None when the job fits one node."""
     g = context.accelerator.gpus_per_node
     if context.devices <= g:
         return None
-    return g // data_parallel if g % data_parallel == 0 else 1
-
-
-def _allreduce_ns(context: SweepContext, data_parallel: int, params: int) -> int:
-    """Ring all-reduce of one rank's gradients over the data-parallel group."""
-    d = data_parallel
-    if d == 1 or params == 0:
-        return 0
-    g = context.accelerator.gpus_per_node
-    path = context.accelerator.link(inter_node=not (d <= g and g % d == 0))
-    n_bytes = params * context.workload.grad_bytes_per_param
-    seconds = Fraction(2 * (d - 1), d) * n_bytes / Fraction(repr(path.bandwidth_bytes_per_s))
-    seconds += 2 * (d - 1) * Fraction(repr(path.latency_s))
-    return round(seconds * _NS_PER_S)
+    span = point.tensor * point.data_parallel
+    return g // span if g % span == 0 else 1
 
 
 def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
@@ -263,49 +392,136 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     if _CONTEXT is not context:
         _install(context)
     cost_aware = get_cost_aware(point.schedule)  # built after the costs (synthesized)
-    schedule = _schedule(point) if cost_aware is None else None
-    if isinstance(schedule, str):
-        return Evaluation(reason=schedule)
+    schedule: Schedule | None = None
+    fingerprint = ""
+    if cost_aware is None:
+        generated = _schedule(point)
+        if isinstance(generated, str):
+            return Evaluation(reason=generated)
+        schedule, fingerprint = generated
     n_stages = point.pipeline * point.virtual if schedule is None else schedule.n_stages
     n_copies = 1 if schedule is None else schedule.n_copies
     # DualPipe keeps n_copies copies of the model: each copy is the whole model.
     per_copy = n_stages // n_copies
-    n_layers = len(context.workload.layers)
+    workload = _workload(context, point)
+    n_layers = len(workload.layers)
     if per_copy > n_layers:
         return Evaluation(
             reason=f"{per_copy} stages but the model has only {n_layers} layers (embedding "
             "and head included); use fewer stages or less virtual pipelining"
         )
-    sizes = _PARTITIONS.get(per_copy)
-    if sizes is None:
-        work = [layer.work for layer in context.workload.layers]
-        sizes = _PARTITIONS[per_copy] = partition(work, n_stages=per_copy)
-    ranks_per_node = _pipeline_ranks_per_node(context, point.data_parallel)
-    costs, static, params = _stage_costs(
-        context, sizes, point.microbatch_size, ranks_per_node, n_copies
+    sizes = _partition(context, workload, per_copy)
+    table = _stage_costs(
+        context,
+        workload,
+        sizes,
+        point.microbatch_size,
+        _pipeline_ranks_per_node(context, point),
+        n_copies,
     )
+    costs = table.costs
     if schedule is None:
         assert cost_aware is not None
-        # Activations may use what weights, gradients and optimizer state leave (looped).
-        most_static = max(sum(static[point.pipeline * c + r] for c in range(point.virtual))
-                          for r in range(point.pipeline))  # fmt: skip
-        if most_static >= context.memory_capacity_bytes:
-            return Evaluation(
-                reason=f"weights, gradients and optimizer state ({most_static:,} bytes) leave "
-                f"no memory for activations on a {context.memory_capacity_bytes:,}-byte device"
-            )
-        try:
-            schedule = cost_aware.build()(
-                n_ranks=point.pipeline,
-                n_microbatches=point.n_microbatches,
-                virtual=point.virtual,
-                costs=costs,
-                memory_limit_bytes=context.memory_capacity_bytes - most_static,
-            )
-        except PipesimError as exc:
-            return Evaluation(reason=f"refused: {exc}")
-        _LAST_COST_AWARE[:] = [schedule]
-    metrics: Metrics
+        built = _build_cost_aware(context, point, table, cost_aware)
+        if isinstance(built, str):
+            return Evaluation(reason=built)
+        schedule = built
+    metrics = _simulate(context, schedule, costs)
+    n_ranks = schedule.n_ranks
+    rank_params: list[int | Fraction] = [0] * n_ranks
+    rank_transient = [0] * n_ranks
+    rank_tp = [0] * n_ranks
+    first_stage: list[int | None] = [None] * n_ranks
+    for stage, rank in enumerate(schedule.placement):
+        rank_params[rank] += table.params[stage]
+        rank_transient[rank] = max(rank_transient[rank], table.transient[stage])
+        rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
+        if first_stage[rank] is None:
+            first_stage[rank] = stage
+    static = [
+        static_bytes(
+            rank_params[r],
+            data_parallel=point.data_parallel,
+            distributed_optimizer=point.distributed_optimizer,
+            bytes_per_param=context.bytes_per_param,
+            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+        )
+        for r in range(n_ranks)
+    ]
+    activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
+    peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
+    peak_rank = -peak_rank
+    after = [
+        _rank_iteration(context, workload, point, rank_params[r], costs, first_stage[r])
+        for r in range(n_ranks)
+    ]
+    worst = max(range(n_ranks), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
+    makespan = metrics.makespan
+    assert isinstance(makespan, int)  # integer nanoseconds in, integer out
+    return Evaluation(
+        n_stages=n_stages,
+        layers_per_stage=sizes,
+        makespan_ns=makespan,
+        tp_comm_ns=max(rank_tp),
+        dp_comm_ns=max(x.dp_comm_ns for x in after),
+        dp_exposed_ns=after[worst].dp_exposed_ns,
+        optimizer_ns=after[worst].optimizer_ns,
+        allreduce_ns=after[worst].dp_exposed_ns + after[worst].optimizer_ns,
+        bubble=metrics.bubble_ratio,
+        peak_memory_bytes=peak,
+        static_bytes=static[peak_rank],
+        activation_bytes=activation[peak_rank],
+        fingerprint=fingerprint,
+    )
+
+
+def _build_cost_aware(
+    context: SweepContext, point: Point, table: _StageTable, cost_aware: Any
+) -> Schedule | str:
+    """A schedule made from the costs (pipesim.plan.cost_aware), within the memory that
+    weights, gradients, optimizer state and any recomputation transient leave."""
+    static = [
+        static_bytes(
+            params,
+            data_parallel=point.data_parallel,
+            distributed_optimizer=point.distributed_optimizer,
+            bytes_per_param=context.bytes_per_param,
+            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+        )
+        + transient
+        for params, transient in zip(table.params, table.transient, strict=True)
+    ]
+    # looped placement: rank r holds stages r, p + r, 2p + r, ...
+    most_static = max(
+        sum(static[point.pipeline * c + r] for c in range(point.virtual))
+        for r in range(point.pipeline)
+    )
+    if most_static >= context.memory_capacity_bytes:
+        return (
+            f"weights, gradients and optimizer state ({most_static:,} bytes) leave no memory "
+            f"for activations on a {context.memory_capacity_bytes:,}-byte device"
+        )
+    try:
+        schedule: Schedule = cost_aware.build()(
+            n_ranks=point.pipeline,
+            n_microbatches=point.n_microbatches,
+            virtual=point.virtual,
+            costs=table.costs,
+            memory_limit_bytes=context.memory_capacity_bytes - most_static,
+        )
+    except PipesimError as exc:
+        return f"refused: {exc}"
+    _LAST_COST_AWARE[:] = [schedule]
+    return schedule
+
+
+def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Metrics:
+    # Points that differ only in the optimizer's sharding come one after the other and
+    # share the cached schedule and cost objects: simulate them once.
+    key = (id(schedule), id(costs))
+    found = _SIMULATED.get(key)
+    if found is not None and found[0] is schedule and found[1] is costs:
+        return found[2]
     if context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
     else:
@@ -313,34 +529,39 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         if step is None:  # overlapped works (DualPipe): the compiled path
             step = evaluate(compile_schedule(schedule), costs)
         metrics = metrics_of(schedule, costs, step)
-    rank_static = [0] * schedule.n_ranks
-    rank_params = [0] * schedule.n_ranks
-    for stage, rank in enumerate(schedule.placement):
-        rank_static[rank] += static[stage]
-        rank_params[rank] += params[stage]
-    peak, peak_rank = max(
-        (rank_static[r.rank] + r.peak_activation_bytes, -r.rank) for r in metrics.ranks
-    )
-    peak_rank = -peak_rank
-    makespan = metrics.makespan
-    assert isinstance(makespan, int)  # integer nanoseconds in, integer out
-    return Evaluation(
-        n_stages=n_stages,
-        layers_per_stage=sizes,
-        makespan_ns=makespan,
-        allreduce_ns=_allreduce_ns(context, point.data_parallel, max(rank_params)),
-        bubble=metrics.bubble_ratio,
-        peak_memory_bytes=peak,
-        static_bytes=rank_static[peak_rank],
-        activation_bytes=metrics.ranks[peak_rank].peak_activation_bytes,
+    _SIMULATED.clear()
+    _SIMULATED[key] = (schedule, costs, metrics)
+    return metrics
+
+
+def _rank_iteration(
+    context: SweepContext,
+    workload: Workload,
+    point: Point,
+    params: int | Fraction,
+    costs: CostModel,
+    first_stage: int | None,
+) -> RankIteration:
+    stage = costs.stage(first_stage if first_stage is not None else 0)
+    return rank_iteration(
+        params,
+        accelerator=context.accelerator,
+        tensor=point.tensor,
+        data_parallel=point.data_parallel,
+        distributed_optimizer=point.distributed_optimizer,
+        grad_bytes_per_param=workload.grad_bytes_per_param,
+        weight_bytes_per_param=workload.grad_bytes_per_param,
+        last_backward_ns=int(stage.backward),
+        first_forward_ns=int(stage.forward),
+        overlap=context.overlap_grad_reduce,
     )
 
 
 def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
     """The schedule and cost model (integer nanoseconds) that ``point`` is simulated with,
     e.g. to simulate it with the SimPy engine or plot it; ScheduleError if refused."""
+    _install(context)  # fresh caches for this context
     if get_cost_aware(point.schedule) is not None:  # made from the costs: evaluate builds it
-        _install(context)
         evaluated = evaluate_point(context, point)
         if evaluated.reason is not None:
             raise ScheduleError(evaluated.reason)
@@ -352,15 +573,31 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
             n_microbatches=point.n_microbatches,
             virtual=point.virtual,
         )
-    per_copy = schedule.n_stages // schedule.n_copies
-    work = [layer.work for layer in context.workload.layers]
-    sizes = partition(work, n_stages=per_copy)
-    _install(context)  # fresh caches for this context
-    ranks_per_node = _pipeline_ranks_per_node(context, point.data_parallel)
-    costs, _, _ = _stage_costs(
-        context, sizes, point.microbatch_size, ranks_per_node, schedule.n_copies
+    workload = _workload(context, point)
+    sizes = _partition(context, workload, schedule.n_stages // schedule.n_copies)
+    table = _stage_costs(
+        context,
+        workload,
+        sizes,
+        point.microbatch_size,
+        _pipeline_ranks_per_node(context, point),
+        schedule.n_copies,
     )
-    return schedule, costs
+    # the static memory of this point (the table's param_bytes assume no sharding)
+    stages = tuple(
+        replace(
+            cost,
+            param_bytes=static_bytes(
+                params,
+                data_parallel=point.data_parallel,
+                distributed_optimizer=point.distributed_optimizer,
+                bytes_per_param=context.bytes_per_param,
+                optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+            ),
+        )
+        for cost, params in zip(table.costs.stages, table.params, strict=True)
+    )
+    return schedule, replace(table.costs, stages=stages)
 
 
 def _evaluate_chunk(
@@ -389,11 +626,15 @@ def evaluate_points(
     workers: int | None = None,
     timeout_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
+    partial: bool = False,
 ) -> list[Evaluation]:
     """Evaluate ``points`` (in order) on ``workers`` processes (default: every core).
 
     ``progress(done, total)`` is called as results come in. A sweep that is not
-    done after ``timeout_s`` seconds stops its workers and raises PlanError.
+    done after ``timeout_s`` seconds, or is interrupted (KeyboardInterrupt),
+    terminates its workers at once; then with ``partial`` the points not yet
+    evaluated come back as ``Evaluation(stopped=True)`` (their ``reason`` says
+    why), without it a timeout raises PlanError and an interrupt propagates.
 
     >>> from pipesim.plan.hardware import get_accelerator
     >>> from pipesim.plan.model import ModelSpec
@@ -414,54 +655,94 @@ def evaluate_points(
     if timeout_s <= 0:
         raise PlanError(f"timeout must be positive, got {timeout_s!r} seconds")
     deadline = time.monotonic() + timeout_s
-    # Costliest first, so that the last chunks to finish are short ones.
-    indexed = sorted(enumerate(points), key=lambda item: -_cost_estimate(item[1]))
+    # Cheapest first: results (and the progress bar) come from the first second, and a
+    # sweep stopped early has ranked the many small configurations, not a few huge ones.
+    indexed = sorted(enumerate(points), key=lambda item: _cost_estimate(item[1]))
     results: list[Evaluation | None] = [None] * total
     done = 0
+
+    def finish(why: str) -> list[Evaluation]:
+        note = Evaluation(stopped=True, reason=f"not evaluated: {why}")
+        return [note if r is None else r for r in results]
+
+    if progress is not None:
+        progress(0, total)  # the bar shows from the first moment
     workers = min(workers, max(1, total // 8))
     if workers == 1:
-        for item in indexed:
-            if time.monotonic() > deadline:
-                raise _timed_out(timeout_s, done, total)
-            for index, evaluation in _evaluate_chunk([item], context):
-                results[index] = evaluation
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    else:
-        chunk_size = max(1, min(64, total // (workers * 16)))
-        chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
-        # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
-        # memory) the executor fails every pending future at once, where a Pool would
-        # silently wait for the lost chunk until the deadline.
-        executor = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context(_start_method()),
-            initializer=_install,
-            initargs=(context,),
-        )
         try:
-            futures = [executor.submit(_evaluate_chunk, chunk) for chunk in chunks]
-            try:
-                for future in as_completed(futures, timeout=max(deadline - time.monotonic(), 0)):
-                    chunk_results = future.result()
-                    for index, evaluation in chunk_results:
-                        results[index] = evaluation
-                    done += len(chunk_results)
-                    if progress is not None:
-                        progress(done, total)
-            except FuturesTimeout:
-                raise _timed_out(timeout_s, done, total) from None
-            except BrokenProcessPool:
-                raise PlanError(
-                    f"a sweep worker process died (killed, or out of memory?) after {done} of "
-                    f"{total} configurations; rerun with --workers 1 to evaluate in this "
-                    "process and see the cause"
-                ) from None
-        finally:
-            executor.shutdown(wait=False, cancel_futures=True)
+            for item in indexed:
+                if time.monotonic() > deadline:
+                    if partial:
+                        return finish(f"the sweep stopped at its {timeout_s:g} s deadline")
+                    raise _timed_out(timeout_s, done, total)
+                for index, evaluation in _evaluate_chunk([item], context):
+                    results[index] = evaluation
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        except KeyboardInterrupt:
+            if not partial:
+                raise
+            return finish("the sweep was interrupted")
+        return [r for r in results if r is not None]
+    chunk_size = max(1, min(16, total // (workers * 32)))
+    chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
+    # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
+    # memory) the executor fails every pending future at once, where a Pool would
+    # silently wait for the lost chunk until the deadline.
+    executor = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context(_start_method()),
+        initializer=_worker_init,
+        initargs=(context,),
+    )
+    try:
+        futures = [executor.submit(_evaluate_chunk, chunk) for chunk in chunks]
+        try:
+            for future in as_completed(futures, timeout=max(deadline - time.monotonic(), 0)):
+                chunk_results = future.result()
+                for index, evaluation in chunk_results:
+                    results[index] = evaluation
+                done += len(chunk_results)
+                if progress is not None:
+                    progress(done, total)
+        except FuturesTimeout:
+            _terminate(executor)
+            if partial:
+                return finish(f"the sweep stopped at its {timeout_s:g} s deadline")
+            raise _timed_out(timeout_s, done, total) from None
+        except KeyboardInterrupt:
+            _terminate(executor)
+            if not partial:
+                raise
+            return finish("the sweep was interrupted")
+        except BrokenProcessPool:
+            raise PlanError(
+                f"a sweep worker process died (killed, or out of memory?) after {done} of "
+                f"{total} configurations; rerun with --workers 1 to evaluate in this "
+                "process and see the cause"
+            ) from None
+    finally:
+        _terminate(executor)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+def _terminate(executor: ProcessPoolExecutor) -> None:
+    """Stop every worker now: ``shutdown`` alone lets running chunks finish."""
+    # The executor keeps its processes in a private dict; there is no public way to
+    # kill a running task (cpython issue 84009), so reach for it, defensively.
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    executor.shutdown(wait=False, cancel_futures=True)
+    limit = time.monotonic() + 1.0
+    for process in processes:
+        process.join(max(limit - time.monotonic(), 0))
+        if process.is_alive():
+            process.kill()
+            process.join(0.5)
 
 
 def _start_method() -> str:

@@ -49,8 +49,14 @@ class Layer:
     """W work."""
     activation_bytes: Amount
     weight_grad_bytes: Amount
-    params: int
-    """Parameter count (static memory is ``params * bytes_per_param``)."""
+    params: Amount
+    """Parameters on one device (static memory is ``params * bytes_per_param``)."""
+    transient_bytes: Amount = 0
+    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    tp_forward_allreduces: int = 0
+    """Tensor-parallel all-reduces of ``Workload.tp_payload_bytes`` per sequence in F."""
+    tp_backward_allreduces: int = 0
+    """The same in the backward (I; B = I + W)."""
 
     @property
     def work(self) -> Amount:
@@ -76,10 +82,38 @@ class Workload:
     flops_per_sequence: int | None
     """Model FLOPs of forward + backward of one sequence, for MFU (None if unknown)."""
     spec: ModelSpec | None = None
+    tensor: int = 1
+    """Tensor-parallel size t the layer costs are per device of."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    """Activation recomputation: none, selective or full."""
+    tp_payload_bytes: Amount = 0
+    """Bytes of the activation one tensor-parallel all-reduce sums, per sequence."""
 
 
-def workload_from_model(spec: ModelSpec, /) -> Workload:
-    """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti costs."""
+def workload_from_model(
+    spec: ModelSpec,
+    /,
+    *,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> Workload:
+    """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti costs, per
+    device of a ``tensor``-way tensor-parallel group (see :mod:`pipesim.plan.layers`).
+
+    Between pipeline stages Megatron-LM sends each device's 1/t of the activation
+    (Narayanan et al. 2021, section 4.1, scatter/gather optimisation; with sequence
+    parallelism the activation is split anyway), so ``message_bytes`` is ``s h / t``
+    elements.
+
+    >>> from pipesim.plan.model import get_model
+    >>> w = workload_from_model(get_model("llama2-7b"), tensor=4)
+    >>> w.message_bytes == 4096 * 4096 * 2 // 4, w.tp_payload_bytes == 4096 * 4096 * 2
+    (True, True)
+    """
+    if sequence_parallel and tensor == 1:
+        sequence_parallel = False  # nothing to split: the same configuration
     layers = tuple(
         Layer(
             name=layer.name,
@@ -90,18 +124,28 @@ def workload_from_model(spec: ModelSpec, /) -> Workload:
             activation_bytes=layer.activation_bytes,
             weight_grad_bytes=layer.weight_grad_bytes,
             params=layer.params,
+            transient_bytes=layer.transient_bytes,
+            tp_forward_allreduces=layer.tp_forward_allreduces,
+            tp_backward_allreduces=layer.tp_backward_allreduces,
         )
-        for layer in model_layers(spec)
+        for layer in model_layers(
+            spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
+        )
     )
+    payload = spec.seq_length * spec.hidden * spec.dtype_bytes
     return Workload(
         name=spec.name,
         layers=layers,
         in_flops=True,
-        message_bytes=spec.seq_length * spec.hidden * spec.dtype_bytes,
+        message_bytes=Fraction(payload, tensor) if payload % tensor else payload // tensor,
         grad_bytes_per_param=spec.dtype_bytes,
         seq_length=spec.seq_length,
         flops_per_sequence=model_flops_per_sequence(spec),
         spec=spec,
+        tensor=tensor,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        tp_payload_bytes=payload,
     )
 
 

@@ -1,0 +1,154 @@
+"""The rest of a training iteration around the pipeline: static memory, data-parallel
+gradient traffic with the overlap Megatron-LM allows, and the optimizer step.
+
+Static memory per device (Megatron-LM, ``docs/source/api-guide/dist_optimizer.md``,
+the table of bytes per parameter; Rajbhandari et al., "ZeRO", SC 2020, section
+3.1): mixed-precision Adam with bf16 weights and fp32 gradients keeps
+``bytes_per_param = 18`` bytes per parameter: 2 (bf16 weights) + 4 (fp32
+gradients) + 12 (fp32 master weights, momentum, variance). The distributed
+optimizer (ZeRO-1) shards the 12 optimizer bytes over the d data-parallel
+replicas: ``6 + 12 / d``.
+
+Data-parallel traffic (each rank of a pipeline reduces its own stages'
+gradients with the same rank of the other d - 1 pipelines), ring collectives
+of :mod:`pipesim.plan.collectives`:
+
+- without the distributed optimizer, one all-reduce of the gradients;
+  Megatron-LM's ``--overlap-grad-reduce`` reduces buckets as the last
+  micro-batch's backward produces them, so up to that backward's duration is
+  hidden: exposed ``max(0, allreduce - last backward)``;
+- with it, a reduce-scatter of the gradients (hidden behind the last backward
+  in the same way) and, after the optimizer step, an all-gather of the updated
+  bf16 weights, which ``--overlap-param-gather`` hides behind the next
+  iteration's first forward: exposed ``max(0, RS - last backward) + max(0, AG -
+  first forward)``.
+
+Ranks reduce in parallel (different groups), so the iteration adds the
+largest exposed time of any rank; the time a rank waits for others to drain
+the pipeline is not counted as overlap (an upper bound).
+
+Optimizer step (memory bound): Adam reads the fp32 gradient, master weight,
+momentum and variance and writes the last three and the bf16 weight: 30 bytes
+per parameter held, at the device's memory bandwidth (of the 1/d shard with
+the distributed optimizer).
+
+Devices are ordered as Megatron-LM orders its groups, tensor parallel
+innermost, then data parallel, then pipeline (``megatron/core/parallel_state.py``,
+order "tp-dp-pp"): a data-parallel group stays inside a node when ``t d``
+divides the GPUs per node, otherwise it uses the inter-node link.
+
+>>> static_bytes(1000, data_parallel=4, distributed_optimizer=True)
+9000
+>>> static_bytes(1000, data_parallel=4, distributed_optimizer=False)
+18000
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
+from pipesim.plan.hardware import Accelerator, Interconnect
+
+__all__ = [
+    "ADAM_STEP_BYTES_PER_PARAM",
+    "BYTES_PER_PARAM",
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "RankIteration",
+    "data_parallel_link",
+    "rank_iteration",
+    "static_bytes",
+]
+
+#: bf16 weights (2) + fp32 gradients (4) + fp32 master, momentum, variance (12).
+BYTES_PER_PARAM = 18
+#: The part of BYTES_PER_PARAM the distributed optimizer shards over data parallel.
+OPTIMIZER_BYTES_PER_PARAM = 12
+#: Bytes an Adam step moves per parameter: reads 16 (grad, master, m, v), writes 14.
+ADAM_STEP_BYTES_PER_PARAM = 30
+
+_NS_PER_S = 10**9
+
+
+def static_bytes(
+    params: int | Fraction,
+    /,
+    *,
+    data_parallel: int,
+    distributed_optimizer: bool,
+    bytes_per_param: int = BYTES_PER_PARAM,
+    optimizer_bytes_per_param: int = OPTIMIZER_BYTES_PER_PARAM,
+) -> int:
+    """Weights, gradients and optimizer state of ``params`` parameters on one device."""
+    shard = data_parallel if distributed_optimizer else 1
+    optimizer = min(optimizer_bytes_per_param, bytes_per_param)
+    total = Fraction(params) * (bytes_per_param - optimizer) + Fraction(params) * optimizer / shard
+    return math.ceil(total)
+
+
+def data_parallel_link(
+    accelerator: Accelerator, *, tensor: int, data_parallel: int
+) -> Interconnect:
+    """The link a data-parallel group uses (see the module docstring for the order)."""
+    g = accelerator.gpus_per_node
+    group_span = tensor * data_parallel
+    return accelerator.link(inter_node=not (group_span <= g and g % group_span == 0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankIteration:
+    """One rank's work after its pipeline part, integer nanoseconds."""
+
+    dp_comm_ns: int
+    """The whole data-parallel traffic (all-reduce, or reduce-scatter + all-gather)."""
+    dp_exposed_ns: int
+    """The part not hidden behind the last backward / first forward."""
+    optimizer_ns: int
+
+
+def rank_iteration(
+    params: int | Fraction,
+    /,
+    *,
+    accelerator: Accelerator,
+    tensor: int,
+    data_parallel: int,
+    distributed_optimizer: bool,
+    grad_bytes_per_param: int,
+    weight_bytes_per_param: int,
+    last_backward_ns: int,
+    first_forward_ns: int,
+    overlap: bool = True,
+) -> RankIteration:
+    """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
+
+    >>> from pipesim.plan.hardware import get_accelerator
+    >>> it = rank_iteration(10**9, accelerator=get_accelerator("h100-sxm"), tensor=8,
+    ...     data_parallel=1, distributed_optimizer=False, grad_bytes_per_param=2,
+    ...     weight_bytes_per_param=2, last_backward_ns=0, first_forward_ns=0)
+    >>> it.dp_comm_ns, it.optimizer_ns   # no replicas; 30 GB at 3.35 TB/s
+    (0, 8955224)
+    """
+    d = data_parallel
+    link = data_parallel_link(accelerator, tensor=tensor, data_parallel=d)
+    grads = Fraction(params) * grad_bytes_per_param
+    hidden_b = last_backward_ns if overlap else 0
+    hidden_f = first_forward_ns if overlap else 0
+    if distributed_optimizer:
+        rs = round(reduce_scatter_s(grads, n_devices=d, link=link) * _NS_PER_S)
+        weights = Fraction(params) * weight_bytes_per_param
+        ag = round(all_gather_s(weights, n_devices=d, link=link) * _NS_PER_S)
+        total = rs + ag
+        exposed = max(0, rs - hidden_b) + max(0, ag - hidden_f)
+        held = Fraction(params) / d
+    else:
+        total = round(allreduce_s(grads, n_devices=d, link=link) * _NS_PER_S)
+        exposed = max(0, total - hidden_b)
+        held = Fraction(params)
+    optimizer = 0
+    if accelerator.memory_bandwidth is not None:
+        seconds = held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.memory_bandwidth))
+        optimizer = round(seconds * _NS_PER_S)
+    return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

@@ -1,0 +1,416 @@
+"""Tensor / sequence parallelism, recomputation, distributed optimizer and the whole
+iteration: every formula against a hand-computed case, and the planner's answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.plan import ModelSpec, plan
+from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
+from pipesim.plan.frameworks import megatron_args, torchtitan_args
+from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
+from pipesim.plan.iteration import rank_iteration, static_bytes
+from pipesim.plan.layers import embedding, lm_head, transformer_block
+
+# s=4, h=8, a=2, f=32, bf16, dropout, no flash: s h = 32, a s^2 = 32
+GPT = ModelSpec(n_layers=3, hidden=8, n_heads=2, seq_length=4, vocab_size=10)
+
+
+@pytest.mark.parametrize(
+    ("sequence_parallel", "recompute", "expected"),
+    [
+        # Korthikanti et al. 2023, Table 2, t = 2: s h (10 + 24/t + 5 a s / (h t))
+        (False, "none", 32 * 10 + 32 * 24 // 2 + 5 * 2 * 16 // 2),  # 784
+        # s h (34/t + 5 a s / (h t))
+        (True, "none", 32 * 34 // 2 + 5 * 2 * 16 // 2),  # 624
+        # selective: the 5as/(ht) term goes
+        (False, "selective", 32 * 10 + 32 * 24 // 2),  # 704
+        (True, "selective", 32 * 34 // 2),  # 544
+        # full: only the block input, 2 s h (2 s h / t with sequence parallelism)
+        (False, "full", 2 * 32),
+        (True, "full", 2 * 32 // 2),
+    ],
+)
+def test_activation_bytes_korthikanti_table_2(
+    sequence_parallel: bool, recompute: str, expected: int
+) -> None:
+    block = transformer_block(
+        GPT, tensor=2, sequence_parallel=sequence_parallel, recompute=recompute
+    )
+    assert block.activation_bytes == expected
+    # full recomputation re-creates one block's activations (no recomputation) at a time
+    whole = transformer_block(GPT, tensor=2, sequence_parallel=sequence_parallel)
+    assert block.transient_bytes == (whole.activation_bytes if recompute == "full" else 0)
+
+
+def test_flops_with_tensor_parallelism_and_recomputation() -> None:
+    one = transformer_block(GPT)
+    assert (one.forward_flops, one.input_grad_flops, one.weight_grad_flops) == (6656, 7168, 6144)
+    # t = 2 splits every matmul: half of each
+    two = transformer_block(GPT, tensor=2)
+    assert (two.forward_flops, two.input_grad_flops, two.weight_grad_flops) == (3328, 3584, 3072)
+    # full recomputation: four passes instead of three (Narayanan et al. 2021:
+    # 96 s l h^2 (1 + s / 6h) per sequence instead of 72 ...)
+    full = transformer_block(GPT, recompute="full")
+    assert full.flops == 4 * one.forward_flops == 96 * 4 * 64 + 16 * 16 * 8
+    # selective: the attention core (4 s^2 h = 512) again
+    selective = transformer_block(GPT, recompute="selective")
+    assert selective.input_grad_flops == 7168 + 512
+    # with flash attention selective recomputation changes nothing
+    flash = ModelSpec(
+        n_layers=1, hidden=8, n_heads=2, seq_length=4, vocab_size=10, flash_attention=True
+    )
+    assert transformer_block(flash, recompute="selective") == transformer_block(flash)
+
+
+def test_parameters_and_tensor_parallel_traffic_per_device() -> None:
+    # 12 h^2 = 768 weights and the column-parallel biases (QKV 3h = 24, fc1 f = 32) split;
+    # the row-parallel biases (2h) and the LayerNorms (4h) replicated
+    two = transformer_block(GPT, tensor=2)
+    assert two.params == (768 + 24 + 32) // 2 + 6 * 8
+    assert transformer_block(GPT).params == 872
+    # two all-reduces forward, two backward (Narayanan et al. 2021, section 3.3);
+    # full recomputation repeats the forward's
+    assert (two.tp_forward_allreduces, two.tp_backward_allreduces) == (2, 2)
+    full = transformer_block(GPT, tensor=2, recompute="full")
+    assert full.tp_backward_allreduces == 4
+    assert transformer_block(GPT).tp_forward_allreduces == 0
+    # vocabulary-parallel embedding and head
+    assert embedding(GPT, tensor=2).params == 10 * 8 // 2 + 4 * 8
+    head = lm_head(GPT, tensor=2)
+    assert head.forward_flops == 2 * 4 * 8 * 10 // 2
+    assert head.activation_bytes == 64 + 64 + 4 * 4 * 10 // 2
+
+
+def test_static_memory_and_distributed_optimizer() -> None:
+    # Megatron-LM's table: 18 bytes per parameter, 6 + 12/d with the distributed optimizer
+    assert static_bytes(1000, data_parallel=1, distributed_optimizer=False) == 18000
+    assert static_bytes(1000, data_parallel=4, distributed_optimizer=True) == 9000
+    assert static_bytes(1000, data_parallel=8, distributed_optimizer=True) == 7500
+
+
+LINK = Interconnect(latency_s=1e-6, bandwidth_bytes_per_s=1e9)
+
+
+def test_ring_collectives_by_hand() -> None:
+    # 8 devices, 8 MB: reduce-scatter 7/8 * 8e6 / 1e9 + 7 us = 7 ms + 7 us
+    assert reduce_scatter_s(8 * 10**6, n_devices=8, link=LINK) == Fraction(7007, 10**6)
+    assert allreduce_s(8 * 10**6, n_devices=8, link=LINK) == Fraction(14014, 10**6)
+    assert allreduce_s(8 * 10**6, n_devices=1, link=LINK) == 0
+
+
+def _accelerator(**changes: object) -> Accelerator:
+    base = dict(
+        name="hand",
+        peak_flops=1e15,
+        memory_bytes=10**12,
+        gpus_per_node=8,
+        intra_node_latency=1e-6,
+        intra_node_bandwidth=1e9,
+        inter_node_latency=1e-6,
+        inter_node_bandwidth=1e9,
+        efficiency=1.0,
+        memory_bandwidth=3e9,
+    )
+    return Accelerator(**(base | changes))  # type: ignore[arg-type]
+
+
+def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
+    acc = _accelerator()
+    kwargs = dict(
+        accelerator=acc, tensor=1, data_parallel=8, grad_bytes_per_param=2, weight_bytes_per_param=2
+    )
+    # 4e6 params: 8 MB of gradients; all-reduce 14.014 ms, 5 ms of it hidden
+    plain = rank_iteration(
+        4 * 10**6,
+        distributed_optimizer=False,
+        last_backward_ns=5_000_000,
+        first_forward_ns=1_000_000,
+        **kwargs,
+    )  # type: ignore[arg-type]
+    assert plain.dp_comm_ns == 14_014_000
+    assert plain.dp_exposed_ns == 14_014_000 - 5_000_000
+    # Adam: 30 bytes per parameter at 3 GB/s
+    assert plain.optimizer_ns == 40_000_000
+    # distributed optimizer: reduce-scatter (7.007 ms, hides 5) + all-gather of bf16 weights
+    # (7.007 ms, hides behind the 1 ms first forward); the step on 1/8 of the parameters
+    zero = rank_iteration(
+        4 * 10**6,
+        distributed_optimizer=True,
+        last_backward_ns=5_000_000,
+        first_forward_ns=1_000_000,
+        **kwargs,
+    )  # type: ignore[arg-type]
+    assert zero.dp_comm_ns == 2 * 7_007_000
+    assert zero.dp_exposed_ns == 2_007_000 + 6_007_000
+    assert zero.optimizer_ns == 5_000_000
+
+
+def test_a_pinned_configuration_by_hand() -> None:
+    # all dimensions pinned: exactly one configuration, its pipeline time by hand.
+    acc = _accelerator()
+    result = plan(
+        GPT,
+        devices=2,
+        accelerator=acc,
+        global_batch=1,
+        tensor=[2],
+        stages=[1],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["sequential"],
+        recompute=["full"],
+        sequence_parallel=[True],
+        distributed_optimizer=[False],
+        memory_headroom=0,
+        workers=1,
+    )
+    (point,) = result.points
+    assert (point.tensor, point.sequence_parallel, point.recompute) == (2, True, "full")
+    # one stage, one micro-batch: F + B. FLOPs at 1e15/s: 1 ns per 1e6 FLOPs.
+    block = transformer_block(GPT, tensor=2, sequence_parallel=True, recompute="full")
+    flops = 3 * (block.forward_flops + block.backward_flops) + sum(
+        x.flops for x in (embedding(GPT, tensor=2), lm_head(GPT, tensor=2))
+    )
+    # all-reduces of s h bf16 = 64 bytes over t = 2: 2 * 1/2 * 64 / 1e9 + 2 * 1 us
+    per_allreduce = Fraction(64, 10**9) + Fraction(2, 10**6)
+    n_allreduce = 3 * (2 + 4) + 1 + 1  # blocks F 2 + B 4 (recompute), embedding, head
+    expected = round(Fraction(flops, 10**15) * 10**9) + n_allreduce * per_allreduce * 10**9
+    assert abs(point.pipeline_time_ns - expected) <= 4  # type: ignore[operator]  # 4 roundings
+    assert point.tp_comm_time_ns == pytest.approx(float(n_allreduce * per_allreduce * 10**9), abs=4)
+    assert point.dp_comm_time_ns == 0 and point.data_parallel == 1
+    parts = point.parts_s()
+    assert parts is not None and parts["step"] == pytest.approx(
+        parts["pipeline"] + parts["dp_comm"] + parts["optimizer"]
+    )
+
+
+def test_llama2_70b_on_64_h100_is_sensible() -> None:
+    # the issue's acceptance case, on a narrowed sweep: tensor parallelism inside a node
+    # and pipelining, not a sequential pipeline at a few percent MFU
+    result = plan(
+        "llama2-70b",
+        devices=64,
+        accelerator="h100-sxm",
+        global_batch=512,
+        schedules=["sequential", "1f1b", "interleaved-1f1b"],
+        microbatch_sizes=[1],
+        virtual=[1, 2],
+        workers=2,
+    )
+    best = result.recommended
+    assert best is not None
+    assert best.tensor >= 4 and best.pipeline >= 2 and best.schedule != "sequential"
+    assert best.mfu is not None and best.mfu > 0.25
+    assert best.peak_memory_bytes <= 0.9 * 80e9  # type: ignore[operator]  # the headroom
+    megatron = megatron_args(result, best)
+    assert f"--tensor-model-parallel-size {best.tensor}" in megatron
+    assert "--global-batch-size 512" in megatron and "--sequence-parallel" in megatron
+    assert f"--parallelism.tensor_parallel_degree {best.tensor}" in torchtitan_args(result, best)
+    # the same sweep without tensor parallelism and recomputation: much slower or nothing
+    flat = plan(
+        "llama2-70b",
+        devices=64,
+        accelerator="h100-sxm",
+        global_batch=512,
+        schedules=["sequential", "1f1b"],
+        microbatch_sizes=[1],
+        virtual=[1],
+        tensor=[1],
+        recompute=["none"],
+        workers=2,
+    )
+    assert flat.best is None or flat.best.step_time_ns > best.step_time_ns  # type: ignore[operator]
+
+
+def test_absurd_winners_are_not_crowned(capsys: pytest.CaptureFixture[str]) -> None:
+    # a bar no configuration reaches: the fastest that fits is reported, not recommended
+    args = [
+        "plan",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--seq-length",
+        "128",
+        "--vocab",
+        "1000",
+        "--devices",
+        "2",
+        "--accelerator",
+        "h100-sxm",
+        "--global-batch",
+        "4",
+        "--workers",
+        "1",
+        "--min-mfu",
+        "0.99",
+    ]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "no configuration reaches a sane efficiency" in out and "Megatron-LM:" not in out
+    assert main([*args[:-1], "0.0"]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron-LM: --tensor-model-parallel-size" in out and "torchtitan:" in out
+
+
+def test_nothing_fits_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "plan",
+        "--model",
+        "llama2-70b",
+        "--devices",
+        "8",
+        "--accelerator",
+        "h100-sxm",
+        "--global-batch",
+        "8",
+        "--memory-capacity",
+        "1e9",
+        "--schedules",
+        "1f1b",
+        "--microbatch-sizes",
+        "1",
+        "--virtual",
+        "1",
+        "--workers",
+        "1",
+    ]
+    assert main(args) == 1
+    assert "nothing fits in 0.9 GB per device" in capsys.readouterr().out
+
+
+def test_output_format_follows_the_suffix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = [
+        "plan",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--seq-length",
+        "128",
+        "--vocab",
+        "1000",
+        "--devices",
+        "2",
+        "--accelerator",
+        "h100-sxm",
+        "--global-batch",
+        "4",
+        "--workers",
+        "1",
+        "--min-mfu",
+        "0",
+    ]
+    assert main([*base, "-o", str(tmp_path / "plan.txt")]) == 1
+    assert "cannot tell the format from the suffix '.txt'" in capsys.readouterr().err
+    assert (
+        main(
+            [*base, "-o", str(tmp_path / "plan.json"), "--costs-out", str(tmp_path / "costs.json")]
+        )
+        == 0
+    )
+    data = json.loads((tmp_path / "plan.json").read_text())
+    best = data["best"]
+    assert set(best["parts_s"]) >= {"pipeline", "tp_comm", "dp_comm", "optimizer", "bubble"}
+    assert data["megatron_args"].startswith("--tensor-model-parallel-size")
+    err = capsys.readouterr().err
+    assert "pipesim simulate" in err
+    # the winner's cost file feeds `pipesim simulate` and gives the plan's pipeline time
+    command = err.split("simulate it: ")[1].split()[2:]
+    assert main(["simulate", *command, "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["makespan"] == best["pipeline_time_ns"]
+    assert main([*base, "-o", str(tmp_path / "plan.csv")]) == 0
+    assert (tmp_path / "plan.csv").read_text().startswith("rank,schedule,")
+
+
+BIG = [
+    "plan",
+    "--model",
+    "llama2-70b",
+    "--devices",
+    "512",
+    "--accelerator",
+    "h100-sxm",
+    "--global-batch",
+    "4096",
+    "--workers",
+    "2",
+]
+
+
+_MAIN = "import sys; from pipesim.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _ours(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker``: those a test started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _start(extra: list[str], marker: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PIPESIM_TEST_MARKER=marker)
+    return subprocess.Popen(
+        [sys.executable, "-c", _MAIN, *BIG, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_timeout_stops_every_worker_and_prints_the_partial_ranking() -> None:
+    marker = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = _start(["--timeout", "4"], marker)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, err
+    assert elapsed < 4 + 10  # start-up, the sweep's 4 s, stopping within ~2 s
+    assert "partial plan" in out and "rank" in out
+    assert _ours(marker) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
+    marker = uuid.uuid4().hex
+    proc = _start([], marker)
+    deadline = time.monotonic() + 30
+    while len(_ours(marker)) < 3 and time.monotonic() < deadline:  # parent + 2 workers
+        time.sleep(0.1)
+    assert len(_ours(marker)) >= 3
+    time.sleep(1.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground group)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 3.0
+    assert proc.returncode == 130, err
+    assert "partial plan (the sweep was interrupted" in out
+    assert "Traceback" not in err
+    assert _ours(marker) == []
