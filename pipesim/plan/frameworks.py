@@ -22,17 +22,18 @@ its tensor parallelism always splits the sequence too.
 ...     microbatch_size=1, n_microbatches=64, tensor=8, sequence_parallel=True,
 ...     recompute="selective", distributed_optimizer=True,
 ...     layers_per_stage=(11,) + (10,) * 6 + (11,))
->>> print(megatron_line(point, global_batch=128, n_layers=80).replace(" --", "\n--"))
---tensor-model-parallel-size 8
---pipeline-model-parallel-size 4
---num-layers-per-virtual-pipeline-stage 10
---sequence-parallel
---micro-batch-size 1
---global-batch-size 128
---recompute-granularity selective
---use-distributed-optimizer
---overlap-grad-reduce
---overlap-param-gather
+>>> for arg in megatron_line(point, global_batch=128, n_layers=80).split(" --"):
+...     print(arg.removeprefix("--"))
+tensor-model-parallel-size 8
+pipeline-model-parallel-size 4
+num-layers-per-virtual-pipeline-stage 10
+sequence-parallel
+micro-batch-size 1
+global-batch-size 128
+recompute-granularity selective
+use-distributed-optimizer
+overlap-grad-reduce
+overlap-param-gather
 """
 
 from __future__ import annotations
