@@ -19,7 +19,7 @@ from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
-from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
+from pipesim.plan.hardware import Accelerator, Interconnect
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 
