@@ -105,7 +105,7 @@ def one_large(name: str = "1f1b") -> None:
         data_parallel=1,
     )
     sweep.evaluate_point(context, point)  # fills the cost cache
-    costs = sweep._COSTS[next(iter(sweep._COSTS))][0]
+    costs = sweep._COSTS[next(iter(sweep._COSTS))].costs
     timings = {}
     start = time.perf_counter()
     schedule = generate(name, n_ranks=16, n_microbatches=128)

@@ -19,7 +19,7 @@ from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
-from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 
@@ -414,3 +414,68 @@ def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     assert "partial plan (the sweep was interrupted" in out
     assert "Traceback" not in err
     assert _ours(marker) == []
+
+
+def test_html_report_has_the_winner_table_front_refusals_and_key(tmp_path: Path) -> None:
+    from pipesim.plan.report import COLUMN_KEY, report_html
+
+    result = plan(
+        GPT,
+        devices=4,
+        accelerator="h100-sxm",
+        global_batch=8,
+        workers=1,
+        min_mfu=0,
+        memory_headroom=0,
+        memory_capacity_bytes=25_000,  # the peaks run from 17 to 41 kB: about half fit
+    )
+    best = result.recommended
+    assert best is not None
+    page = report_html(result, cdn=True)
+    assert "is the fastest configuration that fits" in page
+    assert "--tensor-model-parallel-size" in page and "torchtitan" in page
+    assert "Top " in page and best.schedule in page
+    assert "Pareto front" in page and "log scale" in page
+    # refused: schedule rules and memory, each kind once with its count
+    assert "Why configurations were refused" in page
+    assert any((p.reason or "").startswith("needs") for p in result.points)
+    assert "GB usable" in page
+    for column, _ in COLUMN_KEY:
+        assert f"<td>{column}</td>" in page
+
+
+def test_unknown_presets_suggest_the_closest() -> None:
+    from pipesim.errors import UnknownNameError
+    from pipesim.plan import get_model
+
+    with pytest.raises(UnknownNameError, match="did you mean 'llama2-70b'"):
+        get_model("llama2-70B")
+    with pytest.raises(UnknownNameError, match="did you mean 'a100-80gb'"):
+        get_accelerator("a100-80")
+    with pytest.raises(UnknownNameError) as info:
+        get_model("zzz")
+    assert "did you mean" not in str(info.value)
+
+
+def test_full_recomputation_transient_is_in_the_peak() -> None:
+    # one stage, one micro-batch: the peak is static + stored inputs + one block re-created
+    kwargs = dict(
+        devices=1,
+        accelerator=_accelerator(),
+        global_batch=1,
+        tensor=[1],
+        stages=[1],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["sequential"],
+        memory_headroom=0,
+        workers=1,
+    )
+    full = plan(GPT, recompute=["full"], **kwargs)  # type: ignore[arg-type]
+    (point,) = full.points
+    stored = 3 * transformer_block(GPT, recompute="full").activation_bytes + sum(
+        x.activation_bytes for x in (embedding(GPT), lm_head(GPT))
+    )
+    assert point.peak_activation_bytes == stored + transformer_block(GPT).activation_bytes
+    none = plan(GPT, recompute=["none"], **kwargs)  # type: ignore[arg-type]
+    assert none.points[0].peak_activation_bytes > point.peak_activation_bytes  # type: ignore[operator]

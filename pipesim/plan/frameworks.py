@@ -77,7 +77,8 @@ def megatron_line(point: PlanPoint, /, *, global_batch: int, n_layers: int) -> s
     ]
     notes = []
     if point.schedule not in ("1f1b", "interleaved-1f1b", "sequential", "gpipe"):
-        notes.append(f"Megatron-LM has no {point.schedule} schedule; these run interleaved 1F1B")
+        closest = "interleaved 1F1B" if point.virtual > 1 else "1F1B"
+        notes.append(f"Megatron-LM has no {point.schedule} schedule; these run {closest}")
     blocks = _blocks_per_stage(point, n_layers)
     n_stages = len(blocks)
     if blocks and point.pipeline > 1:

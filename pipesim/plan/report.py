@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 from collections.abc import Sequence
@@ -19,7 +20,14 @@ from typing import Any
 from pipesim.files import write_text
 from pipesim.plan.result import PlanPoint, PlanResult, explain
 
-__all__ = ["COLUMN_KEY", "format_csv", "format_table", "plan_figure", "write_html"]
+__all__ = [
+    "COLUMN_KEY",
+    "format_csv",
+    "format_table",
+    "plan_figure",
+    "report_html",
+    "write_html",
+]
 
 _HEADERS = (
     "rank",
@@ -210,15 +218,27 @@ def format_csv(points: Sequence[PlanPoint], /) -> str:
 
 
 def plan_figure(result: PlanResult, /) -> Any:
-    """Plotly figure: step time vs peak memory per device, one colour per schedule,
-    the Pareto front as a line, the memory capacity as a vertical line, the
-    configuration on hover. Needs plotly (imported here, not at module load)."""
+    """Plotly figure: step time vs peak memory per device of the configurations that fit
+    (and those just over the usable memory), one colour per schedule, the Pareto front
+    as a line, the usable memory as a vertical line, the configuration on hover. The
+    time axis is logarithmic and stops at 4x the fastest, so the front stays readable
+    next to absurd configurations. Needs plotly (imported here, not at module load)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    usable = result.usable_memory_bytes / 1e9
     simulated = [p for p in result.points if p.feasible]
-    for name in sorted({p.schedule for p in simulated}):
-        mine = [p for p in simulated if p.schedule == name]
+    fastest = min((p.step_time_s or 0 for p in simulated if p.fits), default=None)
+    if fastest is None:
+        fastest = min((p.step_time_s or 0 for p in simulated), default=1.0)
+    ceiling = 4 * fastest
+    shown = [
+        p
+        for p in simulated
+        if (p.step_time_s or 0) <= ceiling and (p.peak_memory_bytes or 0) / 1e9 <= 2 * usable
+    ]
+    for name in sorted({p.schedule for p in shown}):
+        mine = [p for p in shown if p.schedule == name]
         fig.add_trace(
             go.Scatter(
                 x=[(p.peak_memory_bytes or 0) / 1e9 for p in mine],
@@ -247,20 +267,33 @@ def plan_figure(result: PlanResult, /) -> Any:
                 hoverinfo="skip",
             )
         )
-    capacity = result.memory_capacity_bytes / 1e9
     fig.add_vline(
-        x=capacity,
+        x=usable,
         line={"color": "red", "dash": "dash"},
-        annotation_text=f"capacity {capacity:.0f} GB",
+        annotation_text=f"usable {usable:.0f} GB",
         annotation_position="top left",
     )
+    hidden = len(simulated) - len(shown)
     fig.update_layout(
         title=(
-            f"{result.model} on {result.devices} x {result.accelerator.name}, global batch "
-            f"{result.global_batch}: step time vs memory (x: does not fit; large: Pareto front)"
+            f"{result.model}, {result.devices} x {result.accelerator.name}: step time vs "
+            "memory (x: does not fit; ringed: Pareto front)"
         ),
+        annotations=[
+            {
+                "text": f"{hidden} configurations slower than {ceiling:.3g} s or over "
+                f"{2 * usable:.0f} GB are not drawn",
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": -0.16,
+                "showarrow": False,
+                "font": {"size": 11, "color": "#666"},
+            }
+        ],
         xaxis_title="peak memory per device (GB)",
-        yaxis_title="step time (s)",
+        yaxis_title="step time (s, log scale)",
+        yaxis_type="log",
         legend_title="schedule",
         template="plotly_white",
     )
@@ -272,8 +305,7 @@ def _hover(point: PlanPoint) -> str:
     mfu = "-" if point.mfu is None else f"{point.mfu:.1%}"
     lines = [
         f"<b>{point.schedule}</b> rank {point.rank if point.rank is not None else '-'}",
-        f"p={point.pipeline} v={point.virtual} d={point.data_parallel} "
-        f"b={point.microbatch_size} m={point.n_microbatches}",
+        point.label(),
         f"step {point.step_time_s:.4g} s, MFU {mfu}, bubble {bubble}",
         f"memory {(point.peak_memory_bytes or 0) / 1e9:.1f} GB "
         f"(static {(point.static_memory_bytes or 0) / 1e9:.1f} + activations "
@@ -285,17 +317,111 @@ def _hover(point: PlanPoint) -> str:
     return "<br>".join(lines)
 
 
-def write_html(result: PlanResult, path: str | Path, /, *, cdn: bool = False) -> Path:
-    """Write :func:`plan_figure` as a standalone HTML page (plotly.js embedded unless
-    ``cdn``); an unwritable path is a PipesimError."""
+def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _refusals(result: PlanResult) -> list[tuple[str, str]]:
+    groups: dict[str, list[str]] = {}
+    for point in result.points:
+        if point.fits:
+            continue
+        text = (point.reason or "?").split(";")[0]
+        groups.setdefault(re.sub(r"(?<![\w'-])\d+(\.\d+)?", "#", text), []).append(text)
+    ranked = sorted(groups.values(), key=lambda texts: -len(texts))
+    return [(str(len(texts)), texts[0]) for texts in ranked]
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1.5em; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f4f4f4; } td:nth-child(2), td:last-child { text-align: left; }
+code { background: #f4f4f4; padding: 0.1em 0.3em; display: inline-block; }
+.winner { font-size: 1.1em; background: #eef6ee; padding: 0.8em; border-radius: 6px; }
+.warn { background: #fbeeee; }
+"""
+
+
+def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> str:
+    """The ``plan.html`` report: the winner in a sentence with its Megatron-LM and
+    torchtitan settings and the parts of its iteration, the top table, the Pareto
+    front, why configurations were refused, and a key to every column (units included).
+    """
     import plotly.io as pio
 
-    path = Path(path)
-    html = pio.to_html(
+    from pipesim.plan.frameworks import megatron_args, torchtitan_args
+
+    best = result.recommended
+    figure = pio.to_html(
         plan_figure(result),
         include_plotlyjs="cdn" if cdn else True,
-        full_html=True,
+        full_html=False,
         div_id="pipesim-plan",
         config={"displaylogo": False, "responsive": True},
     )
-    return write_text(path, html)
+    title = (
+        f"pipesim plan: {result.model} on {result.devices} x {result.accelerator.name}, "
+        f"global batch {result.global_batch}"
+    )
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts.append(
+        f"<p>{len(result.points)} configurations, {sum(p.feasible for p in result.points)} "
+        f"simulated, {len(result.fitting)} fit in {result.usable_memory_bytes / 1e9:.1f} GB "
+        f"per device ({result.memory_capacity_bytes / 1e9:.1f} GB less "
+        f"{result.memory_headroom:.0%} headroom); engine {html.escape(result.engine)}.</p>"
+    )
+    css = "winner" if best is not None else "winner warn"
+    parts.append(f'<p class="{css}">{html.escape(explain(result))}</p>')
+    if best is not None:
+        split = best.parts_s() or {}
+        parts.append("<h2>The winner's iteration</h2>")
+        parts.append(
+            _html_table(
+                ["part", "seconds", "what"],
+                [
+                    ("pipeline", f"{split['pipeline']:.4g}", "the schedule's makespan"),
+                    ("  tp comm", f"{split['tp_comm']:.4g}", "tensor-parallel traffic inside it"),
+                    ("  bubble", f"{split['bubble']:.4g}", "idle time inside it"),
+                    ("dp comm", f"{split['dp_comm']:.4g}", "data-parallel traffic not hidden"),
+                    ("optimizer", f"{split['optimizer']:.4g}", "Adam step"),
+                    ("step", f"{split['step']:.4g}", "pipeline + dp comm + optimizer"),
+                ],
+            )
+        )
+        parts.append(
+            "<p>Megatron-LM: <code>"
+            + html.escape(megatron_args(result, best))
+            + "</code></p><p>torchtitan: <code>"
+            + html.escape(torchtitan_args(result, best))
+            + "</code></p>"
+        )
+    shown = list(result.fitting[:top]) or [p for p in result.points if p.feasible][:top]
+    parts.append(f"<h2>Top {len(shown)} configurations</h2>")
+    parts.append(_html_table(_HEADERS, [_row(p) for p in shown]))
+    parts.append("<h2>Step time against memory</h2>" + figure)
+    refusals = _refusals(result)
+    if refusals:
+        parts.append("<h2>Why configurations were refused or do not fit</h2>")
+        parts.append(_html_table(["count", "reason (one example of each kind)"], refusals[:20]))
+    if result.n_duplicates:
+        parts.append(
+            f"<p>{result.n_duplicates} configurations identical to one listed (same per-rank "
+            "orders and costs) are not repeated.</p>"
+        )
+    parts.append("<h2>Key</h2>")
+    parts.append(_html_table(["column", "meaning (unit)"], COLUMN_KEY))
+    body = "\n".join(parts)
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{_STYLE}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def write_html(result: PlanResult, path: str | Path, /, *, cdn: bool = False) -> Path:
+    """Write :func:`report_html` to ``path``; an unwritable path is a PipesimError."""
+    return write_text(Path(path), report_html(result, cdn=cdn))

@@ -327,6 +327,7 @@ def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
     if best is None:
         return []
     found: list[tuple[str, PlanPoint]] = []
+    listed: set[str] = set()
     for field, short in _DIMENSIONS:
         mine = getattr(best, field)
         seen = set()
@@ -335,7 +336,9 @@ def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
             if value == mine or value in seen:
                 continue
             seen.add(value)
-            found.append((f"{short}={value}", point))
+            if point.label() not in listed:  # one point may differ in several dimensions
+                listed.add(point.label())
+                found.append((f"{short}={value}", point))
     found.sort(key=lambda item: item[1].step_time_ns or 0)
     return found
 
