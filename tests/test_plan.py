@@ -75,9 +75,9 @@ def test_bubble_equals_closed_forms(p: int, m: int) -> None:
         # makespan in ns: (m + (p-1)/v) (F+B) with a rank's F+B = 3 s * 8/p layers
         assert point.pipeline_time_ns == (m + Fraction(p - 1, v)) * 3 * Fraction(8, p) * 10**9
         assert point.allreduce_time_ns == 0
-    assert ("gpipe", 1) in seen
-    # 1F1B is listed unless its per-rank orders equal GPipe's (p = 1 or m = 1): once only
-    assert ("1f1b", 1) in seen or (result.n_duplicates > 0 and (p == 1 or m == 1))
+    assert ("1f1b", 1) in seen
+    # GPipe is listed unless its per-rank orders equal 1F1B's (p = 1 or m = 1): once only
+    assert ("gpipe", 1) in seen or (result.n_duplicates > 0 and (p == 1 or m == 1))
 
 
 def test_gpipe_is_never_recommended_when_only_1f1b_memory_fits() -> None:

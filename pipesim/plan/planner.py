@@ -432,29 +432,39 @@ def plan(
     )
 
 
+#: Which name an identical configuration keeps: the schedules frameworks run by name.
+_PREFERRED = ("1f1b", "interleaved-1f1b", "gpipe")
+
+
 def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[PlanPoint], int]:
-    """Drop configurations identical to an earlier one: the same generated per-rank
-    orders (``fingerprint``) with the same degrees, batch and memory choices give the
-    same simulation. The first, in registry order, stays."""
+    """Drop configurations identical to another: the same generated per-rank orders
+    (``fingerprint``) with the same degrees, batch and memory choices give the same
+    simulation. The one kept is named 1f1b, interleaved-1f1b or gpipe if one of them
+    is among the twins (1F1B at p = 1 is also "sequential"), else the first in
+    registry order."""
+    rank = {name: i for i, name in enumerate(_PREFERRED)}
+    order = sorted(range(len(points)), key=lambda i: rank.get(points[i].schedule, len(rank)))
     seen: set[tuple[object, ...]] = set()
-    kept: list[PlanPoint] = []
-    for point, fingerprint in zip(points, fingerprints, strict=True):
-        if point.feasible and fingerprint:
-            key = (
-                fingerprint,
-                point.tensor,
-                point.pipeline,
-                point.microbatch_size,
-                point.n_microbatches,
-                point.sequence_parallel,
-                point.recompute,
-                point.distributed_optimizer,
-            )
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(point)
-    return kept, len(points) - len(kept)
+    dropped: set[int] = set()
+    for i in order:
+        point, fingerprint = points[i], fingerprints[i]
+        if not (point.feasible and fingerprint):
+            continue
+        key = (
+            fingerprint,
+            point.tensor,
+            point.pipeline,
+            point.microbatch_size,
+            point.n_microbatches,
+            point.sequence_parallel,
+            point.recompute,
+            point.distributed_optimizer,
+        )
+        if key in seen:
+            dropped.add(i)
+        seen.add(key)
+    kept = [p for i, p in enumerate(points) if i not in dropped]
+    return kept, len(dropped)
 
 
 def _plan_point(

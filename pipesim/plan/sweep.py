@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from pipesim.actions import Action, Op
 from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
@@ -181,6 +182,7 @@ _WORKLOADS: dict[tuple[int, bool, str], Workload] = {}
 _PARTITIONS: dict[tuple[int, bool, str, int], tuple[int, ...]] = {}
 _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
+_ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 _MAX_SCHEDULES = 64
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
@@ -204,6 +206,8 @@ def _install(context: SweepContext) -> None:
     _PARTITIONS.clear()
     _COSTS.clear()
     _SIMULATED.clear()
+    _PREFIXES.clear()
+    _ITERATIONS.clear()
 
 
 def _worker_init(context: SweepContext) -> None:
@@ -213,11 +217,24 @@ def _worker_init(context: SweepContext) -> None:
     _install(context)
 
 
+_OPCODES = {op: i for i, op in enumerate(Op)}
+
+
 def _fingerprint(schedule: Schedule) -> str:
+    """A digest of the per-rank orders, equal across processes for equal schedules:
+    actions as tuples of ints (whose hashes, unlike strings', are not salted per
+    process), overlapped works by their text."""
+    codes = _OPCODES
+    ranks = tuple(
+        tuple(
+            (work.stage, codes[work.op], work.microbatch) if isinstance(work, Action) else str(work)
+            for work in order
+        )
+        for order in schedule.orders
+    )
+    simple = all(isinstance(w, tuple) for order in ranks for w in order)
     digest = hashlib.blake2b(digest_size=12)
-    for order in schedule.orders:
-        digest.update(" ".join(map(str, order)).encode())
-        digest.update(b"|")
+    digest.update(repr(hash(ranks) if simple else ranks).encode())
     digest.update(repr((schedule.placement, schedule.n_copies)).encode())
     digest.update(" ".join(f"{a}<{b}" for a, b in schedule.happens_before).encode())
     return digest.hexdigest()
@@ -305,13 +322,17 @@ def _stage_costs(
     params: list[int | Fraction] = []
     transient: list[int] = []
     tp_ns: list[int] = []
+    prefix = _prefix_sums(workload)
     start = 0
     for size in sizes:
         layers = workload.layers[start : start + size]
-        start += size
+        end = start + size
 
-        def total(field: str, layers: Sequence[Any] = layers) -> Fraction:
-            return sum((Fraction(getattr(x, field)) for x in layers), start=Fraction(0))
+        def total(field: str, start: int = start, end: int = end) -> Fraction:
+            sums = prefix[field]
+            return sums[end] - sums[start]
+
+        start = end
 
         fwd_comm = round(total("tp_forward_allreduces") * allreduce_ns)
         bwd_comm = round(total("tp_backward_allreduces") * allreduce_ns)
@@ -353,6 +374,35 @@ def _stage_costs(
     found = _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
     _COSTS[key] = found
     return found
+
+
+_SUMMED = (
+    "forward",
+    "backward",
+    "input_grad",
+    "weight_grad",
+    "activation_bytes",
+    "weight_grad_bytes",
+    "params",
+    "tp_forward_allreduces",
+    "tp_backward_allreduces",
+)
+_PREFIXES: dict[int, tuple[Workload, dict[str, list[Fraction]]]] = {}
+
+
+def _prefix_sums(workload: Workload) -> dict[str, list[Fraction]]:
+    """Running totals of each summed layer field: a stage's total is a difference."""
+    found = _PREFIXES.get(id(workload))
+    if found is not None and found[0] is workload:
+        return found[1]
+    sums = {}
+    for field in _SUMMED:
+        running = [Fraction(0)]
+        for layer in workload.layers:
+            running.append(running[-1] + getattr(layer, field))
+        sums[field] = running
+    _PREFIXES[id(workload)] = (workload, sums)
+    return sums
 
 
 def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...]:
@@ -543,7 +593,22 @@ def _rank_iteration(
     first_stage: int | None,
 ) -> RankIteration:
     stage = costs.stage(first_stage if first_stage is not None else 0)
-    return rank_iteration(
+    # ranks of equal stages (most of a pipeline's middle) give the same answer
+    key = (
+        params,
+        point.tensor,
+        point.data_parallel,
+        point.distributed_optimizer,
+        workload.grad_bytes_per_param,
+        stage.backward,
+        stage.forward,
+    )
+    found = _ITERATIONS.get(key)
+    if found is not None:
+        return found
+    if len(_ITERATIONS) > 4096:
+        _ITERATIONS.clear()
+    found = _ITERATIONS[key] = rank_iteration(
         params,
         accelerator=context.accelerator,
         tensor=point.tensor,
@@ -555,6 +620,7 @@ def _rank_iteration(
         first_forward_ns=int(stage.forward),
         overlap=context.overlap_grad_reduce,
     )
+    return found
 
 
 def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
