@@ -409,7 +409,7 @@ def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground group)
     out, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 3.0
+    assert time.monotonic() - sent < 5.0  # about 2 s idle; slack for a loaded CI machine
     assert proc.returncode == 130, err
     assert "partial plan (the sweep was interrupted" in out
     assert "Traceback" not in err
@@ -479,3 +479,19 @@ def test_full_recomputation_transient_is_in_the_peak() -> None:
     assert point.peak_activation_bytes == stored + transformer_block(GPT).activation_bytes
     none = plan(GPT, recompute=["none"], **kwargs)  # type: ignore[arg-type]
     assert none.points[0].peak_activation_bytes > point.peak_activation_bytes  # type: ignore[operator]
+
+
+def test_progress_bar_opens_at_once_and_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipesim.cli._plan import _Progress
+
+    bar = _Progress(enabled=True)
+    bar(0, 40)  # evaluate_points reports 0 done before the first result
+    assert bar.bar is not None and bar.bar.total == 40
+    bar(25, 40)
+    assert bar.bar.n == 25
+    bar.close()
+    err = capsys.readouterr().err
+    assert "planning" in err and "25/40" in err
+    silent = _Progress(enabled=False)
+    silent(1, 2)
+    assert silent.bar is None and capsys.readouterr().err == ""
