@@ -487,11 +487,14 @@ def test_progress_bar_opens_at_once_and_counts(capsys: pytest.CaptureFixture[str
     bar = _Progress(enabled=True)
     bar(0, 40)  # evaluate_points reports 0 done before the first result
     assert bar.bar is not None and bar.bar.total == 40
+    assert "planning:   0%" in capsys.readouterr().err  # drawn before any result
     bar(25, 40)
     assert bar.bar.n == 25
+    bar.bar.refresh()  # tqdm redraws at most every 0.2 s by itself
+    assert "25/40" in capsys.readouterr().err
     bar.close()
-    err = capsys.readouterr().err
-    assert "planning" in err and "25/40" in err
     silent = _Progress(enabled=False)
     silent(1, 2)
+    capsys.readouterr()
+    silent(2, 2)
     assert silent.bar is None and capsys.readouterr().err == ""
