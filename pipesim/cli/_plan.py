@@ -354,7 +354,10 @@ def run(args: argparse.Namespace) -> int:
             "--devices 16 --accelerator h100-sxm --global-batch 128`"
         )
     if args.output:  # refused now, not after the sweep
+        _output_kind(args.output)
         check_writable(args.output, what="-o")
+    if args.costs_out:
+        check_writable(args.costs_out, what="--costs-out")
     workload = _workload(args)
     source = args.accelerator
     accelerator = (
