@@ -81,6 +81,16 @@ class Action:
     microbatch: int
 
     def __post_init__(self) -> None:
+        stage, microbatch = self.stage, self.microbatch
+        # The common case in one test: generators build many thousands of actions.
+        if (
+            type(stage) is int
+            and type(microbatch) is int
+            and 0 <= stage < MAX_STAGES
+            and 0 <= microbatch < MAX_MICROBATCHES
+            and type(self.op) is Op
+        ):
+            return
         for name, maximum, limit in _INDEX_LIMITS:
             value = getattr(self, name)
             if type(value) is not int:  # numpy integers and other __index__ types are fine
