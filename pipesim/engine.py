@@ -18,7 +18,6 @@ SimPy only adds and compares them, so results are exact.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -30,6 +29,7 @@ from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.graph import check_structure
 from pipesim.metrics import Metrics, compute_metrics
+from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
 from pipesim.step import (
     CompiledStep,
@@ -69,10 +69,11 @@ def simulate(
     (33, Fraction(3, 11))
     """
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
-    structure = step_structure(schedule)
-    if check:
-        check_structure(schedule, structure)
-    trace = _without_gc(compile_step(structure, costs))
+    with paused_gc():
+        structure = step_structure(schedule)
+        if check:
+            check_structure(schedule, structure)
+        trace = _run(compile_step(structure, costs))
     return Simulation(
         schedule=schedule,
         costs=costs,
@@ -83,19 +84,8 @@ def simulate(
 
 def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     """Run the SimPy model and return the raw :class:`Trace` (no validation)."""
-    return _without_gc(compile_step(schedule, costs))
-
-
-def _without_gc(step: CompiledStep) -> Trace:
-    # A step allocates several objects per action and no garbage cycles; the cyclic
-    # collector would otherwise rescan the growing trace again and again.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _run(step)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    with paused_gc():
+        return _run(compile_step(schedule, costs))
 
 
 def _run(step: CompiledStep) -> Trace:

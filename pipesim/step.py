@@ -291,6 +291,7 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
     pair_of: list[int] = []
     back_edge = False  # a same-rank wait on later work: a cycle through program order
     new_tuple = tuple.__new__
+    add_message, add_pair, pair_get = messages.append, pair_of.append, pair_at.get
     for source, node, producer, consumer in _data_edges(node_at, width, per_copy, works):
         src, dst = ranks[source], ranks[node]
         if src == dst:
@@ -298,12 +299,12 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
             continue  # program order covers it
         arrival = len(messages)
         # tuple.__new__: a C call, where Message(...) runs NamedTuple's Python __new__
-        messages.append(new_tuple(Message, (producer, consumer, source, node, src, dst)))
-        pair = pair_at.get(src * n_ranks + dst)
+        add_message(new_tuple(Message, (producer, consumer, source, node, src, dst)))
+        pair = pair_get(src * n_ranks + dst)
         if pair is None:
             pair = pair_at[src * n_ranks + dst] = len(pair_ids)
             pair_ids[(src, dst)] = pair
-        pair_of.append(pair)
+        add_pair(pair)
         outputs[source] += (arrival,)
         inputs[node] += (arrival,)
     get = node_at.get

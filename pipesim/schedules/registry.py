@@ -14,6 +14,7 @@ from typing import Any
 from pipesim import limits
 from pipesim.errors import ScheduleError, UnknownNameError, brief
 from pipesim.limits import MAX_STAGES, as_int, check_actions, check_range
+from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
 from pipesim.suggest import did_you_mean
 
@@ -106,13 +107,14 @@ def generate(
             f"schedule {name!r} has no forward-only variant; forward-only schedules are: "
             f"{', '.join(with_variant)}"
         )
-    return spec.generator(
-        n_ranks=n_ranks,
-        n_microbatches=n_microbatches,
-        virtual=virtual,
-        forward_only=forward_only,
-        **options,
-    )
+    with paused_gc():  # a generator allocates a few objects per action, no cycles
+        return spec.generator(
+            n_ranks=n_ranks,
+            n_microbatches=n_microbatches,
+            virtual=virtual,
+            forward_only=forward_only,
+            **options,
+        )
 
 
 def _sizes(
