@@ -159,7 +159,12 @@ class Schedule:
                 f"orders must be a list with one list of actions per rank, got {brief(orders)}"
             )
         parsed = tuple(
-            tuple([w if type(w) is Action or isinstance(w, Overlap) else parse_action(w) for w in order])
+            tuple(
+                [
+                    w if type(w) is Action or isinstance(w, Overlap) else parse_action(w)
+                    for w in order
+                ]
+            )
             for order in orders
         )
         if placement is None:
