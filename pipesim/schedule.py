@@ -42,6 +42,9 @@ from pipesim.limits import (
 
 __all__ = ["Schedule"]
 
+# What an order may hold; a tuple, not ``Action | Overlap``, so no union is built per test.
+_WORK_TYPES = (Action, Overlap)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
@@ -159,12 +162,7 @@ class Schedule:
                 f"orders must be a list with one list of actions per rank, got {brief(orders)}"
             )
         parsed = tuple(
-            tuple(
-                [
-                    w if type(w) is Action or isinstance(w, Overlap) else parse_action(w)
-                    for w in order
-                ]
-            )
+            tuple([w if isinstance(w, _WORK_TYPES) else parse_action(w) for w in order])
             for order in orders
         )
         if placement is None:
