@@ -108,6 +108,35 @@ got 'nan'
 _YEAR_S = 365 * 24 * 3600  # beyond it a timeout means "never" and overflows some waits
 
 
+def add_size_arguments(
+    group: argparse._ActionsContainer, *, required: bool, virtual_help: str
+) -> None:
+    """``--stages/-p``, ``--microbatches/-m`` and ``--virtual/-v``, bounded by pipesim.limits."""
+    group.add_argument(
+        "--stages",
+        "-p",
+        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
+        required=required,
+        metavar="P",
+        help="pipeline depth p: ranks (devices), one per pipeline stage",
+    )
+    group.add_argument(
+        "--microbatches",
+        "-m",
+        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
+        required=required,
+        metavar="M",
+        help="micro-batches per step",
+    )
+    group.add_argument(
+        "--virtual",
+        "-v",
+        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
+        metavar="V",
+        help=virtual_help,
+    )
+
+
 def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
     """``SCHEDULE`` (a registered name or a .json/.csv file) and its size flags."""
     if source:
@@ -118,26 +147,10 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
         )
         mark_schedule_argument(action)
     group = parser.add_argument_group("schedule size")
-    group.add_argument(
-        "--stages",
-        "-p",
-        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
-        metavar="P",
-        help="pipeline depth p: ranks (devices), one per pipeline stage",
-    )
-    group.add_argument(
-        "--microbatches",
-        "-m",
-        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
-        metavar="M",
-        help="micro-batches per step",
-    )
-    group.add_argument(
-        "--virtual",
-        "-v",
-        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
-        metavar="V",
-        help="stages per rank for interleaved / V-shaped schedules (model cut into P*V "
+    add_size_arguments(
+        group,
+        required=False,
+        virtual_help="stages per rank for interleaved / V-shaped schedules (model cut into P*V "
         "stages); -v means virtual here, not verbose",
     )
     group.add_argument(

@@ -8,14 +8,13 @@ from typing import Any
 
 from pipesim.cli._common import (
     add_cost_arguments,
+    add_size_arguments,
     costs_for_stages,
     print_json,
     seconds,
-    whole_number,
 )
 from pipesim.errors import PipesimError
 from pipesim.exact import as_number
-from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule_io import save_schedule
 from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
 from pipesim.text_table import format_table
@@ -35,28 +34,8 @@ def register(subparsers: Any) -> None:
         ),
     )
     size = parser.add_argument_group("problem")
-    size.add_argument(
-        "--stages",
-        "-p",
-        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
-        required=True,
-        metavar="P",
-        help="pipeline depth p: ranks (devices)",
-    )
-    size.add_argument(
-        "--microbatches",
-        "-m",
-        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
-        required=True,
-        metavar="M",
-        help="micro-batches per step",
-    )
-    size.add_argument(
-        "--virtual",
-        "-v",
-        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
-        metavar="V",
-        help="stages per rank (default 1; 2 with --placement v)",
+    add_size_arguments(
+        size, required=True, virtual_help="stages per rank (default 1; 2 with --placement v)"
     )
     size.add_argument(
         "--placement",
