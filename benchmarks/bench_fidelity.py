@@ -161,6 +161,29 @@ def _families(args: argparse.Namespace) -> list[str]:
     return list(_QUICK_FAMILIES) if args.quick else list(schedule_names())
 
 
+def _measure(
+    args: argparse.Namespace,
+    options: dict[str, int],
+    schedule: Any,
+    *,
+    microbatch_size: int | None = None,
+    threads: int | None = None,
+    warmup: int = 1,
+) -> Measurement:
+    """``verify.fidelity.measure`` of ``schedule`` on the GPT ``options`` with the run's
+    settings (rows per micro-batch, repeats, threads, timeout) unless overridden."""
+    return measure(
+        schedule,
+        model="gpt",
+        model_options=options,
+        microbatch_size=args.microbatch_size if microbatch_size is None else microbatch_size,
+        repeats=args.repeats,
+        threads=args.threads if threads is None else threads,
+        warmup=warmup,
+        timeout_s=args.timeout,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     # The two ranks and this process account for up to about 3 of the load by themselves.
     default = 3 + 0.5 * (os.cpu_count() or 1)
@@ -188,15 +211,7 @@ def run(args: argparse.Namespace) -> int:
         cuts = _calibrate(args, options)
         in_sample = calibration_schedule(n_ranks=2, n_microbatches=args.calibration_microbatches)
         load = _load()
-        got = measure(
-            in_sample,
-            model="gpt",
-            model_options=options,
-            microbatch_size=args.microbatch_size,
-            repeats=args.repeats,
-            threads=args.threads,
-            timeout_s=args.timeout,
-        )
+        got = _measure(args, options, in_sample)
         row = _row(
             model,
             "(calibration)",
@@ -219,15 +234,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 predicted = int(predict(schedule, costs_for(schedule, cuts)))
                 load = _load()
-                got = measure(
-                    schedule,
-                    model="gpt",
-                    model_options=options,
-                    microbatch_size=args.microbatch_size,
-                    repeats=args.repeats,
-                    threads=args.threads,
-                    timeout_s=args.timeout,
-                )
+                got = _measure(args, options, schedule)
                 row = _row(model, name, virtual, m, predicted, got, load, max_load)
                 rows.append(row)
                 print("  " + _line(row), flush=True)
@@ -244,16 +251,7 @@ def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
     schedule = generate("1f1b", n_ranks=2, n_microbatches=8)
 
     def run(warmup: int, threads: int) -> Measurement:
-        return measure(
-            schedule,
-            model="gpt",
-            model_options=options,
-            microbatch_size=args.microbatch_size,
-            repeats=args.repeats,
-            threads=threads,
-            warmup=warmup,
-            timeout_s=args.timeout,
-        )
+        return _measure(args, options, schedule, threads=threads, warmup=warmup)
 
     base = run(1, args.threads)
     for label, got in (
@@ -283,15 +281,7 @@ def _scaling(
             schedule = generate(name, n_ranks=2, n_microbatches=args.calibration_microbatches * 2)
             predicted = int(predict(schedule, fit.at(b)))
             load = _load()
-            got = measure(
-                schedule,
-                model="gpt",
-                model_options=options,
-                microbatch_size=b,
-                repeats=args.repeats,
-                threads=args.threads,
-                timeout_s=args.timeout,
-            )
+            got = _measure(args, options, schedule, microbatch_size=b)
             row = _row(
                 model, f"{name} b={b}", 1, schedule.n_microbatches, predicted, got, load, max_load
             )
