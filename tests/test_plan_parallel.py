@@ -234,31 +234,33 @@ def test_llama2_70b_on_64_h100_is_sensible() -> None:
     assert flat.best is None or flat.best.step_time_ns > best.step_time_ns  # type: ignore[operator]
 
 
+# A 4-layer GPT on 2 GPUs: every planner verb path in a second.
+TINY_PLAN = [
+    "plan",
+    "--layers",
+    "4",
+    "--hidden",
+    "256",
+    "--heads",
+    "4",
+    "--seq-length",
+    "128",
+    "--vocab",
+    "1000",
+    "--devices",
+    "2",
+    "--accelerator",
+    "h100-sxm",
+    "--global-batch",
+    "4",
+    "--workers",
+    "1",
+]
+
+
 def test_absurd_winners_are_not_crowned(capsys: pytest.CaptureFixture[str]) -> None:
     # a bar no configuration reaches: the fastest that fits is reported, not recommended
-    args = [
-        "plan",
-        "--layers",
-        "4",
-        "--hidden",
-        "256",
-        "--heads",
-        "4",
-        "--seq-length",
-        "128",
-        "--vocab",
-        "1000",
-        "--devices",
-        "2",
-        "--accelerator",
-        "h100-sxm",
-        "--global-batch",
-        "4",
-        "--workers",
-        "1",
-        "--min-mfu",
-        "0.99",
-    ]
+    args = [*TINY_PLAN, "--min-mfu", "0.99"]
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "no configuration reaches a sane efficiency" in out and "Megatron-LM:" not in out
@@ -296,29 +298,7 @@ def test_nothing_fits_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None
 def test_output_format_follows_the_suffix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = [
-        "plan",
-        "--layers",
-        "4",
-        "--hidden",
-        "256",
-        "--heads",
-        "4",
-        "--seq-length",
-        "128",
-        "--vocab",
-        "1000",
-        "--devices",
-        "2",
-        "--accelerator",
-        "h100-sxm",
-        "--global-batch",
-        "4",
-        "--workers",
-        "1",
-        "--min-mfu",
-        "0",
-    ]
+    base = [*TINY_PLAN, "--min-mfu", "0"]
     assert main([*base, "-o", str(tmp_path / "plan.txt")]) == 1
     assert "cannot tell the format from the suffix '.txt'" in capsys.readouterr().err
     assert (
