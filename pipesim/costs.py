@@ -55,9 +55,13 @@ __all__ = [
 ]
 
 
-#: The share of a stage's activation bytes W still needs after I when ``weight_grad_bytes``
-#: is not given: 32sbh / 34sbh per transformer layer (Qi et al. 2024, Table 1; see
-#: :attr:`StageCost.weight_grad_bytes`).
+#: ``weight_grad_bytes / activation_bytes`` when ``weight_grad_bytes`` is not given:
+#: ``M_W / M_B`` of Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2,
+#: Table 1 ("activations memory required per transformer layer": B needs
+#: ``M_B = sb(34h + 5as)`` bytes, W ``M_W = 32sbh``), with the attention-score term
+#: ``5as^2b`` not stored (flash attention, or selective recomputation): 32/34. With
+#: the scores stored the share is ``32h / (34h + 5as)``, smaller; give
+#: ``weight_grad_bytes`` then (the planner computes it per layer, pipesim.plan.layers).
 W_SHARE = Fraction(16, 17)
 
 
@@ -78,10 +82,12 @@ class StageCost:
     activation_bytes: int = 0
     """Activation bytes one micro-batch holds on this stage from F until freed."""
     weight_grad_bytes: int = None  # type: ignore[assignment]  # resolved in __post_init__
-    """The part of ``activation_bytes`` still held after I, freed by W. Omitted (None):
-    ``activation_bytes * 16 // 17``, the zero-bubble paper's split (Qi et al. 2024,
-    Table 1: W needs 32sbh bytes per transformer layer where B needs 34sbh + 5as^2b,
-    the attention-score term 5as^2b vanishing with flash attention)."""
+    """Bytes one micro-batch holds on this stage from the end of I until W ends: what W
+    needs, the inputs of the weight matmuls (kept from F) and the gradients of their
+    outputs (which I computes and hands to W), so it may exceed ``activation_bytes``
+    (:mod:`pipesim.memory`). Omitted (None): ``activation_bytes * 16 // 17``
+    (:data:`W_SHARE`, Qi et al. 2024, Table 1: ``M_W = 32sbh`` of ``M_B = 34sbh`` per
+    transformer layer once the ``5as^2b`` attention scores are not stored)."""
     output_bytes: int = 0
     """Bytes of the activation sent to the next stage (the gradient sent back is as big)."""
     param_bytes: int = 0
@@ -98,11 +104,6 @@ class StageCost:
         if kept is None:
             kept = self.activation_bytes * W_SHARE.numerator // W_SHARE.denominator
         object.__setattr__(self, "weight_grad_bytes", to_count(kept, name="weight_grad_bytes"))
-        if self.weight_grad_bytes > self.activation_bytes:
-            raise CostError(
-                f"weight_grad_bytes ({self.weight_grad_bytes}) cannot exceed activation_bytes "
-                f"({self.activation_bytes}): W frees part of what F allocated"
-            )
 
     def duration(self, op: Op) -> Time:
         """The duration of ``op`` on this stage."""

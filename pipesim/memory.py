@@ -3,19 +3,36 @@ frees when it ends, per rank, in activation bytes and stage-micro-batches in fli
 
 Per stage ``s`` and micro-batch (see :class:`~pipesim.costs.StageCost`):
 
-- ``F`` allocates the stage's ``activation_bytes`` when it starts; the
-  stage-micro-batch is then *in flight*;
+- ``F`` allocates the stage's ``activation_bytes`` (Qi et al.'s ``M_B``) when it
+  starts; the stage-micro-batch is then *in flight*;
 - a full backward ``B`` frees all of them when it ends, and the micro-batch
-  leaves flight;
-- a split backward frees ``activation_bytes - weight_grad_bytes`` when ``I`` ends and
-  the rest (what W still needs) when ``W`` ends (Qi et al., "Zero Bubble Pipeline
-  Parallelism", ICLR 2024, section 2). The micro-batch stays in flight from its first
-  forward until its last backward op, ``B`` or ``W``, ends, whatever bytes it holds;
+  leaves flight (the gradients it computes live and die inside it);
+- a split backward keeps, from the end of ``I`` until ``W`` ends, the
+  ``weight_grad_bytes`` W needs (Qi et al.'s ``M_W``): the inputs of the stage's
+  weight matmuls, which F stored, *and* the gradients of their outputs, which I
+  computes and hands to W. ``I`` turns the micro-batch's ``activation_bytes``
+  into ``weight_grad_bytes``: what it adds (``weight_grad_bytes`` may exceed
+  ``activation_bytes``, e.g. under full recomputation) is counted when it starts,
+  what it frees when it ends; ``W`` frees the ``weight_grad_bytes`` when it ends.
+  The micro-batch stays in flight from its first forward until its last backward
+  op, ``B`` or ``W``, ends, whatever bytes it holds;
 - in a forward-only (inference) step no backward needs the activations, so F
   frees its own when it ends.
 
+Only what outlives a pass is counted, as in Qi et al., "Zero Bubble Pipeline
+Parallelism", ICLR 2024, section 2 (Table 1: ``M_B = sb(34h + 5as)`` for B and
+``M_W = 32sbh`` for W per transformer layer; Table 2's peaks ``p M_B`` for ZB-H1 and
+``(2p - 1) M_B`` for ZB-H2) and in their scheduler (sail-sg/zero-bubble-pipeline-
+parallelism, ``zerobubble/runtime.py``: ``f_mem = 34h + 5as``, ``w_mem = -32h``,
+``b_mem = -(f_mem + w_mem)`` per token): buffers a pass allocates and frees itself
+(the input gradient it sends, a fused B's weight gradients) are not. Our reading
+of ``32sbh`` at t = 1, which adds up to the paper's figure: the four weight
+matmuls' inputs (QKV 2sbh, output projection 2sbh, MLP 2sbh + 8sbh = 14sbh, all in
+F's ``34sbh``, Korthikanti et al. 2023, Table 2) plus their output gradients (QKV
+6sbh, output projection 2sbh, MLP 8sbh + 2sbh = 18sbh, which I creates).
+
 An :class:`~pipesim.actions.Overlap` has the summed effects of its parts. The
-SimPy engine, the planner's evaluators and the compiled step
+SimPy engine, the planner's evaluators, the synthesizer and the compiled step
 (:mod:`pipesim.step`) all read these tables; no other module restates them.
 
 >>> from pipesim.costs import StageCost
@@ -24,6 +41,10 @@ SimPy engine, the planner's evaluators and the compiled step
 (Effect(start_bytes=10, start_count=1, end_bytes=0, end_count=0), \
 Effect(start_bytes=0, start_count=0, end_bytes=-6, end_count=0), \
 Effect(start_bytes=0, start_count=0, end_bytes=-4, end_count=-1))
+>>> op_effects(StageCost(activation_bytes=10, weight_grad_bytes=12), forward_only=False)[2]
+Effect(start_bytes=2, start_count=0, end_bytes=0, end_count=0)
+>>> microbatch_peak(StageCost(activation_bytes=10, weight_grad_bytes=12))
+12
 """
 
 from __future__ import annotations
@@ -34,7 +55,14 @@ from typing import NamedTuple
 from pipesim.actions import OP_INDEX, Work
 from pipesim.costs import CostModel, StageCost
 
-__all__ = ["NO_EFFECT", "Effect", "op_effects", "stage_effects", "work_effect"]
+__all__ = [
+    "NO_EFFECT",
+    "Effect",
+    "microbatch_peak",
+    "op_effects",
+    "stage_effects",
+    "work_effect",
+]
 
 
 class Effect(NamedTuple):
@@ -59,9 +87,20 @@ def op_effects(cost: StageCost, /, *, forward_only: bool) -> tuple[Effect, Effec
     act, kept = cost.activation_bytes, cost.weight_grad_bytes
     forward = Effect(act, 1, -act if forward_only else 0, -1 if forward_only else 0)
     full = Effect(0, 0, -act, -1)
-    input_grad = Effect(0, 0, kept - act, 0)
+    # I: from act held to kept held; growth (output gradients beyond the activations it
+    # frees) at its start, the net free at its end.
+    change = kept - act
+    input_grad = Effect(max(change, 0), 0, min(change, 0), 0)
     weight_grad = Effect(0, 0, -kept, -1)
     return forward, full, input_grad, weight_grad
+
+
+def microbatch_peak(cost: StageCost, /) -> int:
+    """The most one micro-batch holds on a stage with costs ``cost`` in a training step:
+    what F allocates plus what I adds at its start (``max(activation_bytes,
+    weight_grad_bytes)``)."""
+    forward, _, input_grad, _ = op_effects(cost, forward_only=False)
+    return forward.start_bytes + input_grad.start_bytes
 
 
 def stage_effects(

@@ -242,18 +242,22 @@ def test_memory_full_backward() -> None:
 
 
 @pytest.mark.parametrize(
-    ("order", "bytes_after_each_change", "peak"),
+    ("order", "kept", "bytes_after_each_change", "peak"),
     [
         # I frees activation_bytes - weight_grad_bytes (70), W the remaining 30.
-        (["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"], [100, 200, 130, 60, 30, 0], 200),
-        (["0F0", "0I0", "0F1", "0W0", "0I1", "0W1"], [100, 30, 130, 100, 30, 0], 130),
+        (["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"], 30, [100, 200, 130, 60, 30, 0], 200),
+        (["0F0", "0I0", "0F1", "0W0", "0I1", "0W1"], 30, [100, 30, 130, 100, 30, 0], 130),
+        # W holds 130 (its inputs and the output gradients I computes): I adds 30 at its
+        # start and frees nothing at its end, W frees the 130.
+        (["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"], 130, [100, 200, 230, 260, 130, 0], 260),
+        (["0F0", "0I0", "0F1", "0W0", "0I1", "0W1"], 130, [100, 130, 230, 100, 130, 0], 230),
     ],
 )
 def test_memory_split_backward(
-    order: list[str], bytes_after_each_change: list[int], peak: int
+    order: list[str], kept: int, bytes_after_each_change: list[int], peak: int
 ) -> None:
     s = Schedule.from_orders([order])
-    costs = CostModel.uniform(activation_bytes=100, weight_grad_bytes=30)
+    costs = CostModel.uniform(activation_bytes=100, weight_grad_bytes=kept)
     sim = simulate(s, costs=costs)
     assert [b for _, b, _ in memory_of(sim.trace, 0)] == bytes_after_each_change
     assert sim.metrics.ranks[0].peak_activation_bytes == peak
@@ -450,7 +454,8 @@ def random_cases(draw: st.DrawFn, *, link: Link | None = None, overlap_comm: boo
             weight_grad=draw(times),
             output_bytes=draw(st.integers(0, 40)),
             activation_bytes=(a := draw(st.integers(0, 50))),
-            weight_grad_bytes=draw(st.integers(0, a)),
+            # what W holds may exceed the activations (the output gradients I adds)
+            weight_grad_bytes=draw(st.integers(0, 2 * a)),
         )
         for _ in range(n_stages)
     )
@@ -522,24 +527,29 @@ def asap_timeline(case: Case) -> tuple[dict[Action, tuple[Time, Time]], Time]:
 
 def memory_peaks(schedule: Schedule, costs: CostModel) -> list[tuple[int, int]]:
     """Per rank (peak bytes, peak in flight), walking its order: F allocates at its start
-    and the micro-batch is in flight; B frees all at its end, I all but weight_grad_bytes,
-    W the rest; the micro-batch leaves flight when B or W ends; forward-only F frees at
-    its end. Independent of timing: a rank's changes happen in its program order."""
+    and the micro-batch is in flight; B frees all at its end; I leaves weight_grad_bytes
+    held (what W needs, output gradients included), adding at its start what that is
+    more than the activations and freeing at its end what it is less; W frees them; the
+    micro-batch leaves flight when B or W ends; forward-only F frees at its end.
+    Independent of timing: a rank's changes happen in its program order."""
     peaks = []
     for order in schedule.orders:
         held = inflight = peak_bytes = peak_inflight = 0
         for work in order:
             for a in work.parts:
+                cost = costs.stage(a.stage)
                 if a.op is Op.F:
-                    held += costs.stage(a.stage).activation_bytes
+                    held += cost.activation_bytes
                     inflight += 1
+                elif a.op is Op.I and cost.weight_grad_bytes > cost.activation_bytes:
+                    held += cost.weight_grad_bytes - cost.activation_bytes
             peak_bytes, peak_inflight = max(peak_bytes, held), max(peak_inflight, inflight)
             for a in work.parts:
                 cost = costs.stage(a.stage)
                 if a.op is Op.B or (a.op is Op.F and schedule.forward_only):
                     held -= cost.activation_bytes
                     inflight -= 1
-                elif a.op is Op.I:
+                elif a.op is Op.I and cost.weight_grad_bytes < cost.activation_bytes:
                     held -= cost.activation_bytes - cost.weight_grad_bytes
                 elif a.op is Op.W:
                     held -= cost.weight_grad_bytes

@@ -40,7 +40,7 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
                 weight_grad=draw(_TIMES),
                 overlap=overlap,
                 activation_bytes=act,
-                weight_grad_bytes=draw(st.integers(min_value=0, max_value=act)),
+                weight_grad_bytes=draw(st.integers(min_value=0, max_value=2 * act)),
                 output_bytes=draw(st.integers(min_value=0, max_value=64)),
                 param_bytes=draw(st.integers(min_value=0, max_value=100)),
             )

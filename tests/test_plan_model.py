@@ -50,7 +50,9 @@ def test_gpt_block_by_hand() -> None:
     # Korthikanti et al. 2023: s h (34 + 5 a s / h) = 4*8*34 + 5*2*16 = 1088 + 160
     assert block.activation_bytes == 1248
     # what W still needs: inputs of QKV, out-proj, fc1 (2sh each) and fc2 (2sf) = 14 s h
-    assert block.weight_grad_bytes == 14 * 4 * 8 == 448
+    # = 448, and the output gradients I hands it: QKV 2*s*3h = 192, out-proj 2sh = 64,
+    # fc1 2*s*4h = 256, fc2 2sh = 64 -> 576 = 18 s h; 32 s h, Qi et al. 2024's M_W
+    assert block.weight_grad_bytes == 448 + 576 == 32 * 4 * 8
 
 
 def test_llama_block_by_hand() -> None:
@@ -66,7 +68,20 @@ def test_llama_block_by_hand() -> None:
     # flash log-sum-exp 4*a*s=64 -> 384; MLP: LN in 64, fc1 in 64, gate and up 2*2*4*12=192,
     # fc2 in 2*4*12=96 -> 416
     assert block.activation_bytes == 384 + 416
-    assert block.weight_grad_bytes == 3 * 64 + 96
+    # W: inputs QKV, out-proj, fc1 64 each, fc2 96 = 288; output gradients: QKV
+    # 2*4*(8+2*4) = 128, out-proj 64, gate and up 2*2*4*12 = 192, fc2 64 -> 448
+    assert block.weight_grad_bytes == 3 * 64 + 96 + 128 + 64 + 192 + 64 == 736
+
+
+def test_full_recomputation_w_holds_more_than_f_stored() -> None:
+    # GPT block, t=2 with sequence parallelism, full recomputation: F stores the block
+    # input only, 2sh/2 = 32 bytes; I re-creates the forward, so W holds its matmul
+    # inputs (QKV and fc1 inputs 2*2sh/2 = 64; out-proj and fc2 inputs (2sh + 2*s*4h)/2
+    # = 160) and the output gradients (column-parallel QKV and fc1 (2*s*3h + 2*s*4h)/2 =
+    # 224; row-parallel out-proj and fc2 whole, 2*2sh = 128): 576 bytes, 18x what F kept.
+    block = transformer_block(GPT, tensor=2, sequence_parallel=True, recompute="full")
+    assert block.activation_bytes == 32
+    assert block.weight_grad_bytes == 64 + 160 + 224 + 128 == 576
 
 
 def test_embedding_and_head_by_hand() -> None:
@@ -74,12 +89,13 @@ def test_embedding_and_head_by_hand() -> None:
     assert emb.params == 10 * 8 + 4 * 8  # tokens + learned positions
     assert emb.forward_flops == emb.input_grad_flops == emb.weight_grad_flops == 0
     assert emb.activation_bytes == 8 * 4 + 4 * 8  # int64 ids + dropout mask
-    assert emb.weight_grad_bytes == 32
+    assert emb.weight_grad_bytes == 32 + 2 * 4 * 8  # ids + the output gradient (bf16 s h)
     assert head.params == 10 * 8 + 2 * 8  # projection + final LayerNorm
     assert head.forward_flops == head.input_grad_flops == head.weight_grad_flops == 2 * 4 * 8 * 10
     # final-norm input 64 + projection input 64 + fp32 logits 4*s*V = 160
     assert head.activation_bytes == 288
-    assert head.weight_grad_bytes == 64
+    # projection input 64 + the logits' gradient (bf16) 2*s*V = 80
+    assert head.weight_grad_bytes == 64 + 80
     layers = model_layers(GPT)
     assert [x.name for x in layers] == ["embedding", "block", "block", "block", "head"]
 

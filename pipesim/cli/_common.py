@@ -242,8 +242,11 @@ _STAGE_FLAGS = {
     "activation_bytes": ("activation_bytes", "activation bytes one micro-batch holds per stage"),
     "weight_grad_bytes": (
         "weight_grad_bytes",
-        "part of the activation bytes W frees (after I); default 16/17 of them "
-        "(Qi et al. 2024, Table 1)",
+        "bytes a micro-batch holds per stage from the end of I until W ends: the "
+        "matmul inputs W needs and the output gradients I hands it (may exceed the "
+        "activation bytes); default 16/17 of the activation bytes, Qi et al. 2024's "
+        "M_W/M_B = 32sbh/34sbh per transformer layer (Table 1, attention scores not "
+        "stored)",
     ),
     "message_bytes": ("output_bytes", "bytes sent to the next stage per micro-batch"),
     "param_bytes": ("param_bytes", "parameter bytes per stage (reported, not simulated)"),

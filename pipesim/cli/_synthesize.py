@@ -48,8 +48,9 @@ def register(subparsers: Any) -> None:
         "--memory-limit",
         required=True,
         metavar="LIMIT",
-        help="activation memory per rank: micro-batches of the rank's own activations "
-        "(e.g. 8, 2.5, 16/3) or bytes with a unit (e.g. 20GiB)",
+        help="activation memory per rank: micro-batches (e.g. 8, 2.5, 16/3), each the "
+        "most one micro-batch holds on the rank (its activation bytes, or its weight-grad "
+        "bytes if larger), or bytes with a unit (e.g. 20GiB)",
     )
     add_cost_arguments(parser)
     search = parser.add_argument_group("search")

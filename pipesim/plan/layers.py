@@ -39,8 +39,17 @@ selective recomputation drops the ``5as/(ht)`` term; full recomputation keeps
 only the block input, ``2 s h`` bytes (``2sh/t`` with sequence parallelism,
 as Megatron-LM checkpoints the sequence-split hidden states), and re-creates
 one block's activations at a time in the backward (``LayerCost.transient_bytes``).
-What W still needs after I are the inputs of the four weight matmuls
-(``14 s h`` for GPT at t=1); I frees the rest.
+What W still needs after I (``weight_grad_bytes``, :mod:`pipesim.memory`) are the
+inputs of the four weight matmuls (``14 s h`` for GPT at t=1, kept from F) and the
+gradients of their outputs, which I computes and hands to W (``18 s h``: QKV
+``6sh``, output projection ``2sh``, MLP ``8sh + 2sh``); together Qi et al. 2024's
+``M_W = 32sbh`` (Table 1). The output gradients of the column-parallel matmuls
+(QKV, first MLP) are split t ways; those of the row-parallel ones (output
+projection, second MLP) are whole on every device, as the backward of their
+all-reduce (or, with sequence parallelism, reduce-scatter) hands each device the
+full gradient (zero-bubble's Megatron keeps ``grad_output`` and the saved input in
+its ``WeightGradStore``). With full recomputation I re-creates the inputs, so W
+holds the same bytes, more than the block input stored from F.
 
 Tensor-parallel traffic (Narayanan et al. 2021, section 2.3: "two all-reduce
 operations in the forward pass and two in the backward pass" per block;
@@ -56,6 +65,8 @@ backward. Zero when t = 1.
 >>> block.forward_flops == 24 * 2048 * 1024**2 + 4 * 2048**2 * 1024
 True
 >>> block.activation_bytes == 2048 * 1024 * 34 + 5 * 16 * 2048**2
+True
+>>> block.weight_grad_bytes == 2048 * 1024 * 32  # Qi et al. 2024, Table 1: M_W = 32sbh
 True
 >>> sp = transformer_block(gpt, tensor=8, sequence_parallel=True, recompute="selective")
 >>> sp.activation_bytes == 2048 * 1024 * 34 // 8
@@ -190,12 +201,18 @@ def transformer_block(
     full_bytes = _split(seq_part, seq_t) + _split(head_part + score_part, t)
     wgrad_seq = 2 * d * s * h  # QKV and first-MLP inputs
     wgrad_head = d * s * h + d * s * f  # output-projection and second-MLP inputs
-    weight_grad_bytes = _split(wgrad_seq, seq_t) + _split(wgrad_head, t)
+    # I's output gradients for W: QKV and first MLP (column-parallel, split t ways),
+    # output projection and second MLP (row-parallel: whole on every device)
+    grad_split = d * s * (h + 2 * kv) + n_mlp_in * d * s * f
+    grad_whole = 2 * d * s * h
+    weight_grad_bytes = (
+        _split(wgrad_seq, seq_t) + _split(wgrad_head, t) + _split(grad_split, t) + grad_whole
+    )
     transient: Amount = 0
     if recompute == "full":
         stored = _split(d * s * h, seq_t)  # the block input only
         transient = full_bytes  # one block re-created at a time in the backward
-        activation, weight_grad_bytes = stored, stored
+        activation = stored
     elif recompute == "selective":
         activation = full_bytes - _split(recomputable, t)
     else:
@@ -208,7 +225,7 @@ def transformer_block(
         input_grad_flops=_split(input_grad, t),
         weight_grad_flops=_split(weighted, t),
         activation_bytes=activation,
-        weight_grad_bytes=min(weight_grad_bytes, activation),
+        weight_grad_bytes=weight_grad_bytes,
         transient_bytes=transient,
         tp_forward_allreduces=tp_ops,
         tp_backward_allreduces=tp_ops * (2 if recompute == "full" else 1),
@@ -222,12 +239,14 @@ def embedding(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = 
     (Megatron's VocabParallelEmbedding), whose partial lookups one all-reduce
     sums. Stores its dropout mask (Korthikanti et al. 2023, section 4.3) and
     the token ids, which W needs to scatter the embedding gradient (8 bytes
-    each, int64).
+    each, int64), together with the gradient of the embedding's output, which
+    the backward hands it whole on every device (``d s h`` bytes).
     """
     _check(spec, tensor, "none")
     s, h, t = spec.seq_length, spec.hidden, tensor
     params = _split(spec.vocab_size * h, t) + (s * h if spec.learned_positions else 0)
     ids = 8 * s
+    output_grad = spec.dtype_bytes * s * h
     mask = _split(s * h, t if sequence_parallel else 1) if spec.dropout else 0
     return LayerCost(
         name="embedding",
@@ -236,7 +255,7 @@ def embedding(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = 
         input_grad_flops=0,
         weight_grad_flops=0,
         activation_bytes=ids + mask,
-        weight_grad_bytes=ids,
+        weight_grad_bytes=ids + output_grad,
         tp_forward_allreduces=1 if t > 1 else 0,
     )
 
@@ -247,8 +266,10 @@ def lm_head(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = Fa
     FLOPs 2shV each for F, I and W (Narayanan et al. 2021's logit term), split
     t ways by vocabulary; stores the norm input, the projection input (W needs
     it) and the fp32 logits for the loss, 4sV/t bytes (Korthikanti et al. 2023,
-    section 4.3, with Megatron's vocabulary-parallel cross entropy). The input
-    gradient is all-reduced over the tensor-parallel group in the backward.
+    section 4.3, with Megatron's vocabulary-parallel cross entropy). W needs the
+    projection input and the logits' gradient, ``d s V / t`` bytes, which I
+    computes. The input gradient is all-reduced over the tensor-parallel group in
+    the backward.
     """
     _check(spec, tensor, "none")
     s, h, v, t = spec.seq_length, spec.hidden, spec.vocab_size, tensor
@@ -262,7 +283,7 @@ def lm_head(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = Fa
         input_grad_flops=matmul,
         weight_grad_flops=matmul,
         activation_bytes=2 * inputs + _split(4 * s * v, t),
-        weight_grad_bytes=inputs,
+        weight_grad_bytes=inputs + _split(d * s * v, t),
         tp_backward_allreduces=1 if t > 1 else 0,
     )
 

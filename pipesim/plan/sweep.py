@@ -350,7 +350,7 @@ def _stage_costs(
                 input_grad=input_grad,
                 weight_grad=weight_grad,
                 activation_bytes=act,
-                weight_grad_bytes=min(kept, act),
+                weight_grad_bytes=kept,
                 output_bytes=message_bytes,
                 param_bytes=math.ceil(stage_params * context.bytes_per_param),
             )

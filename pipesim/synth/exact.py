@@ -8,9 +8,9 @@ The model (Qi et al. 2024 solve the same problem as an ILP, sec. 3.2):
 - F of stage ``s`` starts after F of ``s - 1`` ends plus the message's
   latency and transfer time; I of ``s`` after F of ``s`` and after I of
   ``s + 1`` plus the message; W after I;
-- each rank's activation bytes, a reservoir: F adds its stage's bytes at its
-  start, I removes all but ``weight_grad_bytes`` at its end, W the rest; the
-  level stays within the limit (the engine's memory model, :mod:`pipesim.costs`);
+- each rank's activation bytes, a reservoir changed at the starts and ends of
+  F, I and W exactly as the engine changes them (:func:`pipesim.memory.op_effects`);
+  the level stays within the limit;
 - minimise the makespan. Micro-batches are interchangeable, so stage 0 takes
   them in order (the only symmetry broken: every schedule can be renumbered so).
 
@@ -199,8 +199,8 @@ def _memory(model: Any, problem: Problem, start: dict[Any, Any], end: dict[Any, 
         for s in problem.stages_of(rank):
             f, _, i, w = op_effects(mem.stage(s), forward_only=False)
             for k in range(problem.n_microbatches):
-                times += [start[s, Op.F, k], end[s, Op.I, k], end[s, Op.W, k]]
-                changes += [f.start_bytes, i.end_bytes, w.end_bytes]
+                times += [start[s, Op.F, k], start[s, Op.I, k], end[s, Op.I, k], end[s, Op.W, k]]
+                changes += [f.start_bytes, i.start_bytes, i.end_bytes, w.end_bytes]
         model.add_reservoir_constraint(times, changes, 0, problem.limit_bytes[rank])
 
 

@@ -7,10 +7,13 @@ as soon as it can; forwards run while the memory limit allows; ``W`` fills
 the gaps and is forced when memory must be freed.
 
 The scheduler is a discrete-event simulation of the engine's model (per-stage
-durations, message latency and bytes / bandwidth, F allocating its stage's
-activations at its start, I freeing all but ``weight_grad_bytes`` at its end,
-W the rest). Each rank, when it is free, picks among the actions whose inputs
-have arrived:
+durations, message latency and bytes / bandwidth, and the memory model of
+:mod:`pipesim.memory`). Its memory book reserves, when F starts, the most the
+micro-batch will hold on the stage (:func:`pipesim.memory.microbatch_peak`: the
+activations, or the ``weight_grad_bytes`` I hands to W if they are more), lets
+I free down to the ``weight_grad_bytes`` and W the rest, so the engine's level
+never exceeds the book. Each rank, when it is free, picks among the actions
+whose inputs have arrived:
 
 1. a ready ``I`` (the latest stage first: the longest chain still ahead);
 2. else a ready ``F`` (the latest stage first, finishing micro-batches it
@@ -42,7 +45,7 @@ from fractions import Fraction
 
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.exact import Time
-from pipesim.memory import op_effects
+from pipesim.memory import microbatch_peak, op_effects
 from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem, durations_of
 
@@ -153,10 +156,12 @@ class _Greedy:
         self.f = [table[4 * s + OP_INDEX[Op.F]] for s in range(n_stages)]
         self.i = [table[4 * s + OP_INDEX[Op.I]] for s in range(n_stages)]
         self.w = [table[4 * s + OP_INDEX[Op.W]] for s in range(n_stages)]
-        # Memory effects from the one memory model (pipesim.memory): F allocates at its
-        # start, I and W free at their ends.
+        # Memory from the one memory model (pipesim.memory). The book: F reserves the
+        # micro-batch's peak on the stage (what I adds at its start included), I frees
+        # at its end what it frees in the engine, W the rest; the engine's level is at
+        # most the book's at every instant.
         effects = [op_effects(mem.stage(s), forward_only=False) for s in range(n_stages)]
-        self.act = [e[0].start_bytes for e in effects]
+        self.peak = [microbatch_peak(mem.stage(s)) for s in range(n_stages)]
         self.i_frees = [e[2].end_bytes for e in effects]
         self.w_frees = [e[3].end_bytes for e in effects]
         # Message delay from stage s to s + 1 (F) and from s + 1 to s (I); 0 on one rank.
@@ -176,7 +181,7 @@ class _Greedy:
         self.stages = [problem.stages_of(r) for r in range(problem.n_ranks)]
         self.down = [tuple(sorted(st, reverse=True)) for st in self.stages]
         self.first = [min(st) for st in self.stages]
-        self.mb_bytes = [sum(self.act[s] for s in st) for st in self.stages]
+        self.mb_bytes = [sum(self.peak[s] for s in st) for st in self.stages]
         self.f_next = [0] * n_stages
         self.i_next = [0] * n_stages
         self.f_end: list[list[Time | None]] = [[None] * m for _ in range(n_stages)]
@@ -271,7 +276,7 @@ class _Greedy:
         if s != self.first[r]:  # a later stage of a micro-batch the rank already holds
             if self.policy.reserve == "all":
                 return True  # its bytes were reserved when the micro-batch was admitted
-            return self.held[r] + self.act[s] <= limit
+            return self.held[r] + self.peak[s] <= limit
         caps = self.policy.caps
         if caps is not None and self.inflight[r] >= caps[r]:
             return False
@@ -279,7 +284,7 @@ class _Greedy:
             return self.held[r] + self.reserved[r] + self.mb_bytes[r] <= limit
         if self.policy.reserve == "one":  # keep room for one micro-batch's later stages
             return self.held[r] + self.mb_bytes[r] <= limit
-        return self.held[r] + self.act[s] <= limit
+        return self.held[r] + self.peak[s] <= limit
 
     def _run(self, r: int, t: Time, action: Action, heap: list[tuple[Time, int]]) -> Time:
         s, k, op = action.stage, action.microbatch, action.op
@@ -292,12 +297,12 @@ class _Greedy:
             end = t + self.f[s]
             self.f_end[s][k] = end
             self.f_next[s] += 1
-            self.held[r] += self.act[s]
+            self.held[r] += self.peak[s]
             self.inflight[r] += 1
             if s == self.first[r]:
-                self.reserved[r] += self.mb_bytes[r] - self.act[s]
+                self.reserved[r] += self.mb_bytes[r] - self.peak[s]
             else:
-                self.reserved[r] -= self.act[s]
+                self.reserved[r] -= self.peak[s]
             if s + 1 < pb.n_stages and pb.placement[s + 1] != r:
                 heapq.heappush(heap, (end + self.f_delay[s], pb.placement[s + 1]))
             sent = end + self.f_delay[s] if s + 1 < pb.n_stages else end

@@ -6,14 +6,22 @@ lower bound, the exact solver) reads the same object, so the rules are
 written once.
 
 Memory limit (``memory_limit``): a per-rank ceiling on activation bytes, in
-the engine's model (:mod:`pipesim.costs`: F allocates its stage's
-``activation_bytes`` at its start, I frees all but ``weight_grad_bytes`` at
-its end, W the rest). :func:`parse_memory_limit` reads it as
+the engine's model (:mod:`pipesim.memory`: F allocates its stage's
+``activation_bytes`` at its start, I turns them into the ``weight_grad_bytes``
+W needs, output gradients included, W frees those). :func:`parse_memory_limit`
+reads it as
 
-- a number of micro-batches (``8``, ``2.5``, ``16/3``): that many micro-batches
-  of the activations *each rank* holds for one micro-batch (the sum over the
-  stages it holds; with ``virtual = 2`` one micro-batch is both chunks), the
-  unit of Qi et al.'s ``p M_B`` and ``2p M_B``;
+- a number of micro-batches (``8``, ``2.5``, ``16/3``): that many times the
+  most one micro-batch holds on *each rank* in that model
+  (:func:`pipesim.memory.microbatch_peak` summed over the stages the rank
+  holds; with ``virtual = 2`` one micro-batch is both chunks), the unit of Qi
+  et al.'s ``p M_B`` and ``(2p - 1) M_B``. That is ``activation_bytes`` unless
+  ``weight_grad_bytes`` is larger: then a micro-batch between I and W holds
+  more than ``M_B`` and Qi et al.'s ``M_W <= M_B`` (their Table 1) no longer
+  holds, so a limit of ``p`` activations would not fit ZB-H1 (a rank holding
+  one micro-batch before I and ``p - 1`` after it needs
+  ``act + (p - 1) * weight_grad_bytes``); counted in peaks, ZB-H1's ``p``
+  micro-batches in flight fit ``p`` and ZB-H2's ``2p - 1`` fit ``2p``;
 - bytes with a unit (``512MiB``, ``20GB``, ``1e9B``).
 
 When the cost model gives no activation bytes at all, pipesim counts each
@@ -37,6 +45,7 @@ from pipesim.costs import CostModel
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
+from pipesim.memory import microbatch_peak
 from pipesim.schedules.zbv import v_placement
 from pipesim.step import cost_tables
 
@@ -138,8 +147,9 @@ class Problem:
         return tuple(s for s, r in enumerate(self.placement) if r == rank)
 
     def microbatch_bytes(self, rank: int) -> int:
-        """Activation bytes one micro-batch holds on ``rank`` (all its stages)."""
-        return sum(self.memory_costs.stage(s).activation_bytes for s in self.stages_of(rank))
+        """The unit of a limit in micro-batches: the most one micro-batch holds on each
+        of ``rank``'s stages, summed (:func:`pipesim.memory.microbatch_peak`)."""
+        return sum(microbatch_peak(self.memory_costs.stage(s)) for s in self.stages_of(rank))
 
 
 def durations_of(problem: Problem, /) -> list[Time]:
@@ -214,9 +224,8 @@ def make_problem(
     limit = parse_memory_limit(memory_limit)
     per_rank = []
     for rank in range(n_ranks):
-        one = sum(
-            memory_costs.stage(s).activation_bytes for s, r in enumerate(stage_ranks) if r == rank
-        )
+        held = [memory_costs.stage(s) for s, r in enumerate(stage_ranks) if r == rank]
+        one = sum(microbatch_peak(cost) for cost in held)
         if limit.n_bytes is not None:
             if memory_costs is not costs:
                 raise PipesimError(
@@ -230,7 +239,7 @@ def make_problem(
             allowed = math.floor(limit.microbatches * one)
         if allowed < one:
             raise PipesimError(
-                f"the memory limit {limit} is below one micro-batch's activations on rank "
+                f"the memory limit {limit} is below one micro-batch (the most it holds) on rank "
                 f"{rank} ({one:,} bytes): no schedule fits; raise --memory-limit to at least "
                 "1 micro-batch"
             )
