@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import one_point
 
 from pipesim.cli import main
 from pipesim.costs import CostModel, Link, LinkPair, Links, costs_from_dict, costs_to_dict
@@ -89,25 +90,19 @@ def test_cli_flags(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_planner_puts_pipeline_hops_on_intra_or_inter_node_links() -> None:
     from pipesim.plan import ModelSpec, get_accelerator, workload_from_model
-    from pipesim.plan.sweep import Point, SweepContext, build_configuration
+    from pipesim.plan.sweep import build_configuration
 
     h100 = get_accelerator("h100-sxm")  # 8 GPUs per node
     spec = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
 
     def costs_for(devices: int, data_parallel: int) -> CostModel:
-        context = SweepContext(
-            workload=workload_from_model(spec),
-            accelerator=h100,
-            devices=devices,
-            memory_capacity_bytes=h100.memory_bytes,
-        )
-        point = Point(
-            schedule="1f1b",
+        context, point = one_point(
+            workload_from_model(spec),
             pipeline=devices // data_parallel,
-            virtual=1,
-            microbatch_size=1,
             n_microbatches=8,
             data_parallel=data_parallel,
+            accelerator=h100,
+            memory_capacity_bytes=h100.memory_bytes,
         )
         return build_configuration(context, point)[1]
 

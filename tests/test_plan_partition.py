@@ -7,15 +7,14 @@ from fractions import Fraction
 from itertools import combinations, pairwise
 
 import pytest
+from helpers import evaluate_one_point
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipesim.partition
 from pipesim.errors import PartitionError
-from pipesim.plan.hardware import get_accelerator
 from pipesim.plan.model import ModelSpec
 from pipesim.plan.partition import partition, stage_sums
-from pipesim.plan.sweep import Point, SweepContext, evaluate_points
 from pipesim.plan.workload import workload_from_model
 
 
@@ -76,21 +75,7 @@ def test_sweep_reports_the_cut_of_the_layer_work(pipeline: int) -> None:
     workload = workload_from_model(spec)
     work = [layer.work for layer in workload.layers]
     assert work[-1] > work[1] > work[0]  # head > block > embedding
-    context = SweepContext(
-        workload=workload,
-        devices=pipeline,
-        accelerator=get_accelerator("h100-sxm"),
-        memory_capacity_bytes=10**12,
-    )
-    point = Point(
-        schedule="1f1b",
-        pipeline=pipeline,
-        virtual=1,
-        microbatch_size=1,
-        n_microbatches=pipeline,
-        data_parallel=1,
-    )
-    (evaluation,) = evaluate_points(context, [point], workers=1)
+    evaluation = evaluate_one_point(workload, pipeline=pipeline)
     sizes = evaluation.layers_per_stage
     assert sizes == partition(work, n_stages=pipeline)
     assert max(stage_sums(work, sizes)) == _brute_force_best(work, pipeline)

@@ -9,15 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import evaluate_one_point  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pipesim.errors import PartitionError, UnknownNameError  # noqa: E402
-from pipesim.plan.hardware import get_accelerator  # noqa: E402
 from pipesim.plan.model import ModelSpec  # noqa: E402
 from pipesim.plan.partition import partition as plan_partition  # noqa: E402
-from pipesim.plan.sweep import Point, SweepContext, evaluate_points  # noqa: E402
 from pipesim.plan.workload import workload_from_model  # noqa: E402
 from verify.errors import VerifyError  # noqa: E402
 from verify.models import VerifyModel, from_factory, gpt, load_model, mlp  # noqa: E402
@@ -145,21 +144,7 @@ def test_verify_runs_the_cut_the_planner_reports(pipeline: int) -> None:
     # are verify's model entries, so the planner's work per layer cuts the torch model.
     spec = ModelSpec(n_layers=3, hidden=32, n_heads=4, seq_length=16, vocab_size=4000)
     workload = workload_from_model(spec)
-    context = SweepContext(
-        workload=workload,
-        devices=pipeline,
-        accelerator=get_accelerator("h100-sxm"),
-        memory_capacity_bytes=10**12,
-    )
-    point = Point(
-        schedule="1f1b",
-        pipeline=pipeline,
-        virtual=1,
-        microbatch_size=1,
-        n_microbatches=pipeline,
-        data_parallel=1,
-    )
-    (evaluation,) = evaluate_points(context, [point], workers=1)
+    evaluation = evaluate_one_point(workload, pipeline=pipeline)
     model = gpt(n_layers=3, width=32)
     work = [layer.work for layer in workload.layers]
     stages = partition(model.layers, n_stages=pipeline, balance=work)
