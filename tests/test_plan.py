@@ -339,7 +339,7 @@ def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
     )
 
 
-def test_cost_file_units_and_microbatch_scaling() -> None:
+def test_cost_file_units_and_its_own_microbatch_size() -> None:
     # a calibrated file: 2 stages measured with micro-batches of 2 sequences, times in ns
     costs = CostModel(
         stages=(
@@ -357,18 +357,21 @@ def test_cost_file_units_and_microbatch_scaling() -> None:
         accelerator=FREE,
         global_batch=8,
         stages=[2],
-        microbatch_sizes=[4],
+        microbatch_sizes=[2, 4],
         virtual=[1],
         schedules=["gpipe"],
         workers=1,
     )
-    (point,) = result.points
-    # b = 4 sequences: stage 0 runs F in 8000 ns and B in 16000, stage 1 F 4000, B 8000.
-    # GPipe, m = 2, by hand: rank 0 F0 0-8000, F1 8000-16000; rank 1 F0 8000-12000,
-    # F1 16000-20000, B0 20000-28000, B1 28000-36000; rank 0 B0 28000-44000, B1 44000-60000
-    assert point.pipeline_time_ns == 60000
-    assert point.static_memory_bytes == 100 * 18
-    assert point.peak_activation_bytes == 2 * 4 * 300
+    at2, at4 = sorted(result.points, key=lambda p: p.microbatch_size)
+    # b = 2, the file's own size: its numbers as they are. GPipe, m = 4, by hand: rank 0
+    # F 0-16000; rank 1 F0 4000-6000 ... F3 16000-18000, B0-B3 18000-34000 (4000 each);
+    # rank 0 B0 waits for 22000: 22000-30000, then B1-B3 back to back to 54000
+    assert at2.pipeline_time_ns == 54000
+    assert at2.static_memory_bytes == 100 * 18
+    assert at2.peak_activation_bytes == 4 * 600
+    # one measured size gives no fixed overhead to scale by: b = 4 is refused, not guessed
+    assert at4.pipeline_time_ns is None
+    assert at4.reason is not None and "measured at 2 rows per micro-batch only" in at4.reason
     with pytest.raises(ParseError, match="time_unit"):
         workload_from_costs(costs, meta={"time_unit": "h"})
     # without meta.time_unit the cost model's own unit counts (abstract units: seconds)

@@ -9,6 +9,7 @@ front of step time versus memory.
   per-layer FLOP / activation formulas (Narayanan et al. 2021; Korthikanti et al. 2023);
 - :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
 - :mod:`~pipesim.plan.partition`: layers -> stages, minimising the slowest stage;
+- :mod:`~pipesim.plan.measured`: a cost file's stages at any micro-batch size;
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
   :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep, on all cores;

@@ -6,9 +6,10 @@ micro-batches m, data parallel d)``. Evaluating it generates the schedule from
 the registry (a :class:`~pipesim.errors.ScheduleError` is the point's
 infeasibility reason), cuts the workload of that t / recomputation into the
 schedule's stages (:mod:`pipesim.plan.partition`), builds an exact cost model
-in integer nanoseconds, and simulates one step with the fast evaluator
-(:mod:`pipesim.plan.fastsim`, identical to the SimPy engine, which
-``engine="simpy"`` uses instead).
+in integer nanoseconds (a cost file's stages at the point's micro-batch size,
+with the file's link and overheads: :mod:`pipesim.plan.measured`), and
+simulates one step with the fast evaluator (:mod:`pipesim.plan.fastsim`,
+identical to the SimPy engine, which ``engine="simpy"`` uses instead).
 
 Hardware model (documented assumptions):
 
@@ -35,6 +36,7 @@ returns what was evaluated (unevaluated points carry ``stopped=True``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import multiprocessing
 import os
@@ -65,6 +67,7 @@ from pipesim.plan.iteration import (
     rank_iteration,
     static_bytes,
 )
+from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload, workload_from_model
@@ -305,6 +308,11 @@ def _stage_costs(
     found = _COSTS.get(key)
     if found is not None:
         return found
+    if workload.measured is not None:
+        found = _COSTS[key] = _measured_costs(
+            context, workload, sizes, microbatch_size, ranks_per_node, n_copies
+        )
+        return found
     accelerator = context.accelerator
     b = microbatch_size
     ns_per_work = _ns_per_work(context, workload)
@@ -374,6 +382,49 @@ def _stage_costs(
     found = _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
     _COSTS[key] = found
     return found
+
+
+def _measured_costs(
+    context: SweepContext,
+    workload: Workload,
+    sizes: tuple[int, ...],
+    microbatch_size: int,
+    ranks_per_node: int | None,
+    n_copies: int,
+) -> _StageTable:
+    """The stages of a cost file at this micro-batch size, with the file's link and
+    overheads (:mod:`pipesim.plan.measured`); static memory from its parameters."""
+    assert workload.measured is not None
+    stages, link, dispatch = measured_stages(
+        workload.measured, sizes, microbatch_size, source=workload.name
+    )
+    prefix = _prefix_sums(workload)["params"]
+    bounds = [0, *itertools.accumulate(sizes)]
+    params: list[int | Fraction] = [prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)]
+    stages = [
+        replace(stage, param_bytes=math.ceil(p * context.bytes_per_param))
+        for stage, p in zip(stages, params, strict=True)
+    ]
+    message_bytes = math.ceil(workload.message_bytes * microbatch_size)
+    accelerator = context.accelerator
+    intra = link or _link(accelerator.link(inter_node=False), message_bytes)
+    links = None
+    if ranks_per_node is not None:
+        inter = _link(accelerator.link(inter_node=True), message_bytes)
+        if link is not None:  # posting and taking a message cost the host the same
+            inter = replace(
+                inter, send_overhead=link.send_overhead, receive_overhead=link.receive_overhead
+            )
+        links = Links(ranks_per_node=ranks_per_node, intra_node=intra, inter_node=inter)
+    costs = CostModel(
+        stages=tuple(stages) * n_copies,
+        link=intra,
+        links=links,
+        dispatch_overhead=dispatch,
+        memory_capacity_bytes=context.memory_capacity_bytes,
+    )
+    n = len(sizes) * n_copies
+    return _StageTable(costs, params * n_copies, [0] * n, [0] * n)
 
 
 _SUMMED = (
@@ -506,8 +557,9 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         for r in range(n_ranks)
     ]
     worst = max(range(n_ranks), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
-    makespan = metrics.makespan
-    assert isinstance(makespan, int)  # integer nanoseconds in, integer out
+    # integer nanoseconds in, integer out; a cost file's link bandwidth can make a
+    # message's occupancy a fraction of a nanosecond
+    makespan = metrics.makespan if isinstance(metrics.makespan, int) else round(metrics.makespan)
     return Evaluation(
         n_stages=n_stages,
         layers_per_stage=sizes,

@@ -2,10 +2,14 @@
 
 A :class:`Workload` comes from a :class:`~pipesim.plan.model.ModelSpec` (costs
 in FLOPs, turned into time by the accelerator) or from a pipesim cost file,
-such as the one ``pipesim verify --costs-out`` calibrates (costs in seconds as
-measured; each stage of the file becomes one indivisible layer).
+such as the one ``pipesim calibrate`` or ``pipesim verify --costs-out`` writes
+(each stage of the file becomes one indivisible layer).
 
-All costs are per sequence; a stage of micro-batch size b costs b times as much.
+A model's layer costs are per sequence; a stage of micro-batch size b costs b times as
+much. A cost file's stages are priced from the file itself at each micro-batch size
+(:mod:`pipesim.plan.measured`: a fixed overhead plus a cost per row, fitted from two
+measured sizes, :mod:`pipesim.scaling`); its layers' per-sequence costs (the
+measurement divided by its rows) only balance the cut.
 
 >>> from pipesim.plan.model import get_model
 >>> w = workload_from_model(get_model("llama2-7b"))
@@ -22,6 +26,7 @@ from typing import Any
 from pipesim.costs import CostModel
 from pipesim.errors import ParseError, PlanError
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
+from pipesim.plan.measured import MeasuredCosts
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
 from pipesim.units import SECONDS_PER_UNIT
 
@@ -89,6 +94,8 @@ class Workload:
     """Activation recomputation: none, selective or full."""
     tp_payload_bytes: Amount = 0
     """Bytes of the activation one tensor-parallel all-reduce sums, per sequence."""
+    measured: MeasuredCosts | None = None
+    """A cost file's own model: what the sweep prices each micro-batch size from."""
 
 
 def workload_from_model(
@@ -163,7 +170,8 @@ def workload_from_costs(
     ``meta`` is the cost file's ``meta`` object; the planner reads
     ``time_unit`` (s, ms, us, ns; default: the cost model's own unit when it has one,
     else s; verify writes ns),
-    ``microbatch_size`` (sequences per measured micro-batch, default 1),
+    ``microbatch_size`` (sequences per measured micro-batch, default 1) and
+    ``microbatch_scaling`` (a second measured size: :mod:`pipesim.scaling`),
     ``dtype`` of the parameters whose bytes the file lists (default fp32, what
     verify runs), ``seq_length`` (for tokens/s) and ``n_layers`` (how many
     times a single uniform ``stage`` entry repeats). Keyword arguments override.
@@ -211,6 +219,14 @@ def workload_from_costs(
         )
         for i, cost in enumerate(stages)
     )
+    # the size rule reads meta.microbatch_size: the resolved one (given, meta or 1)
+    measured = MeasuredCosts(
+        costs=costs,
+        meta={**meta, "microbatch_size": b0},
+        repeat=1 if copies is None else copies,
+        ns_per_unit=seconds * 10**9,
+    )
+    measured.at(b0, source=name)  # a malformed meta.microbatch_scaling is refused here
     seq = meta.get("seq_length")
     return Workload(
         name=name,
@@ -220,4 +236,5 @@ def workload_from_costs(
         grad_bytes_per_param=DTYPE_BYTES[dtype],
         seq_length=seq if isinstance(seq, int) and seq > 0 else None,
         flops_per_sequence=None,
+        measured=measured,
     )
