@@ -164,5 +164,19 @@ def test_require_fit(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert "--require-fit: no configuration fits the memory capacity" in captured.err
     assert "custom on 8 x h100-sxm" in captured.out
-    # without the flag too: plan exits 1 when nothing is recommended (issue 10)
-    assert main([*BASE, "--memory-capacity", "1e6"]) == 1
+    # without the flag a finished sweep exits 0 whatever it found, as `simulate` does on
+    # a result that does not fit: --require-fit is the switch for CI (issue 15)
+    assert main([*BASE, "--memory-capacity", "1e6"]) == 0
+    captured = capsys.readouterr()
+    assert "nothing fits in" in captured.out and captured.err == ""
+
+
+def test_help_and_readme_state_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0 the sweep finished: a recommendation, or why there is none" in text
+    assert "1 with --require-fit (for CI): no configuration is recommended" in text
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    assert "`plan` exits 0 when the sweep finished, whatever it found" in readme
+    assert "with `--require-fit`, 1 when no configuration is recommended" in readme

@@ -261,15 +261,20 @@ TINY_PLAN = [
 def test_absurd_winners_are_not_crowned(capsys: pytest.CaptureFixture[str]) -> None:
     # a bar no configuration reaches: the fastest that fits is reported, not recommended
     args = [*TINY_PLAN, "--min-mfu", "0.99"]
-    assert main(args) == 1
+    assert main(args) == 0  # an answer: exit 1 only for --require-fit
     out = capsys.readouterr().out
     assert "no configuration reaches a sane efficiency" in out and "Megatron-LM:" not in out
+    assert main([*args, "--require-fit"]) == 1
+    err = capsys.readouterr().err
+    assert "--require-fit: configurations fit, but none reaches --min-mfu 99.0%" in err
     assert main([*args[:-1], "0.0"]) == 0
     out = capsys.readouterr().out
     assert "Megatron-LM: --tensor-model-parallel-size" in out and "torchtitan:" in out
 
 
-def test_nothing_fits_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_fits_exits_non_zero_with_require_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     args = [
         "plan",
         "--model",
@@ -291,8 +296,12 @@ def test_nothing_fits_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None
         "--workers",
         "1",
     ]
-    assert main(args) == 1
-    assert "nothing fits in 0.9 GB per device" in capsys.readouterr().out
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "nothing fits in 0.9 GB per device" in out
+    assert "(none fits: the least memory first)" in out  # the nearest misses
+    assert main([*args, "--require-fit"]) == 1
+    assert "--require-fit: no configuration fits" in capsys.readouterr().err
 
 
 def test_output_format_follows_the_suffix(

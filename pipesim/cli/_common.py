@@ -307,7 +307,9 @@ def add_require_fit_argument(parser: argparse._ActionsContainer) -> None:
         "--require-fit",
         action="store_true",
         help="exit with status 1 when memory does not fit the capacity (simulate: some "
-        "rank's peak; plan: every configuration), after printing the result; for CI",
+        "rank's peak; plan: no configuration is recommended, because none fits or none "
+        "that fits reaches --min-mfu), after printing the result; for CI (without it a "
+        "result that does not fit exits 0)",
     )
 
 

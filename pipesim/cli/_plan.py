@@ -4,10 +4,14 @@ micro-batches and schedules for a model on hardware.
 Prints the top configurations that fit with a one-line reason for the winner
 and its Megatron-LM and torchtitan settings; ``--json`` / ``--csv`` print every
 configuration; ``-o FILE`` writes a report whose format the suffix picks
-(.html, .json, .csv). Exit status: 0 when a configuration is recommended; 1
-when nothing fits, nothing fitting reaches a sane efficiency, the sweep ran
-out of time (the partial ranking is printed), or the input is bad; 130 on
-Ctrl-C (after printing the partial ranking).
+(.html, .json, .csv). Exit status: 0 when the sweep finished, whatever it
+found: a recommendation, or "nothing fits" with the nearest misses (the least
+memory first), as ``simulate`` exits 0 on a result that does not fit; with
+``--require-fit`` (the switch for CI, shared with ``simulate``) 1 when no
+configuration is recommended (none fits, or none that fits reaches
+``--min-mfu``); 1 when the sweep ran out of time (the partial ranking is
+printed) or the input is bad; 130 on Ctrl-C (after printing the partial
+ranking).
 """
 
 from __future__ import annotations
@@ -29,12 +33,23 @@ from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES, MAX_LAYERS
 
+_EPILOG = """\
+exit status:
+  0    the sweep finished: a recommendation, or why there is none ("nothing fits" and the
+       nearest misses, least memory first; or nothing that fits reaches --min-mfu)
+  1    with --require-fit (for CI): no configuration is recommended; also a sweep that ran
+       out of --timeout (the partial ranking is printed) or bad input
+  130  Ctrl-C (the partial ranking is printed)
+"""
+
 
 def register(subparsers: Any) -> None:
     """Add ``plan``."""
     parser = subparsers.add_parser(
         "plan",
         help="capacity planner: best pipeline degree, micro-batch size and schedule",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG,
         description=(
             "Sweep pipeline degree (data parallelism fills the rest of the devices), "
             "micro-batch size, virtual stages and every registered schedule for a transformer "
@@ -413,9 +428,17 @@ def run(args: argparse.Namespace) -> int:
         _write_costs(result, workload, args)
     if interrupted:
         return 130
+    if result.stopped is not None:  # a partial ranking answers nothing for sure
+        return 1
     fits = any(point.fits for point in result.points)
-    require_fit(args, fits, failure="no configuration fits the memory capacity")
-    return 0 if best is not None and result.stopped is None else 1
+    require_fit(
+        args,
+        best is not None,
+        failure="no configuration fits the memory capacity"
+        if not fits
+        else f"configurations fit, but none reaches --min-mfu {result.min_mfu:.1%}",
+    )
+    return 0
 
 
 def _output_kind(path: str) -> str:
