@@ -116,6 +116,7 @@ def test_interleaved_with_virtual_stages(capsys) -> None:  # type: ignore[no-unt
 @torch_only
 def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
+    from pipesim.costs import costs_from_dict as load_costs_dict
     from pipesim.costs import load_costs
     from pipesim.schedule import Schedule
     from pipesim.schedule_io import save_schedule
@@ -130,6 +131,10 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: i
     assert load_costs(costs_path).stage(0).input_grad > 0
     meta = json.loads(costs_path.read_text())["meta"]
     assert meta["microbatch_size"] == data["microbatch_sizes"][0] == data["batch_size"] // 2
+    # the file pipesim calibrate writes: its fit, units and provenance
+    assert meta["time_unit"] == "ns" and meta["source"] == "pipesim verify"
+    assert meta["statistic"].startswith("median") and meta["samples"]["0I"] == 2
+    assert load_costs(costs_path) == load_costs_dict(data["costs"])
 
 
 @pytest.fixture

@@ -21,9 +21,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pipesim.calibration import MeasuredStep, fit_costs  # noqa: E402
 from pipesim.cli import main  # noqa: E402
+from pipesim.costs import costs_from_dict  # noqa: E402
 from pipesim.errors import ScheduleError  # noqa: E402
 from pipesim.schedules import generate, get_spec, schedule_names  # noqa: E402
+from pipesim.trace_io import load_trace  # noqa: E402
 from verify.compare import verify  # noqa: E402
 from verify.dist import verify_distributed, verify_distributed_all  # noqa: E402
 from verify.errors import RunFailedError  # noqa: E402
@@ -84,7 +87,8 @@ def models(tmp_path: Path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
     return "dist_models"
 
 
-def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_dist_reproduces_the_chapter(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    costs_path, trace_path = tmp_path / "costs.json", tmp_path / "measured.json"
     status = main(
         [
             "verify",
@@ -99,6 +103,10 @@ def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-unt
             "0",
             "--timeout",
             "120",
+            "--costs-out",
+            str(costs_path),
+            "--trace-out",
+            str(trace_path),
         ]
     )
     data = json.loads(capsys.readouterr().out)
@@ -109,6 +117,36 @@ def test_cli_dist_reproduces_the_chapter(capsys) -> None:  # type: ignore[no-unt
     assert [round(g, 4) for g in data["grad_norms"]] == [0.1142, 0.5349]
     # the two ranks ran at the same time: the prediction is the one-device-per-rank one
     assert data["predicted_makespan"] == data["predicted_makespan_parallel"]
+    _check_cost_file(costs_path, trace_path, data, capsys)
+
+
+def _check_cost_file(costs_path: Path, trace_path: Path, data: dict, capsys) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """--costs-out is `pipesim calibrate`'s fit of the measured step (per stage and op,
+    overheads, ns, provenance) and feeds simulate and plan alike."""
+    file = json.loads(costs_path.read_text())
+    costs = costs_from_dict(file)
+    step = load_trace(trace_path)  # the measured step, in the ranks it ran on
+    fit = fit_costs([MeasuredStep(schedule=step.schedule, trace=step.trace)], time_unit="ns")
+    assert [(s.forward, s.backward) for s in costs.stages] == [
+        (s.forward, s.backward) for s in fit.costs.stages
+    ]
+    assert (costs.link, costs.dispatch_overhead) == (fit.costs.link, fit.costs.dispatch_overhead)
+    assert costs == costs_from_dict(data["costs"])  # the report's model: one fit
+    meta = file["meta"]
+    assert meta["time_unit"] == "ns" and meta["source"] == "pipesim verify --dist"
+    assert (meta["schedule"], meta["n_ranks"], meta["n_microbatches"]) == ("1f1b", 2, 4)
+    assert meta["microbatch_size"] == 8 and meta["samples"] == dict(fit.samples)
+    assert set(meta) >= {"assumed", "links_by_direction", "host", "load_average", "torch"}
+    # verify -> costs -> plan: at the file's own size, plan's pipeline time is simulate's
+    assert (
+        main(["simulate", "1f1b", "-p", "2", "-m", "4", "--costs", str(costs_path), "--json"]) == 0
+    )
+    simulated = json.loads(capsys.readouterr().out)["makespan"]
+    argv = ["plan", "--model", str(costs_path), "--devices", "2", "--accelerator", "h100-sxm",
+            "--global-batch", "32", "--stages", "2", "--microbatch-sizes", "8", "--virtual", "1",
+            "--schedules", "1f1b", "--min-mfu", "0", "--workers", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["pipeline_time_ns"] == simulated
 
 
 def _registered(n_ranks: int, microbatches: tuple[int, ...]) -> list:  # type: ignore[type-arg]

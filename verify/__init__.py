@@ -24,7 +24,16 @@ True
 
 from __future__ import annotations
 
-from verify.calibrate import as_run_schedule, calibrate, measured_trace, save_costs
+from verify.calibrate import (
+    as_run_schedule,
+    calibrate,
+    calibration_fit,
+    calibration_meta,
+    cost_file,
+    measured_trace,
+    save_costs,
+    stage_bytes,
+)
 from verify.compare import (
     Reference,
     build_report,
@@ -100,6 +109,9 @@ __all__ = [
     "build_stages",
     "calibrate",
     "calibrate_cut",
+    "calibration_fit",
+    "calibration_meta",
+    "cost_file",
     "crosscheck",
     "crosscheck_all",
     "decode_header",
@@ -126,6 +138,7 @@ __all__ = [
     "save_costs",
     "schedule_accumulation_orders",
     "split_microbatches",
+    "stage_bytes",
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",

@@ -2,20 +2,23 @@
 
 Times are integer nanoseconds (CUDA events on GPUs, ``time.perf_counter_ns`` on
 the CPU), so the calibrated cost model is exact and its time unit is the
-nanosecond; link bandwidth is in bytes per nanosecond.
+nanosecond.
 
-:func:`calibrate` takes the mean duration of each (stage, op) over the
-micro-batches; message bytes, activation bytes and parameter bytes as measured;
-and a link fitted to the transfers between distinct devices (latency +
-bytes / bandwidth, least squares when several message sizes were seen).
+:func:`calibrate` fits the cost model exactly as ``pipesim calibrate`` does
+(:func:`pipesim.calibration.fit_costs`, one code path): per stage and op the
+median over the micro-batches, the per-action dispatch and per-message send and
+receive overheads and the link latency from the gaps between units of work;
+message bytes, activation bytes and parameter bytes as measured.
+:func:`calibration_meta` is the provenance a cost file keeps in its ``meta``.
 
 Which prediction to hold against the measurement: the executor is one host
 thread, so on the CPU every action runs one after another, and ranks sharing a
 CUDA device share its stream. :func:`as_run_schedule` rewrites the schedule
 with one rank per execution resource (one for the whole host when any rank is
 on the CPU, one per CUDA device otherwise) holding the work in the order it
-ran; simulating it predicts the measured step. Simulating the original
-schedule with the same costs predicts the step on one device per rank.
+ran; simulating it predicts the measured step, and the fit reads its gaps
+there. Simulating the original schedule with the same costs predicts the step
+on one device per rank.
 
 >>> from pipesim.schedules import generate
 >>> from pipesim.actions import parse_action
@@ -28,23 +31,35 @@ schedule with the same costs predicts the step on one device per rank.
 
 from __future__ import annotations
 
+import datetime
 import json
-from collections import defaultdict
-from collections.abc import Sequence
-from fractions import Fraction
+import os
+import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipesim.actions import Action, Op, Work
-from pipesim.costs import CostModel, Link, StageCost, costs_to_dict
+from pipesim.actions import Work
+from pipesim.calibration import CalibrationFit, MeasuredStep, fit_costs, measured_makespan
+from pipesim.costs import CostModel, StageCost, costs_to_dict
 from pipesim.files import write_text
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, Trace, TransferRecord
 from verify.local import LocalRun
+from verify.report import VerifyReport
 
-__all__ = ["as_run_schedule", "calibrate", "measured_trace", "save_costs"]
+__all__ = [
+    "as_run_schedule",
+    "calibrate",
+    "calibration_fit",
+    "calibration_meta",
+    "cost_file",
+    "measured_trace",
+    "save_costs",
+    "stage_bytes",
+]
 
 
 def measured_trace(run: LocalRun, /) -> Trace:
@@ -70,8 +85,29 @@ def measured_trace(run: LocalRun, /) -> Trace:
     )
 
 
-def _mean(values: Sequence[int], default: int) -> int:
-    return round(sum(values) / len(values)) if values else default
+def stage_bytes(run: LocalRun, /, *, param_bytes: Sequence[int] = ()) -> tuple[StageCost, ...]:
+    """Per stage the byte fields as measured: activation bytes held, the largest message
+    the stage sent, and ``param_bytes``; times left at their defaults."""
+    stages = []
+    for stage in range(run.schedule.n_stages):
+        output_bytes = max(run.transfer_bytes[stage]) if stage < len(run.transfer_bytes) else 0
+        stages.append(
+            StageCost(
+                activation_bytes=run.activation_bytes[stage],
+                output_bytes=output_bytes,
+                param_bytes=param_bytes[stage] if stage < len(param_bytes) else 0,
+            )
+        )
+    return tuple(stages)
+
+
+def calibration_fit(
+    trace: Trace, /, *, as_run: Schedule, stage_bytes: Sequence[StageCost]
+) -> CalibrationFit:
+    """:func:`pipesim.calibration.fit_costs` over the measured step ``trace`` of the
+    schedule as it ran (``as_run``): the same fit ``pipesim calibrate`` makes."""
+    step = MeasuredStep(schedule=as_run, trace=trace)
+    return fit_costs([step], stage_bytes=stage_bytes, time_unit="ns")
 
 
 def calibrate(
@@ -80,81 +116,79 @@ def calibrate(
     *,
     devices: Sequence[torch.device | str],
     param_bytes: Sequence[int] = (),
+    as_run: Schedule | None = None,
 ) -> CostModel:
-    """A pipesim cost model (time unit: ns) from what ``run`` measured.
-
-    ``devices`` (one per rank) tells which transfers crossed between distinct
-    devices, the only ones that say anything about a link. An op a stage never
-    ran (I and W in a schedule with full backwards) keeps a split of the
-    measured B: ``I = W = B / 2``.
+    """A pipesim cost model (time unit: ns) from what ``run`` measured, fitted as
+    ``pipesim calibrate`` fits one (:func:`pipesim.calibration.fit_costs`): per stage and
+    op the median over the micro-batches (an op a stage never ran, such as I and W in a
+    schedule with full backwards, is filled from the others: ``I = W = B / 2``), the
+    overheads that block a rank (dispatch, send, receive) and the link latency from the
+    gaps between the units of work of the schedule *as it ran* (``as_run``, default
+    :func:`as_run_schedule` of ``run`` on ``devices``), and the bytes as measured.
     """
-    schedule = run.schedule
-    durations: dict[tuple[int, Op], list[int]] = defaultdict(list)
-    overlaps: dict[int, list[int]] = defaultdict(list)
-    for timing in run.actions:
-        elapsed = max(timing.end_ns - timing.start_ns, 0)
-        if isinstance(timing.work, Action):
-            durations[(timing.work.stage, timing.work.op)].append(elapsed)
-        else:
-            overlaps[timing.work.parts[0].stage].append(elapsed)
-    stages = []
-    for stage in range(schedule.n_stages):
-        forward = _mean(durations[(stage, Op.F)], 0)
-        backward = _mean(durations[(stage, Op.B)], 0)
-        input_grad = _mean(durations[(stage, Op.I)], 0)
-        weight_grad = _mean(durations[(stage, Op.W)], 0)
-        if not durations[(stage, Op.B)] and (input_grad or weight_grad):
-            backward = input_grad + weight_grad
-        if not durations[(stage, Op.I)] and not durations[(stage, Op.W)]:
-            input_grad, weight_grad = backward // 2, backward - backward // 2
-        output_bytes = max(run.transfer_bytes[stage]) if stage < len(run.transfer_bytes) else 0
-        stages.append(
-            StageCost(
-                forward=forward,
-                backward=backward,
-                input_grad=input_grad,
-                weight_grad=weight_grad,
-                overlap=_mean(overlaps[stage], 0) if overlaps[stage] else None,
-                activation_bytes=run.activation_bytes[stage],
-                output_bytes=output_bytes,
-                param_bytes=param_bytes[stage] if stage < len(param_bytes) else 0,
-            )
-        )
-    return CostModel(stages=tuple(stages), link=_fit_link(run, devices), time_unit="ns")
+    if as_run is None:
+        as_run = as_run_schedule(run.schedule, executed=run.executed, devices=devices)
+    measured = stage_bytes(run, param_bytes=param_bytes)
+    return calibration_fit(measured_trace(run), as_run=as_run, stage_bytes=measured).costs
 
 
-def _fit_link(run: LocalRun, devices: Sequence[torch.device | str]) -> Link:
-    """Latency + bytes / bandwidth fitted to transfers between distinct devices."""
-    points = [
-        (t.n_bytes, max(t.end_ns - t.start_ns, 0))
-        for t in run.transfers
-        if torch.device(devices[t.src_rank]) != torch.device(devices[t.dst_rank])
-    ]
-    if not points:
-        return Link()
-    sizes = {b for b, _ in points}
-    total_bytes = sum(b for b, _ in points)
-    total_time = sum(t for _, t in points)
-    if len(sizes) > 1:
-        n = len(points)
-        mean_b = Fraction(total_bytes, n)
-        mean_t = Fraction(total_time, n)
-        var = sum(((b - mean_b) ** 2 for b, _ in points), Fraction(0))
-        cov = sum(((b - mean_b) * (t - mean_t) for b, t in points), Fraction(0))
-        slope: Fraction = cov / var  # ns per byte
-        latency = mean_t - slope * mean_b
-        if slope > 0 and latency >= 0:
-            return Link(latency=round(latency), bandwidth_bytes_per_s=_rounded(Fraction(1) / slope))
-    if total_time == 0:
-        return Link()
-    return Link(bandwidth_bytes_per_s=_rounded(Fraction(total_bytes, total_time)))
+def calibration_meta(fit: CalibrationFit, /, **provenance: Any) -> dict[str, Any]:
+    """The ``meta`` of a calibrated cost file: its unit, where it came from
+    (``provenance``: schedule, model, sizes, ...), the fit's sample counts and
+    assumptions, the message costs per direction, and the machine it ran on."""
+    return {
+        "time_unit": "ns",
+        **provenance,
+        "statistic": "median over every micro-batch of every measured step",
+        "assumed": list(fit.assumed),
+        "samples": dict(fit.samples),
+        "links_by_direction": {
+            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
+            for (src, dst), link in fit.pair_links.items()
+        },
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
-def _rounded(value: Fraction) -> Fraction | int:
-    """Four significant decimals are plenty for a bandwidth and keep the JSON readable."""
-    text = f"{float(value):.4g}"
-    exact = Fraction(text)
-    return exact.numerator if exact.denominator == 1 else exact
+def cost_file(
+    report: VerifyReport,
+    schedule: Schedule,
+    /,
+    *,
+    source: str = "pipesim verify",
+    model_options: Mapping[str, Any] | None = None,
+    warmup: int = 1,
+) -> tuple[CostModel, dict[str, Any]]:
+    """The cost file of a verify run: the report's cost model refitted from its measured
+    step by :func:`calibration_fit` (the fit ``pipesim calibrate`` makes, so the same
+    numbers) and its ``meta``, with the provenance ``pipesim calibrate`` records."""
+    as_run = report.as_run if report.as_run is not None else schedule
+    fit = calibration_fit(report.trace, as_run=as_run, stage_bytes=report.costs.stages)
+    provenance: dict[str, Any] = {
+        "source": source,
+        "schedule": schedule.name,
+        "model": report.model,
+        "model_options": dict(model_options or {}),
+        "n_ranks": schedule.n_ranks,
+        "virtual": schedule.n_stages // (schedule.n_ranks * schedule.n_copies),
+        "n_stages": schedule.n_stages,
+        "n_microbatches": schedule.n_microbatches,
+        "devices": list(report.devices),
+    }
+    if len(set(report.microbatch_sizes)) == 1:
+        # Rows per measured micro-batch: `pipesim plan --model costs.json` scales from it.
+        provenance["microbatch_size"] = report.microbatch_sizes[0]
+    provenance |= {
+        "threads_per_rank": torch.get_num_threads(),
+        "repeats": 1,
+        "warmup_steps": warmup,
+        "measured_makespans_ns": [int(measured_makespan(report.trace))],
+    }
+    return fit.costs, calibration_meta(fit, **provenance)
 
 
 def as_run_schedule(

@@ -322,7 +322,7 @@ def build_report(
         mismatches.append("the executor did not follow the Schedule's per-rank order")
 
     param_sizes = tuple(param_bytes(m) for m in stages)
-    costs = calibrate(run, devices=rank_devices, param_bytes=param_sizes)
+    costs = calibrate(run, devices=rank_devices, param_bytes=param_sizes, as_run=as_run)
     trace = measured_trace(run)
     measured = trace.makespan
     predicted = simulate(as_run, costs=costs).metrics.makespan

@@ -20,9 +20,6 @@ count); DualPipe's two model copies reuse the one-copy cut
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,9 +34,10 @@ from pipesim.calibration import (
     measured_makespan,
     median,
 )
-from pipesim.costs import CostModel, costs_to_dict
+from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
+from verify.calibrate import calibration_meta
 from verify.dist import verify_distributed
 from verify.errors import VerifyError
 
@@ -157,32 +155,20 @@ def calibrate_cut(
         timeout_s=timeout_s,
     )
     fit = fit_costs(measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns")
-    meta: dict[str, Any] = {
-        "time_unit": "ns",
-        "source": "pipesim calibrate (verify --dist)",
-        "schedule": schedule.name,
-        "model": model,
-        "model_options": dict(model_options or {}),
-        "n_ranks": n_ranks,
-        "virtual": virtual,
-        "n_stages": schedule.n_stages,
-        "n_microbatches": n_microbatches,
-        "microbatch_size": microbatch_size,
-        "threads_per_rank": threads,
-        "repeats": len(measured.steps),
-        "warmup_steps": warmup,
-        "statistic": "median over every micro-batch of every measured step",
-        "assumed": list(fit.assumed),
-        "samples": dict(fit.samples),
-        "links_by_direction": {
-            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
-            for (src, dst), link in fit.pair_links.items()
-        },
-        "measured_makespans_ns": [int(t) for t in measured.makespans_ns],
-        "host": socket.gethostname(),
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    meta = calibration_meta(
+        fit,
+        source="pipesim calibrate (verify --dist)",
+        schedule=schedule.name,
+        model=model,
+        model_options=dict(model_options or {}),
+        n_ranks=n_ranks,
+        virtual=virtual,
+        n_stages=schedule.n_stages,
+        n_microbatches=n_microbatches,
+        microbatch_size=microbatch_size,
+        threads_per_rank=threads,
+        repeats=len(measured.steps),
+        warmup_steps=warmup,
+        measured_makespans_ns=[int(t) for t in measured.makespans_ns],
+    )
     return fit.costs, meta

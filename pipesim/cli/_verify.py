@@ -241,14 +241,18 @@ def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
         write_measured_trace(report, args.trace_out)
     if not args.costs_out:
         return
-    from verify.calibrate import save_costs
+    from verify.calibrate import cost_file, save_costs
 
-    meta = {"schedule": schedule.name, "model": report.model}
-    if len(set(report.microbatch_sizes)) == 1:
-        # Rows per measured micro-batch: `pipesim plan --model costs.json` scales from it.
-        meta["microbatch_size"] = report.microbatch_sizes[0]
+    options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
+    costs, meta = cost_file(
+        report,
+        schedule,
+        source="pipesim verify" + (" --dist" if args.dist else ""),
+        model_options=options,
+        warmup=max(args.warmup, 0),
+    )
     try:
-        save_costs(report.costs, args.costs_out, meta=meta)
+        save_costs(costs, args.costs_out, meta=meta)
     except OSError as exc:
         raise PipesimError(f"cannot write --costs-out {args.costs_out!r}: {exc.strerror}") from None
 
