@@ -47,6 +47,8 @@ RULES: dict[str, tuple[re.Pattern[str], set[str]]] = {
 #: Code that matches a pattern but is not the rule, with the reason.
 NOT_THE_RULE = {
     ("message size", "pipesim/plan/workload.py"): "reads a cost file back into a workload",
+    ("message size", "pipesim/plan/measured.py"): "a planner stage grouping file stages "
+    "outputs what the last of them outputs",
     ("dependency (copy boundaries)", "verify/compare.py"): "maps a stage to its copy-0 twin",
     ("deadlock error", "pipesim/comms.py"): "a cycle of blocking sends and receives in a comms "
     "program (issue 12), not the compute step's wait cycle",
