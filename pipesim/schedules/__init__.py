@@ -9,6 +9,7 @@ True
 
 from __future__ import annotations
 
+from pipesim.schedules.controllable import v_half, v_min
 from pipesim.schedules.dualpipe import dualpipe, dualpipev
 from pipesim.schedules.gpipe import gpipe
 from pipesim.schedules.interleaved import interleaved_1f1b
@@ -40,6 +41,8 @@ __all__ = [
     "register",
     "schedule_names",
     "sequential",
+    "v_half",
+    "v_min",
     "zb_h1",
     "zb_h2",
     "zbv",
@@ -171,6 +174,34 @@ register(
         summary="DualPipe cut in half: one 2P-stage model in a V on P ranks, overlapped F&B pairs",
         rules="virtual = 2 (2P stages on P ranks); micro-batches >= 2P; training only",
         source="DeepSeek DualPipe (DualPipeV); torch ScheduleDualPipeV",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="v-half",
+        virtual_values=(2,),
+        generator=v_half,
+        summary="controllable memory, V-Half: a V-shaped building block repeated every 6 "
+        "slots; half of 1F1B's activation memory ((p+2)//2 micro-batches), about half its bubble",
+        rules="virtual = 2 (2P stages on P ranks in a V), any ranks and micro-batches; "
+        "training only",
+        source="Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024 "
+        "(arXiv 2405.15362); github.com/sail-sg/zero-bubble-pipeline-parallelism",
+        default_virtual=2,
+    )
+)
+register(
+    ScheduleSpec(
+        name="v-min",
+        virtual_values=(2,),
+        generator=v_min,
+        summary="controllable memory, V-Min: the tightest V-shaped building block; a third of "
+        "1F1B's activation memory ((p+4)//3 micro-batches), about 2/3 of its bubble",
+        rules="virtual = 2 (2P stages on P ranks in a V), any ranks and micro-batches; "
+        "training only",
+        source="Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024 "
+        "(arXiv 2405.15362); github.com/sail-sg/zero-bubble-pipeline-parallelism",
         default_virtual=2,
     )
 )
