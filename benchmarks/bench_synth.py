@@ -12,8 +12,12 @@ limits p and 2p (1F1B's and ZB-H2's memory), its winner, its gap to the lower
 bound, and its wall time; a built-in that exceeds the limit is marked ``*``
 (it could not be chosen at that limit). Machine load comes first.
 
-Then the V placement (two chunks of half a stage per rank) at limits p, p/2 and p/3
-against 1F1B on the p-stage cut and ZB-V, for p in {8, 16}, m = 4p.
+Then the V placement (two chunks of half a stage per rank), p in {8, 16}, m = 4p: first
+in the paper's setting (F = I = W, activations held from F to W), ``v-half`` and ``v-min``
+against the zero-bubble repository's table (bubble B/2 and 2B/3 of 1F1B's B, memory
+(p+2)//2 and (p+4)//3) and synthesize at those limits; then with the realistic costs,
+1F1B on the p-stage cut, ZB-V, V-Half, V-Min and synthesize at limits p, (p+2)//2, p/2,
+(p+4)//3 and p/3.
 
 Run: ``python benchmarks/bench_synth.py [--quick]`` (``--quick``: p = 8 only).
 """
@@ -98,33 +102,77 @@ def halved(costs: CostModel) -> CostModel:
     return CostModel(stages=tuple(chunks), link=costs.link)
 
 
-def v_row(p: int, m: int, w_ratio: float) -> None:
-    """The V placement at limits p, p/2 and p/3 (ZB-V, V-Half, V-Min of Qi et al. 2024b)."""
-    costs = realistic_costs(p, w_ratio)
-    # 2p chunks on a V: rank r holds stages r and 2p-1-r (the pairs of the p-stage cut).
+def v_costs_of(costs: CostModel, p: int) -> CostModel:
+    """2p chunks on a V: rank r holds stages r and 2p-1-r (the halves of the p-stage cut)."""
     chunks = halved(costs)
     order = list(range(p)) + list(reversed(range(p)))
-    v_costs = CostModel(
+    return CostModel(
         stages=tuple(chunks.stages[2 * r + (i >= p)] for i, r in enumerate(order)),
         link=costs.link,
     )
-    one = simulate(generate("1f1b", n_ranks=p, n_microbatches=m), costs=costs).metrics
-    zbv = simulate(generate("zbv", n_ranks=p, n_microbatches=m), costs=v_costs).metrics
-    print(
-        f"p={p:2d} m={m:3d} W={w_ratio}F V  1f1b (p-stage cut, p mb) "
-        f"{float(one.bubble_ratio):6.2%}  zbv {float(zbv.bubble_ratio):6.2%}"
+
+
+#: Memory limits on the V, in micro-batches of a rank's activations (both chunks): 1F1B's,
+#: the paper's V-Half and V-Min figures ((p+2)//2, (p+4)//3), and p/2, p/3 exactly.
+def v_limits(p: int) -> list[tuple[str, Fraction]]:
+    return [
+        ("p", Fraction(p)),
+        ("(p+2)//2", Fraction((p + 2) // 2)),
+        ("p/2", Fraction(p, 2)),
+        ("(p+4)//3", Fraction((p + 4) // 3)),
+        ("p/3", Fraction(p, 3)),
+    ]
+
+
+def synth_v(p: int, m: int, costs: CostModel, label: str, limit: Fraction) -> None:
+    start = time.process_time()
+    result = synthesize(
+        n_ranks=p, n_microbatches=m, memory_limit=limit, costs=costs, virtual=2, placement="v"
     )
-    for label, limit in (("p", Fraction(p)), ("p/2", Fraction(p, 2)), ("p/3", Fraction(p, 3))):
-        start = time.perf_counter()
-        result = synthesize(
-            n_ranks=p, n_microbatches=m, memory_limit=limit, costs=v_costs, virtual=2,
-            placement="v",
-        )  # fmt: skip
-        wall = time.perf_counter() - start
-        print(
-            f"    synth V @ {label:3}: bubble {float(result.metrics.bubble_ratio):6.2%}  "
-            f"gap to bound {float(result.gap):6.2%}  winner {result.winner}  {wall:5.1f} s"
+    cpu = time.process_time() - start
+    print(
+        f"    synth V @ {label:8} = {float(limit):5.2f}: bubble "
+        f"{float(result.metrics.bubble_ratio):6.2%}  gap to bound {float(result.gap):6.2%}  "
+        f"winner {result.winner}  {cpu:5.1f} s CPU"
+    )
+
+
+def v_row(p: int, m: int, w_ratio: float) -> None:
+    """The V placement at the limits above (ZB-V, V-Half, V-Min of Qi et al. 2024b)."""
+    costs = realistic_costs(p, w_ratio)
+    v_costs = v_costs_of(costs, p)
+    one = simulate(generate("1f1b", n_ranks=p, n_microbatches=m), costs=costs).metrics
+    cells = [f"1f1b (p-stage cut, p mb) {float(one.bubble_ratio):6.2%}"]
+    for name in ("zbv", "v-half", "v-min"):
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=v_costs).metrics
+        cells.append(f"{name} {float(sim.bubble_ratio):6.2%}")
+    print(f"p={p:2d} m={m:3d} W={w_ratio}F V  " + "  ".join(cells))
+    for label, limit in v_limits(p):
+        synth_v(p, m, v_costs, label, limit)
+
+
+def v_paper_row(p: int, m: int) -> None:
+    """F = I = W per chunk, activations held F to W (the paper's setting): our V-Half and
+    V-Min against the repository's table (B/2 and 2B/3 of 1F1B's B = (p-1)/(m+p-1)), and
+    synthesize at the paper's limits."""
+    costs = CostModel.uniform(
+        forward=1, input_grad=1, weight_grad=1, backward=2, activation_bytes=1, weight_grad_bytes=1
+    ).for_stages(2 * p)
+    b = Fraction(p - 1, m + p - 1)
+    cells = [f"1f1b B {float(b):6.2%}"]
+    for name, share, memory in (
+        ("v-half", Fraction(1, 2), (p + 2) // 2),
+        ("v-min", Fraction(2, 3), (p + 4) // 3),
+    ):
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs).metrics
+        peak = Fraction(max(r.peak_activation_bytes for r in sim.ranks), 2)
+        cells.append(
+            f"{name} {float(sim.bubble_ratio):6.2%} (paper {float(share * b):6.2%}) "
+            f"memory {float(peak):g} (paper {memory})"
         )
+    print(f"p={p:2d} m={m:3d} F=I=W V  " + "  ".join(cells))
+    for label, limit in v_limits(p)[1::2]:  # the paper's two limits
+        synth_v(p, m, costs, label, limit)
 
 
 def main() -> None:
@@ -139,6 +187,7 @@ def main() -> None:
                 row(p, m, w_ratio)
     print("V placement: 2p chunks of half a stage, limits in micro-batches of a rank's chunks")
     for p in (8,) if args.quick else (8, 16):
+        v_paper_row(p, 4 * p)
         for w_ratio in (0.5, 0.7):
             v_row(p, 4 * p, w_ratio)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
