@@ -12,7 +12,8 @@ and evaluates it at any size; byte counts that scale with the rows
 A cost file carries the fit in its ``meta``: ``microbatch_size`` (b1, the
 size its own numbers were measured at) and ``microbatch_scaling``, the cost
 model measured at b2 with its ``microbatch_size`` (:func:`scaling_meta`,
-:func:`costs_at_microbatch_size`).
+:func:`costs_at_microbatch_size`). The planner prices a cost file's micro-batch
+sizes through it (:mod:`pipesim.plan.measured`).
 
 >>> from pipesim.costs import CostModel
 >>> small = CostModel.uniform(forward=6, backward=12, activation_bytes=100)
