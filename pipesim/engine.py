@@ -18,10 +18,11 @@ SimPy only adds and compares them, so results are exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
@@ -71,9 +72,9 @@ def simulate(
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
     with paused_gc():
         structure = step_structure(schedule)
-        if check:
-            check_structure(schedule, structure)
-        trace = _run(compile_step(structure, costs))
+        if check:  # a cycle of waits, the run itself finds: validate's error, unchanged
+            check_structure(schedule, structure, cycles=False)
+        trace = _run(compile_step(structure, costs), name_blocked=not check)
     return Simulation(
         schedule=schedule,
         costs=costs,
@@ -88,25 +89,17 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
         return _run(compile_step(schedule, costs))
 
 
-def _run(step: CompiledStep) -> Trace:
+def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
+    """Run the step; a run that cannot finish is :func:`deadlock_error`, naming where each
+    stuck rank waits when ``name_blocked``."""
     env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
     structure = step.structure
-    schedule = structure.schedule
-    n_messages = len(structure.messages)
-    n_arrivals = structure.n_arrivals
-    # Per arrival (message or signal): whether it arrived, the event its consumer
-    # waits on (made only if it blocks), and for messages when it got its link and arrived.
-    arrived = bytearray(n_arrivals)
-    waiters: list[Any] = [None] * n_arrivals
-    link_start: list[Time] = [0] * n_messages
-    link_end: list[Time] = [0] * n_messages
-    occupancy, latency, pair_of = step.occupancy, step.latency, structure.pair_of
-    free = [link.is_free for link in step.pair_links]
-    resources: list[simpy.Resource | None] = [None] * len(structure.pairs)
-    overlap_comm = step.costs.overlap_comm
-    starts: list[Time] = [0] * structure.n_nodes
-    ends: list[Time] = [0] * structure.n_nodes
-    timeout = env.timeout
+    n_ranks = structure.schedule.n_ranks
+    # Per arrival (message or signal): whether it arrived, and the event its consumer
+    # waits on (made only if it blocks); whether it goes over a link that costs time.
+    arrived = bytearray(structure.n_arrivals)
+    waiters: list[Any] = [None] * structure.n_arrivals
+    on_link = _on_link(step)
 
     def deliver(arrival: int) -> None:
         arrived[arrival] = 1
@@ -114,41 +107,33 @@ def _run(step: CompiledStep) -> Trace:
         if waiter is not None:
             waiter.succeed()
 
-    def send(message: int) -> Any:
-        pair = pair_of[message]
-        resource = resources[pair]
-        if resource is None:
-            capacity = step.pair_links[pair].max_concurrent
-            resource = resources[pair] = simpy.Resource(env, capacity=capacity)
-        with resource.request() as request:
-            yield request
-            start = env.now
-            if occupancy[message]:
-                yield timeout(occupancy[message])
-        if latency[message]:
-            yield timeout(latency[message])
-        link_start[message] = start
-        link_end[message] = env.now
-        deliver(message)
-
+    links = _Links(env, step, deliver) if any(on_link) else None
+    overlap_comm = step.costs.overlap_comm
+    starts, ends = _time_column(step), _time_column(step)
     durations, effects = step.durations, step.effects
     inputs, outputs = structure.inputs, structure.outputs
-    has_signals = bool(structure.signals)
-    event = env.event
-
-    peaks = [(0, 0)] * schedule.n_ranks
-    finish: list[Time] = [0] * schedule.n_ranks
-    waiting_at = [-1] * schedule.n_ranks  # the node a rank last blocked at
+    timeout, event = env.timeout, env.event
+    peaks = [(0, 0)] * n_ranks
+    waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
+    # Per rank, the node it runs now and the timeout that ends it: a consumer of that
+    # node's output waits on the same event, with no event of its own (see _source).
+    running, running_end = [-1] * n_ranks, [None] * n_ranks
+    ranks = structure.ranks
 
     def run_rank(rank: int, order: range) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
+        now: Time = 0  # env.now, kept here: after a timeout it is start + duration exactly
         for node in order:
             for arrival in inputs[node]:
-                if not arrived[arrival]:
+                while not arrived[arrival]:
                     waiting_at[rank] = node
-                    waiter = waiters[arrival] = event()
-                    yield waiter
-            start = env.now
+                    source = _source(structure, arrival)
+                    if running[ranks[source]] == source and not on_link[arrival]:
+                        yield running_end[ranks[source]]
+                    else:
+                        waiter = waiters[arrival] = event()
+                        yield waiter
+                    now = env.now
             s_bytes, s_count, e_bytes, e_count = effects[node]
             if s_bytes or s_count:
                 held_bytes += s_bytes
@@ -157,9 +142,12 @@ def _run(step: CompiledStep) -> Trace:
                     peak_bytes = held_bytes
                 if inflight > peak_inflight:
                     peak_inflight = inflight
-            yield timeout(durations[node])
-            starts[node] = start
-            ends[node] = end = env.now
+            starts[node] = now
+            duration = durations[node]
+            running[rank] = node
+            end = running_end[rank] = timeout(duration)
+            yield end
+            ends[node] = now = now + duration
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -168,44 +156,129 @@ def _run(step: CompiledStep) -> Trace:
                 if inflight > peak_inflight:
                     peak_inflight = inflight
             sending = None
-            for message in outputs[node]:
-                if has_signals and message >= n_messages:
-                    deliver(message)  # a happens_before signal: no link
-                elif free[pair_of[message]]:
-                    link_start[message] = link_end[message] = end
-                    arrived[message] = 1  # deliver(), inlined: the hot path of free links
-                    waiter = waiters[message]
-                    if waiter is not None:
-                        waiter.succeed()
-                else:
-                    if sending is None:
-                        sending = []
-                    sending.append(env.process(send(message)))
+            for arrival in outputs[node]:
+                if on_link[arrival]:
+                    assert links is not None
+                    sending = links.send(arrival, sending)
+                    continue
+                arrived[arrival] = 1  # delivered now: a signal, or a message on a free link
+                waiter = waiters[arrival]
+                if waiter is not None:
+                    waiter.succeed()
             if sending and not overlap_comm:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
-        waiting_at[rank] = -2  # done
+                now = env.now
+        waiting_at[rank] = -2
         peaks[rank] = (peak_bytes, peak_inflight)
-        finish[rank] = end if order else 0
 
     for rank, order in enumerate(structure.orders):
         env.process(run_rank(rank, order))
     env.run()
-
-    stuck = [rank for rank in range(schedule.n_ranks) if waiting_at[rank] != -2]
+    stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
     if stuck:
-        raise deadlock_error(structure, blocked=[waiting_at[rank] for rank in stuck])
+        blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
+        raise deadlock_error(structure, blocked=blocked)
+    return _trace(step, starts, ends, links, peaks)
+
+
+def _source(structure: StepStructure, arrival: int) -> int:
+    """The node whose end delivers ``arrival`` (a message's producer, a signal's first
+    node). A free link or a signal delivers when that node's timeout fires, as its rank
+    resumes; a rank that waits for it on the same timeout event resumes after that rank
+    (SimPy runs an event's callbacks in the order they were added), with the arrival
+    there: the same start time as with an event of its own, one event fewer."""
+    n_messages = structure.n_messages
+    if arrival < n_messages:
+        return structure.producers[arrival]
+    return structure.signals[arrival - n_messages][0]
+
+
+def _on_link(step: CompiledStep) -> bytearray:
+    """Per arrival, 1 for a message whose link costs time (a free link delivers at once)."""
+    structure = step.structure
+    on_link = bytearray(structure.n_arrivals)
+    free = [link.is_free for link in step.pair_links]
+    if not all(free):
+        for message, pair in enumerate(structure.pair_of):
+            if not free[pair]:
+                on_link[message] = 1
+    return on_link
+
+
+def _time_column(step: CompiledStep) -> MutableSequence[Time]:
+    """A zeroed start or end per node: 8 bytes each when every time is an integer that
+    fits (no time exceeds the sum of every duration and every message time), else a list."""
+    n_nodes = step.structure.n_nodes
+    small = [*step.tables.durations, *(link.latency for link in step.pair_links)]
+    small += set(step.occupancy)
+    if all(type(t) is int for t in small):
+        bound = sum(step.durations) + sum(step.occupancy) + sum(step.latency)
+        if bound < 2**62:
+            return cast("MutableSequence[Time]", array("q", bytes(8 * n_nodes)))
+    return [0] * n_nodes
+
+
+class _Links:
+    """The links that cost time: per rank pair a ``simpy.Resource``, and per message when
+    it got its link and when it arrived."""
+
+    def __init__(self, env: Any, step: CompiledStep, deliver: Callable[[int], None]) -> None:
+        self.env = env
+        self.step = step
+        self.deliver = deliver
+        self.resources: list[simpy.Resource | None] = [None] * len(step.pair_links)
+        self.start: dict[int, Time] = {}
+        self.end: dict[int, Time] = {}
+
+    def send(self, message: int, sending: list[Any] | None) -> list[Any]:
+        """Start the process that carries ``message``; add it to ``sending``."""
+        process = self.env.process(self._carry(message))
+        if sending is None:
+            return [process]
+        sending.append(process)
+        return sending
+
+    def _carry(self, message: int) -> Any:
+        step, env = self.step, self.env
+        pair = step.structure.pair_of[message]
+        resource = self.resources[pair]
+        if resource is None:
+            capacity = step.pair_links[pair].max_concurrent
+            resource = self.resources[pair] = simpy.Resource(env, capacity=capacity)
+        with resource.request() as request:
+            yield request
+            start = env.now
+            if step.occupancy[message]:
+                yield env.timeout(step.occupancy[message])
+        if step.latency[message]:
+            yield env.timeout(step.latency[message])
+        self.start[message] = start
+        self.end[message] = env.now
+        self.deliver(message)
+
+
+def _trace(
+    step: CompiledStep,
+    starts: Sequence[Time],
+    ends: Sequence[Time],
+    links: _Links | None,
+    peaks: Sequence[tuple[int, int]],
+) -> Trace:
+    structure = step.structure
     durations = step.durations
+    finish = [ends[order[-1]] if order else 0 for order in structure.orders]
     totals = TraceTotals(
-        makespan=max((*finish, *link_end)),
-        busy=tuple(sum([durations[n] for n in order], start=0) for order in structure.orders),
+        makespan=max((*finish, *(links.end.values() if links else ()))),
+        busy=tuple(sum(durations[order.start : order.stop], start=0) for order in structure.orders),
         peak_activation_bytes=tuple(p[0] for p in peaks),
         peak_inflight=tuple(p[1] for p in peaks),
     )
+    link_times = (links.start, links.end) if links else ({}, {})
     return Trace.deferred(
-        n_ranks=schedule.n_ranks,
+        n_ranks=structure.schedule.n_ranks,
         actions=lambda: action_records(structure, starts, ends),
-        transfers=lambda: _transfer_records(step, link_start, link_end),
+        transfers=lambda: _transfer_records(step, ends, *link_times),
         memory=lambda: memory_records(step, starts, ends),
         totals=totals,
     )
@@ -261,25 +334,36 @@ def memory_records(
 
 
 def _transfer_records(
-    step: CompiledStep, link_start: list[Time], link_end: list[Time]
+    step: CompiledStep, ends: Sequence[Time], link_start: dict[int, Time], link_end: dict[int, Time]
 ) -> tuple[TransferRecord, ...]:
-    messages = step.structure.messages
-    by_link_start = sorted(
-        range(len(messages)),
-        key=lambda i: (link_start[i], messages[i].src_rank, messages[i].dst_rank),
-    )
-    sizes = step.message_bytes
-    return tuple(
-        [
+    """Every message, sorted by (link start, source rank, destination rank), then id; a
+    message on a free link leaves and arrives when its producer ends."""
+    structure = step.structure
+    ranks, producers, consumers = structure.ranks, structure.producers, structure.consumers
+    rows = []
+    for message, (source, node) in enumerate(zip(producers, consumers, strict=True)):
+        if message in link_end:
+            start, end = link_start[message], link_end[message]
+        else:
+            start = end = ends[source]
+        rows.append((start, ranks[source], ranks[node], message, end))
+    rows.sort(key=_BY_START_SOURCE_DESTINATION)
+    sizes, messages = step.message_bytes, structure.messages
+    records = []
+    for start, src, dst, message, end in rows:
+        producer, consumer = messages[message][:2]
+        records.append(
             TransferRecord(
-                src_rank=messages[i].src_rank,
-                dst_rank=messages[i].dst_rank,
-                producer=messages[i].producer,
-                consumer=messages[i].consumer,
-                n_bytes=sizes[i],
-                start=link_start[i],
-                end=link_end[i],
+                src_rank=src,
+                dst_rank=dst,
+                producer=producer,
+                consumer=consumer,
+                n_bytes=sizes[message],
+                start=start,
+                end=end,
             )
-            for i in by_link_start
-        ]
-    )
+        )
+    return tuple(records)
+
+
+_BY_START_SOURCE_DESTINATION = itemgetter(0, 1, 2)

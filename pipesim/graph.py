@@ -141,13 +141,17 @@ at position 0 runs before 0F0 at position 1; move the backward after its forward
     check_structure(schedule, step_structure(schedule))
 
 
-def check_structure(schedule: Schedule, structure: StepStructure, /) -> None:
+def check_structure(
+    schedule: Schedule, structure: StepStructure, /, *, cycles: bool = True
+) -> None:
     """:func:`validate`, reusing the step structure the caller already built (the engine
-    does): the structural checks, then a cycle of waits (no topological order)."""
+    does): the structural checks, then a cycle of waits (no topological order). With
+    ``cycles=False`` only a cycle through some rank's program order is looked for; any
+    other is left to the caller: the engine finds one by running into it."""
     problems = _structural_problems(schedule, structure)
     if problems:
         raise ScheduleError(_summarise("invalid schedule", problems))
-    if structure.topological is None:
+    if structure.back_edge or (cycles and structure.topological is None):
         raise deadlock_error(structure)
 
 
@@ -161,21 +165,23 @@ def _well_placed(schedule: Schedule, structure: StepStructure) -> bool:
     if schedule.n_copies != 1 or structure.width > n_mb:
         return False
     n_parts = len(structure.works) + sum(len(w.parts) - 1 for w in structure.overlaps)
-    if n_parts != len(structure.node_at):  # a duplicate
+    if n_parts != structure.n_keys:  # a duplicate
         return False
-    if structure.node_at and max(structure.node_at) >= 4 * n_stages * structure.width:
-        return False  # a stage out of range
-    placement, overlap_base = schedule.placement, 4 * n_stages
+    placement = schedule.placement
     if structure.overlaps:
         return all(
-            placement[a.stage] == rank
+            a.stage < n_stages and placement[a.stage] == rank
             for work, rank in zip(structure.works, structure.ranks, strict=True)
             for a in work.parts
         )
+    if max(structure.keys, default=0) >= 4 * n_stages:
+        return False  # a stage out of range
+    # A rank's nodes are consecutive: the distinct codes (4 * stage + op) it runs, in bulk.
+    keys = structure.keys
     return all(
-        placement[key >> 2] == rank
-        for key, rank in zip(structure.keys, structure.ranks, strict=True)
-        if key < overlap_base
+        placement[code >> 2] == rank
+        for rank, order in enumerate(structure.orders)
+        for code in set(keys[order.start : order.stop])
     )
 
 
@@ -186,7 +192,7 @@ def _structural_problems(schedule: Schedule, structure: StepStructure) -> list[s
         if problems:
             return problems
     problems += _missing(schedule, structure)
-    if structure.topological is None:  # else no work runs before one it needs on its rank
+    if structure.back_edge:  # else no work runs before one it needs on its rank
         problems += _same_rank_order(structure)
     for a, b in schedule.happens_before:
         for x in (a, b):
@@ -260,22 +266,25 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     stage and micro-batch counts: the missing ones are counted from the actions present
     (all in range and unique here) and only the first few are looked for."""
     training = not schedule.forward_only
-    present, width = structure.node_at, structure.width
+    width = structure.width
     # (stage, micro-batch) cells: each stage runs the micro-batches of its model copy
     n_cells = schedule.n_stages * (schedule.n_microbatches // schedule.n_copies)
     has_f = has_b = has_iw = 0
-    mixed: list[str] = []
-    for key in present:  # key = (4 * stage + op index F, B, I, W) * width + micro-batch
+    mixed: list[tuple[int, str]] = []  # (node, text): named in the order the ranks run them
+    # The table has room past the largest key (StepStructure.node_at): no bounds to check.
+    table = structure.node_at
+    for key in structure.present_keys():  # (4 * stage + op index F, B, I, W) * width + mb
         code, mb = divmod(key, width)
         if code & 3 == 0:
             has_f += 1
         elif code & 3 == 1:
             has_b += 1
-            split_i, split_w = key + width in present, key + 2 * width in present
+            split_i, split_w = table[key + width] >= 0, table[key + 2 * width] >= 0
             if split_i or split_w:
                 stage = code >> 2
-                mixed.append(f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}")
-        elif code & 3 == 2 and key + width in present and key - width not in present:
+                text = f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}"
+                mixed.append((table[key], text))
+        elif code & 3 == 2 and table[key + width] >= 0 and table[key - width] < 0:
             has_iw += 1
     n_missing = n_cells - has_f + (n_cells - has_b - has_iw if training else 0)
     problems = []
@@ -287,7 +296,7 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
             + ("and B (or I and W) " if training else "")
             + f"for each of the {schedule.n_microbatches} micro-batches"
         )
-    for text in mixed:
+    for _, text in sorted(mixed):
         problems.append(f"both a full and a split backward: {text}; use B or I+W, not both")
     return problems
 
@@ -296,18 +305,18 @@ def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[s
     """The missing actions in stage, micro-batch order, lazily: a caller taking k of them
     looks at no more than k cells beyond those the actions present fill."""
     training = not schedule.forward_only
-    present, width = structure.node_at, structure.width
+    has, width = structure.has_key, structure.width
     for stage in range(schedule.n_stages):
         f_code = 4 * stage * width  # action keys of this stage: pipesim.step.StepStructure
         b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
         for mb in schedule.copy_bounds(stage)[1]:
             inside = mb < width
-            if not inside or f_code + mb not in present:
+            if not inside or not has(f_code + mb):
                 yield f"{stage}F{mb}"
-            if not training or (inside and b_code + mb in present):
+            if not training or (inside and has(b_code + mb)):
                 continue
-            split_i = inside and i_code + mb in present
-            split_w = inside and w_code + mb in present
+            split_i = inside and has(i_code + mb)
+            split_w = inside and has(w_code + mb)
             if split_i and not split_w:
                 yield f"{stage}W{mb}"
             elif split_w and not split_i:

@@ -48,7 +48,7 @@ import itertools
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, cast, overload
 
 import networkx as nx
 
@@ -152,6 +152,24 @@ class Message(NamedTuple):
     dst_rank: int
 
 
+class KeyTable(Protocol):
+    """Action key -> node, -1 for a key no rank runs (see ``StepStructure.node_at``)."""
+
+    def __getitem__(self, key: int, /) -> int: ...  # pragma: no cover
+
+    def __len__(self) -> int: ...  # pragma: no cover
+
+
+class _Sparse(dict[int, int]):
+    """A :class:`KeyTable` for keys too spread out for a dense array (a mistyped
+    micro-batch of 10**6 in a four-action file): a dict answering -1 for an absent key."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: int) -> int:
+        return -1
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepStructure:
     """The cost-independent part of a step (see the module docstring).
@@ -160,39 +178,54 @@ class StepStructure:
     order of rank ``ranks[n]``. Arrivals are what a node can wait for: ids
     ``0 .. len(messages) - 1`` are the messages, the next ``len(signals)`` the
     cross-rank ``happens_before`` signals (they arrive when their work ends).
+    Large columns are ``array`` objects (8 bytes an entry), so a step of a million
+    actions stays small.
     """
 
     schedule: Schedule
     works: tuple[Work, ...]
     ranks: tuple[int, ...]
     positions: Sequence[int]
-    """Per node, its index in its rank's order (an ``array``: 8 bytes a node)."""
+    """Per node, its index in its rank's order."""
     orders: tuple[range, ...]
     """Per rank, its node ids in program order: a rank's nodes are numbered consecutively."""
     width: int
-    """Micro-batch stride of the action keys (one more than the largest micro-batch)."""
-    node_at: Mapping[int, int]
+    """Micro-batch stride of the action keys: ``n_microbatches``, or one more than the
+    largest micro-batch named when that is larger."""
+    node_at: KeyTable
     """Action key ``(4 * stage + OP_INDEX[op]) * width + microbatch`` -> the node running
-    that action (the first if duplicated); see :meth:`node_of`."""
+    that action (the first if duplicated), -1 if none; see :meth:`node_of`. A dense table
+    has room for 8 codes past the largest key present (every prerequisite key of a key
+    present can be read without a bounds check); keys past its end are absent too."""
+    n_keys: int
+    """How many distinct action keys the works hold (fewer than their parts: a duplicate)."""
     extra_edges: tuple[tuple[int, int], ...]
     """``happens_before`` constraints between nodes (actions no rank runs are skipped)."""
-    messages: tuple[Message, ...]
-    """Cross-rank data edges, in ``data_edges`` order (grouped by consumer); a producer
-    sends its messages in increasing id."""
+    producers: Sequence[int]
+    """Per message (cross-rank data edge, in ``data_edges`` order, so grouped by consumer),
+    the node that sends it; a producer sends its messages in increasing id."""
+    consumers: Sequence[int]
+    """Per message, the node that waits for it."""
+    message_parts: Mapping[int, tuple[Action, Action]]
+    """Per message whose producer or consumer is an overlapped unit, the (producer,
+    consumer) actions it joins; any other message joins the two works themselves."""
     signals: tuple[tuple[int, int], ...]
     """Cross-rank ``happens_before`` edges (node, node); arrival id ``len(messages) + j``."""
     inputs: tuple[tuple[int, ...], ...]
     """Per node, the arrival ids it waits for before it starts."""
     outputs: tuple[tuple[int, ...], ...]
     """Per node, the arrival ids it produces when it ends (messages first, in send order)."""
-    keys: tuple[int, ...]
+    keys: Sequence[int]
     """Per node, its cost key: ``4 * stage + OP_INDEX[op]`` for an action,
     ``4 * n_stages + j`` for ``overlaps[j]`` (see :class:`CostTables`)."""
     overlaps: tuple[Overlap, ...]
     pairs: tuple[tuple[int, int], ...]
     """The ordered rank pairs (source, destination) that carry messages, by pair id."""
-    pair_of: tuple[int, ...]
+    pair_of: Sequence[int]
     """Per message, the id of its rank pair."""
+    back_edge: bool
+    """Whether some work waits for later work of its own rank (a cycle through program
+    order; :func:`pipesim.graph.validate` names it)."""
     topological: Sequence[int] | None
     """Every node after everything it waits for; None when the waits form a cycle."""
 
@@ -202,9 +235,19 @@ class StepStructure:
         return len(self.works)
 
     @property
+    def n_messages(self) -> int:
+        """Number of cross-rank data messages."""
+        return len(self.producers)
+
+    @property
     def n_arrivals(self) -> int:
         """Messages plus signals."""
-        return len(self.messages) + len(self.signals)
+        return len(self.producers) + len(self.signals)
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        """The messages as :class:`Message` rows, made when read (the step keeps columns)."""
+        return _Messages(self)
 
     @property
     def per_copy(self) -> int:
@@ -216,7 +259,20 @@ class StepStructure:
         if action.microbatch >= self.width:
             return None
         key = (4 * action.stage + OP_INDEX[action.op]) * self.width + action.microbatch
-        return self.node_at.get(key)
+        return self.node_at[key] if self.has_key(key) else None
+
+    def has_key(self, key: int, /) -> bool:
+        """Whether some node runs the action with this key (see ``node_at``)."""
+        table = self.node_at
+        return (type(table) is _Sparse or 0 <= key < len(table)) and table[key] >= 0
+
+    def present_keys(self) -> Iterator[int]:
+        """The action keys some node runs, in increasing order."""
+        table = self.node_at
+        if type(table) is _Sparse:
+            return iter(sorted(table))
+        dense = cast("array[int]", table)
+        return itertools.compress(range(len(dense)), map((-1).__ne__, dense))
 
     def reads_input(self, stage: int, /) -> bool:
         """Whether F of ``stage`` reads the input micro-batch (a copy's first stage)."""
@@ -229,7 +285,14 @@ class StepStructure:
     def data_edges(self) -> Iterator[tuple[int, int, Action, Action]]:
         """Every data dependency present, same rank or not, as (producer node, consumer
         node, producer, consumer); cross-rank ones are the messages, in the same order."""
-        return _data_edges(self.node_at, self.width, self.per_copy, self.works)
+        edges = _edge_rows(self.schedule, self.works, _numbering_of(self))
+        works = self.works
+        for e, (source, node) in enumerate(zip(edges.sources, edges.consumers, strict=True)):
+            parts = edges.parts.get(e)
+            if parts is None:
+                yield source, node, works[source], works[node]  # type: ignore[misc]
+            else:
+                yield source, node, parts[0], parts[1]
 
     def successors(self) -> list[list[int]]:
         """Adjacency lists over order, data and extra edges (may repeat an edge)."""
@@ -245,10 +308,242 @@ class StepStructure:
         return succ
 
 
+class _Messages(Sequence[Message]):
+    """``StepStructure.messages``: rows made from the message columns when read."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, structure: StepStructure) -> None:
+        self._s = structure
+
+    def __len__(self) -> int:
+        return len(self._s.producers)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        s = self._s
+        source, node = s.producers[index], s.consumers[index]
+        parts = s.message_parts.get(index % len(self))
+        producer, consumer = (s.works[source], s.works[node]) if parts is None else parts
+        return Message(producer, consumer, source, node, s.ranks[source], s.ranks[node])  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Message]:
+        return (self[i] for i in range(len(self)))
+
+
+# -- building the structure --------------------------------------------------------------
+_DENSE_SLOTS = 8  # a dense key table may take this many slots per action before a dict
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Numbering:
+    """Each work's action key(s) and the key -> node table (while building a structure)."""
+
+    width: int
+    keys: array[int]
+    """Per node, its cost key (see ``StepStructure.keys``)."""
+    action_keys: array[int]
+    """Per node, its action key; -1 for an overlapped unit (its parts: ``overlap_keys``)."""
+    overlap_keys: dict[int, tuple[int, ...]]
+    """Per overlapped node, the action keys of its parts, in order."""
+    overlaps: tuple[Overlap, ...]
+    table: KeyTable
+    n_keys: int
+
+
+def _numbering_of(structure: StepStructure) -> _Numbering:
+    """The numbering a built structure came from (for :meth:`StepStructure.data_edges`)."""
+    width, table = structure.width, structure.node_at
+    keys = array("l", structure.keys)
+    action_keys = array("l", [-1]) * len(keys)
+    overlap_keys: dict[int, tuple[int, ...]] = {}
+    for node, work in enumerate(structure.works):
+        if type(work) is Action:
+            action_keys[node] = (4 * work.stage + OP_INDEX[work.op]) * width + work.microbatch
+        else:
+            overlap_keys[node] = _part_keys(work, width)
+    return _Numbering(
+        width=width,
+        keys=keys,
+        action_keys=action_keys,
+        overlap_keys=overlap_keys,
+        overlaps=structure.overlaps,
+        table=table,
+        n_keys=structure.n_keys,
+    )
+
+
+def _part_keys(work: Work, width: int) -> tuple[int, ...]:
+    return tuple((4 * a.stage + OP_INDEX[a.op]) * width + a.microbatch for a in work.parts)
+
+
+def _number(schedule: Schedule, works: Sequence[Work]) -> _Numbering:
+    """Give every work its cost key and action key(s), and index the keys."""
+    width = max(schedule.n_microbatches, 1)
+    while True:  # a micro-batch past n_microbatches (an invalid schedule) widens the stride
+        numbering = _try_number(schedule, works, width)
+        if isinstance(numbering, _Numbering):
+            return numbering
+        width = numbering
+
+
+def _try_number(schedule: Schedule, works: Sequence[Work], width: int) -> _Numbering | int:
+    """The numbering with this stride, or the stride needed when a micro-batch exceeds it."""
+    keys, action_keys = array("l"), array("l")
+    add_key, add_action = keys.append, action_keys.append
+    overlaps: list[Overlap] = []
+    overlap_keys: dict[int, tuple[int, ...]] = {}
+    overlap_base, op_index = 4 * schedule.n_stages, OP_INDEX
+    widest = 0
+    for node, work in enumerate(works):
+        if type(work) is Action:
+            code = 4 * work.stage + op_index[work.op]
+            mb = work.microbatch
+            add_key(code)
+            add_action(code * width + mb)
+            if mb >= widest:
+                widest = mb + 1
+            continue
+        add_key(overlap_base + len(overlaps))
+        add_action(-1)
+        overlaps.append(work)  # type: ignore[arg-type]
+        widest = max(widest, *(a.microbatch + 1 for a in work.parts))
+        overlap_keys[node] = _part_keys(work, width)
+    if widest > width:
+        return widest
+    table, n_keys = _key_table(action_keys, overlap_keys, width)
+    return _Numbering(
+        width=width,
+        keys=keys,
+        action_keys=action_keys,
+        overlap_keys=overlap_keys,
+        overlaps=tuple(overlaps),
+        table=table,
+        n_keys=n_keys,
+    )
+
+
+def _key_table(
+    action_keys: array[int], overlap_keys: Mapping[int, tuple[int, ...]], width: int
+) -> tuple[KeyTable, int]:
+    """Key -> first node with that key: a dense array when the keys fill their range
+    (with room past the largest for every prerequisite key), else a dict."""
+    largest = max((max(k) for k in overlap_keys.values()), default=-1)
+    largest = max(largest, max(action_keys, default=-1))
+    size = (largest // width + 8) * width  # 8 codes of room: a prerequisite's code is < +8
+    n_parts = len(action_keys) + sum(len(k) - 1 for k in overlap_keys.values())
+    dense = size <= _DENSE_SLOTS * n_parts + 4096
+    table: array[int] | _Sparse = array("l", [-1]) * size if dense else _Sparse()
+    n_keys = 0
+    for node, key in enumerate(action_keys):
+        if key >= 0:
+            if table[key] < 0:
+                table[key] = node
+                n_keys += 1
+            continue
+        for part_key in overlap_keys[node]:
+            if table[part_key] < 0:
+                table[part_key] = node
+                n_keys += 1
+    return table, n_keys
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Edges:
+    """Every data edge present, in :meth:`StepStructure.data_edges` order."""
+
+    sources: array[int]
+    consumers: array[int]
+    parts: dict[int, tuple[Action, Action]]
+    """Per edge that touches an overlapped unit, the (producer, consumer) actions."""
+
+
+def _edge_rows(schedule: Schedule, works: Sequence[Work], numbering: _Numbering) -> _Edges:
+    """Apply :func:`prerequisites` to every action present, in node order (an overlapped
+    unit's parts in their order); a duplicated action waits only as its first node."""
+    width, table = numbering.width, numbering.table
+    offsets = _need_offsets(schedule, numbering)
+    sources, consumers = array("l"), array("l")
+    add_source, add_consumer = sources.append, consumers.append
+    parts: dict[int, tuple[Action, Action]] = {}
+    overlapped = numbering.overlap_keys
+    unique = numbering.n_keys == len(works) + sum(len(k) - 1 for k in overlapped.values())
+    for node, (code, key) in enumerate(zip(numbering.keys, numbering.action_keys, strict=True)):
+        if key < 0:
+            _overlap_edges(node, works, numbering, offsets, sources, consumers, parts)
+            continue
+        if not unique and table[key] != node:
+            continue
+        for offset in offsets[code]:
+            source = table[key + offset]
+            if source >= 0:
+                if overlapped and source in overlapped:
+                    need = _part(works[source], key + offset, width)
+                    parts[len(sources)] = (need, works[node])  # type: ignore[assignment]
+                add_source(source)
+                add_consumer(node)
+    return _Edges(sources=sources, consumers=consumers, parts=parts)
+
+
+def _overlap_edges(
+    node: int,
+    works: Sequence[Work],
+    numbering: _Numbering,
+    offsets: Sequence[tuple[int, ...]],
+    sources: array[int],
+    consumers: array[int],
+    parts: dict[int, tuple[Action, Action]],
+) -> None:
+    """:func:`_edge_rows` for the parts of the overlapped unit ``node``."""
+    width, table = numbering.width, numbering.table
+    for key in numbering.overlap_keys[node]:
+        if table[key] != node:
+            continue
+        action = _part(works[node], key, width)
+        for offset in offsets[key // width]:
+            source = table[key + offset]
+            if source >= 0:
+                parts[len(sources)] = (_part(works[source], key + offset, width), action)
+                sources.append(source)
+                consumers.append(node)
+
+
+def _need_offsets(schedule: Schedule, numbering: _Numbering) -> list[tuple[int, ...]]:
+    """Per action code ``4 * stage + op index``: the key offsets of what it waits for
+    (:func:`prerequisites`, same micro-batch), in prerequisite order."""
+    per_copy = schedule.n_stages // schedule.n_copies
+    width = numbering.width
+    largest = max(numbering.action_keys, default=-1) // width
+    for keys in numbering.overlap_keys.values():
+        largest = max(largest, *(k // width for k in keys))
+    offsets = []
+    for code in range(largest + 1):
+        stage, column = divmod(code, 4)
+        needs = prerequisites(stage, _OPS[column], 0, per_copy=per_copy)
+        offsets.append(tuple((4 * s + OP_INDEX[op] - code) * width for s, op, _ in needs))
+    return offsets
+
+
+def _part(work: Work, key: int, width: int) -> Action:
+    """The part of ``work`` with this action key."""
+    code, microbatch = divmod(key, width)
+    for action in work.parts:
+        if 4 * action.stage + OP_INDEX[action.op] == code and action.microbatch == microbatch:
+            return action
+    raise AssertionError(f"{work} has no part with key {key}")  # pragma: no cover
+
+
 def step_structure(schedule: Schedule, /) -> StepStructure:
     """Number the schedule's work, derive every dependency and message, and order the
     nodes topologically (no validation: see :func:`pipesim.graph.validate`)."""
-    works: list[Work] = [work for order in schedule.orders for work in order]
+    works = tuple(itertools.chain.from_iterable(schedule.orders))
     ranks: list[int] = []
     positions = array("l")
     orders: list[range] = []
@@ -257,134 +552,117 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         ranks += [rank] * len(order)
         positions.extend(range(len(order)))
         orders.append(range(first, len(ranks)))
-    # An action's integer key is code * width + microbatch, code = 4 * stage + op index.
-    width = 1 + max((a.microbatch for w in works for a in w.parts), default=schedule.n_microbatches)
-    node_at: dict[int, int] = {}
-    keys: list[int] = []
-    overlaps: list[Overlap] = []
-    overlap_base = 4 * schedule.n_stages
-    op_index = OP_INDEX
-    for node, work in enumerate(works):
-        if type(work) is Action:
-            code = 4 * work.stage + op_index[work.op]
-            keys.append(code)
-            key = code * width + work.microbatch
-            if key not in node_at:
-                node_at[key] = node
-            continue
-        keys.append(overlap_base + len(overlaps))
-        overlaps.append(work)  # type: ignore[arg-type]
-        for action in work.parts:
-            key = (4 * action.stage + op_index[action.op]) * width + action.microbatch
-            if key not in node_at:
-                node_at[key] = node
-
-    per_copy = schedule.n_stages // schedule.n_copies
-    n_nodes = len(works)
-    empty: tuple[int, ...] = ()
-    inputs: list[tuple[int, ...]] = [empty] * n_nodes
-    outputs: list[tuple[int, ...]] = [empty] * n_nodes
-    messages: list[Message] = []
-    pair_ids: dict[tuple[int, int], int] = {}
-    pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id
-    n_ranks = schedule.n_ranks
-    pair_of: list[int] = []
-    back_edge = False  # a same-rank wait on later work: a cycle through program order
-    new_tuple = tuple.__new__
-    add_message, add_pair, pair_get = messages.append, pair_of.append, pair_at.get
-    for source, node, producer, consumer in _data_edges(node_at, width, per_copy, works):
-        src, dst = ranks[source], ranks[node]
-        if src == dst:
-            back_edge = back_edge or positions[source] > positions[node]
-            continue  # program order covers it
-        arrival = len(messages)
-        # tuple.__new__: a C call, where Message(...) runs NamedTuple's Python __new__
-        add_message(new_tuple(Message, (producer, consumer, source, node, src, dst)))
-        pair = pair_get(src * n_ranks + dst)
-        if pair is None:
-            pair = pair_at[src * n_ranks + dst] = len(pair_ids)
-            pair_ids[(src, dst)] = pair
-        add_pair(pair)
-        outputs[source] += (arrival,)
-        inputs[node] += (arrival,)
-    get = node_at.get
-
-    def node_of(action: Action) -> int | None:
-        if action.microbatch >= width:
-            return None
-        return get((4 * action.stage + op_index[action.op]) * width + action.microbatch)
-
+    numbering = _number(schedule, works)
+    wiring = _wire(schedule, ranks, positions, _edge_rows(schedule, works, numbering))
+    back_edge = wiring.back_edge
     extra_edges: list[tuple[int, int]] = []
     signals: list[tuple[int, int]] = []
     for a, b in schedule.happens_before:
-        a_node, b_node = node_of(a), node_of(b)
+        a_node, b_node = _node_of(numbering, a), _node_of(numbering, b)
         if a_node is None or b_node is None:
             continue
         extra_edges.append((a_node, b_node))
         if ranks[a_node] == ranks[b_node]:
             back_edge = back_edge or positions[a_node] > positions[b_node]
             continue
-        arrival = len(messages) + len(signals)
+        arrival = len(wiring.producers) + len(signals)
         signals.append((a_node, b_node))
-        outputs[a_node] += (arrival,)
-        inputs[b_node] += (arrival,)
-    topological = None
-    if not back_edge:
-        topological = _topological_order(orders, inputs, outputs, len(messages) + len(signals))
+        wiring.outputs[a_node] += (arrival,)
+        wiring.inputs[b_node] += (arrival,)
+    n_arrivals = len(wiring.producers) + len(signals)
+    inputs, outputs = tuple(wiring.inputs), tuple(wiring.outputs)
     return StepStructure(
         schedule=schedule,
-        works=tuple(works),
+        works=works,
         ranks=tuple(ranks),
         positions=positions,
         orders=tuple(orders),
-        width=width,
-        node_at=node_at,
+        width=numbering.width,
+        node_at=numbering.table,
+        n_keys=numbering.n_keys,
         extra_edges=tuple(extra_edges),
-        messages=tuple(messages),
+        producers=wiring.producers,
+        consumers=wiring.consumers,
+        message_parts=wiring.message_parts,
         signals=tuple(signals),
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        keys=tuple(keys),
-        overlaps=tuple(overlaps),
-        pairs=tuple(pair_ids),
-        pair_of=tuple(pair_of),
-        topological=topological,
+        inputs=inputs,
+        outputs=outputs,
+        keys=numbering.keys,
+        overlaps=numbering.overlaps,
+        pairs=wiring.pairs,
+        pair_of=wiring.pair_of,
+        back_edge=back_edge,
+        topological=None if back_edge else _topological_order(orders, inputs, outputs, n_arrivals),
     )
 
 
-def _data_edges(
-    node_at: Mapping[int, int], width: int, per_copy: int, works: Sequence[Work]
-) -> Iterator[tuple[int, int, Action, Action]]:
-    """Apply :func:`prerequisites` to every action present, in node order."""
-    needs_of: dict[int, list[int]] = {}  # code -> codes it waits for (same micro-batch)
-    get = node_at.get
-    for key, node in node_at.items():
-        code, mb = divmod(key, width)
-        needs = needs_of.get(code)
-        if needs is None:
-            stage, column = divmod(code, 4)
-            needs = needs_of[code] = [
-                4 * s + OP_INDEX[o]
-                for s, o, _ in prerequisites(stage, _OPS[column], 0, per_copy=per_copy)
-            ]
-        for need in needs:
-            source = get(need * width + mb)
-            if source is None:
-                continue
-            producer, consumer = works[source], works[node]
-            if type(producer) is not Action:
-                producer = _part(producer, need, mb)
-            if type(consumer) is not Action:
-                consumer = _part(consumer, code, mb)
-            yield source, node, producer, consumer
+def _node_of(numbering: _Numbering, action: Action) -> int | None:
+    if action.microbatch >= numbering.width:
+        return None
+    key = (4 * action.stage + OP_INDEX[action.op]) * numbering.width + action.microbatch
+    table = numbering.table
+    node = table[key] if type(table) is _Sparse or key < len(table) else -1
+    return None if node < 0 else node
 
 
-def _part(work: Work, code: int, microbatch: int) -> Action:
-    """The part of an overlapped work with this code and micro-batch."""
-    for action in work.parts:
-        if 4 * action.stage + OP_INDEX[action.op] == code and action.microbatch == microbatch:
-            return action
-    raise AssertionError(f"{work} has no part with code {code}")  # pragma: no cover
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Wiring:
+    """The messages among the data edges, and what each node waits for and sends."""
+
+    producers: array[int]
+    consumers: array[int]
+    message_parts: dict[int, tuple[Action, Action]]
+    pairs: tuple[tuple[int, int], ...]
+    pair_of: array[int]
+    inputs: list[tuple[int, ...]]
+    outputs: list[tuple[int, ...]]
+    back_edge: bool
+
+
+def _wire(
+    schedule: Schedule, ranks: Sequence[int], positions: Sequence[int], edges: _Edges
+) -> _Wiring:
+    """Cross-rank edges become messages, numbered in edge order; a same-rank edge is
+    covered by program order, unless it points back (a cycle)."""
+    empty: tuple[int, ...] = ()
+    inputs: list[tuple[int, ...]] = [empty] * len(ranks)
+    outputs: list[tuple[int, ...]] = [empty] * len(ranks)
+    producers, consumers, pair_of = array("l"), array("l"), array("l")
+    add_producer, add_consumer, add_pair = producers.append, consumers.append, pair_of.append
+    message_parts: dict[int, tuple[Action, Action]] = {}
+    pair_ids: dict[tuple[int, int], int] = {}
+    pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id
+    pair_get, n_ranks = pair_at.get, schedule.n_ranks
+    back_edge = False
+    arrival = 0
+    for e, (source, node) in enumerate(zip(edges.sources, edges.consumers, strict=True)):
+        src, dst = ranks[source], ranks[node]
+        if src == dst:
+            if positions[source] > positions[node]:
+                back_edge = True
+            continue
+        pair = pair_get(src * n_ranks + dst)
+        if pair is None:
+            pair = pair_at[src * n_ranks + dst] = len(pair_ids)
+            pair_ids[(src, dst)] = pair
+        add_producer(source)
+        add_consumer(node)
+        add_pair(pair)
+        outputs[source] += (arrival,)
+        inputs[node] += (arrival,)
+        if edges.parts and e in edges.parts:
+            message_parts[arrival] = edges.parts[e]
+        arrival += 1
+    return _Wiring(
+        producers=producers,
+        consumers=consumers,
+        message_parts=message_parts,
+        pairs=tuple(pair_ids),
+        pair_of=pair_of,
+        inputs=inputs,
+        outputs=outputs,
+        back_edge=back_edge,
+    )
 
 
 def _topological_order(
@@ -629,16 +907,11 @@ def message_columns(
     structure: StepStructure, costs: CostModel, tables: CostTables, /
 ) -> tuple[tuple[int, ...], tuple[Time, ...], tuple[Time, ...], tuple[Link, ...]]:
     """Per message its bytes, link occupancy and latency; per rank pair its link."""
-    forward_bytes, gradient_bytes = tables.forward_bytes, tables.gradient_bytes
-    sizes = tuple(
-        [
-            forward_bytes[m.producer.stage]
-            if m.producer.op is _F
-            else gradient_bytes[m.producer.stage]
-            for m in structure.messages
-        ]
-    )
+    sizes = _message_sizes(structure, tables)
     pair_links = tuple(costs.link_between(src, dst) for src, dst in structure.pairs)
+    n_messages = len(sizes)
+    if all(link.is_free and type(link.latency) is int for link in pair_links):
+        return sizes, (0,) * n_messages, (0,) * n_messages, pair_links  # what the loop gives
     known: dict[tuple[int, int], Time] = {}
     occupancy = []
     latency = []
@@ -650,6 +923,18 @@ def message_columns(
         occupancy.append(time)
         latency.append(link.latency)
     return sizes, tuple(occupancy), tuple(latency), pair_links
+
+
+def _message_sizes(structure: StepStructure, tables: CostTables) -> tuple[int, ...]:
+    """Per message, the bytes its producer sends (:func:`message_bytes`, via the tables)."""
+    by_code = []  # per action code 4 * stage + op index; W sends nothing (nothing needs it)
+    for forward, gradient in zip(tables.forward_bytes, tables.gradient_bytes, strict=True):
+        by_code += [forward, gradient, gradient, gradient]
+    by_code += [0] * len(structure.overlaps)  # an overlap's key: its part's size, below
+    sizes = list(map(by_code.__getitem__, map(structure.keys.__getitem__, structure.producers)))
+    for message, (producer, _) in structure.message_parts.items():
+        sizes[message] = by_code[4 * producer.stage + OP_INDEX[producer.op]]
+    return tuple(sizes)
 
 
 def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> CompiledStep:
@@ -671,8 +956,8 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
         structure=structure,
         costs=costs,
         tables=tables,
-        durations=tuple([durations[k] for k in structure.keys]),
-        effects=tuple([effects[k] for k in structure.keys]),
+        durations=tuple(map(durations.__getitem__, structure.keys)),
+        effects=tuple(map(effects.__getitem__, structure.keys)),
         message_bytes=sizes,
         pair_links=pair_links,
         occupancy=occupancy,
