@@ -115,10 +115,14 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     timeout, event = env.timeout, env.event
     peaks = [(0, 0)] * n_ranks
     waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
-    # Per rank, the node it runs now and the timeout that ends it: a consumer of that
-    # node's output waits on the same event, with no event of its own (see _source).
+    # Per rank, the node it runs now and the timeout that ends it. A free link or a signal
+    # delivers when its source node's timeout fires, as that rank resumes; a rank waiting
+    # for it on the same timeout event resumes right after (SimPy runs an event's callbacks
+    # in the order they were added) and finds it there: the start time an event of its
+    # own would give, one event fewer.
     running, running_end = [-1] * n_ranks, [None] * n_ranks
-    ranks = structure.ranks
+    ranks, producers, n_messages = structure.ranks, structure.producers, structure.n_messages
+    signal_sources = [a for a, _ in structure.signals]
 
     def run_rank(rank: int, order: range) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
@@ -127,7 +131,10 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
             for arrival in inputs[node]:
                 while not arrived[arrival]:
                     waiting_at[rank] = node
-                    source = _source(structure, arrival)
+                    if arrival < n_messages:
+                        source = producers[arrival]
+                    else:
+                        source = signal_sources[arrival - n_messages]
                     if running[ranks[source]] == source and not on_link[arrival]:
                         yield running_end[ranks[source]]
                     else:
@@ -180,18 +187,6 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
         blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
         raise deadlock_error(structure, blocked=blocked)
     return _trace(step, starts, ends, links, peaks)
-
-
-def _source(structure: StepStructure, arrival: int) -> int:
-    """The node whose end delivers ``arrival`` (a message's producer, a signal's first
-    node). A free link or a signal delivers when that node's timeout fires, as its rank
-    resumes; a rank that waits for it on the same timeout event resumes after that rank
-    (SimPy runs an event's callbacks in the order they were added), with the arrival
-    there: the same start time as with an event of its own, one event fewer."""
-    n_messages = structure.n_messages
-    if arrival < n_messages:
-        return structure.producers[arrival]
-    return structure.signals[arrival - n_messages][0]
 
 
 def _on_link(step: CompiledStep) -> bytearray:

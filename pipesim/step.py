@@ -20,9 +20,10 @@ reuses it for many cost models:
 
 - :func:`step_structure` -> :class:`StepStructure`, independent of costs: the
   units of work as integer nodes (rank, position, per-rank orders), every data
-  edge, the cross-rank messages in the order their producers send them, the
-  cross-rank ``happens_before`` signals, per node the arrivals it waits for
-  and produces, and a topological order (None when the waits form a cycle);
+  edge, the cross-rank messages in the order their producers send them (as
+  columns), the cross-rank ``happens_before`` signals, per node the arrivals it
+  waits for and produces, and on demand a topological order (None when the waits
+  form a cycle);
 - :func:`compile_step` -> :class:`CompiledStep`, one row per unit of work:
   duration and memory effect, and per message its bytes, link, occupancy and
   latency.
@@ -46,8 +47,9 @@ from __future__ import annotations
 
 import itertools
 from array import array
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, cast, overload
 
 import networkx as nx
@@ -226,8 +228,20 @@ class StepStructure:
     back_edge: bool
     """Whether some work waits for later work of its own rank (a cycle through program
     order; :func:`pipesim.graph.validate` names it)."""
-    topological: Sequence[int] | None
-    """Every node after everything it waits for; None when the waits form a cycle."""
+    _order: list[Sequence[int] | None] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def topological(self) -> Sequence[int] | None:
+        """Every node after everything it waits for; None when the waits form a cycle.
+        Computed when first read (the engine needs none: a run finds a cycle itself)."""
+        if not self._order:
+            order = None
+            if not self.back_edge:
+                order = _topological_order(self.orders, self.inputs, self.outputs, self.n_arrivals)
+            self._order.append(order)
+        return self._order[0]
 
     @property
     def n_nodes(self) -> int:
@@ -386,39 +400,63 @@ def _part_keys(work: Work, width: int) -> tuple[int, ...]:
 
 def _number(schedule: Schedule, works: Sequence[Work]) -> _Numbering:
     """Give every work its cost key and action key(s), and index the keys."""
-    width = max(schedule.n_microbatches, 1)
-    while True:  # a micro-batch past n_microbatches (an invalid schedule) widens the stride
-        numbering = _try_number(schedule, works, width)
-        if isinstance(numbering, _Numbering):
-            return numbering
-        width = numbering
+    if not set(map(type, works)) <= {Action}:
+        widest = max((a.microbatch for work in works for a in work.parts), default=0)
+        return _number_each(schedule, works, max(schedule.n_microbatches, 1 + widest))
+    actions = cast("Sequence[Action]", works)
+    microbatches = [action.microbatch for action in actions]
+    # A micro-batch past n_microbatches (an invalid schedule) widens the stride.
+    width = max(schedule.n_microbatches, 1 + max(microbatches, default=0))
+    # The codes 4 * stage + OP_INDEX[op] and keys code * width + micro-batch, in bulk.
+    op_index = OP_INDEX
+    codes = [4 * action.stage + op_index[action.op] for action in actions]
+    keys = array("l", codes)
+    action_keys = array("l", [c * width + mb for c, mb in zip(codes, microbatches, strict=True)])
+    size = _table_size(action_keys, {}, width)
+    table: array[int] | _Sparse
+    if size:
+        table = array("l", [-1]) * size
+        # Assigned last to first, so that the first node of a duplicated key keeps it.
+        deque(map(table.__setitem__, reversed(action_keys), range(len(works) - 1, -1, -1)), 0)
+        n_keys = size - table.count(-1)
+    else:
+        table = _Sparse(zip(reversed(action_keys), range(len(works) - 1, -1, -1), strict=True))
+        n_keys = len(table)
+    return _Numbering(
+        width=width,
+        keys=keys,
+        action_keys=action_keys,
+        overlap_keys={},
+        overlaps=(),
+        table=table,
+        n_keys=n_keys,
+    )
 
 
-def _try_number(schedule: Schedule, works: Sequence[Work], width: int) -> _Numbering | int:
-    """The numbering with this stride, or the stride needed when a micro-batch exceeds it."""
+def _number_each(schedule: Schedule, works: Sequence[Work], width: int) -> _Numbering:
+    """:func:`_number` work by work, for a schedule with overlapped units."""
     keys, action_keys = array("l"), array("l")
-    add_key, add_action = keys.append, action_keys.append
     overlaps: list[Overlap] = []
     overlap_keys: dict[int, tuple[int, ...]] = {}
     overlap_base, op_index = 4 * schedule.n_stages, OP_INDEX
-    widest = 0
     for node, work in enumerate(works):
         if type(work) is Action:
             code = 4 * work.stage + op_index[work.op]
-            mb = work.microbatch
-            add_key(code)
-            add_action(code * width + mb)
-            if mb >= widest:
-                widest = mb + 1
+            keys.append(code)
+            action_keys.append(code * width + work.microbatch)
             continue
-        add_key(overlap_base + len(overlaps))
-        add_action(-1)
+        keys.append(overlap_base + len(overlaps))
+        action_keys.append(-1)
         overlaps.append(work)  # type: ignore[arg-type]
-        widest = max(widest, *(a.microbatch + 1 for a in work.parts))
         overlap_keys[node] = _part_keys(work, width)
-    if widest > width:
-        return widest
-    table, n_keys = _key_table(action_keys, overlap_keys, width)
+    size = _table_size(action_keys, overlap_keys, width)
+    table: array[int] | _Sparse = array("l", [-1]) * size if size else _Sparse()
+    n_keys = 0
+    for node, key in enumerate(action_keys):
+        for part_key in overlap_keys[node] if key < 0 else (key,):
+            if table[part_key] < 0:
+                table[part_key] = node
+                n_keys += 1
     return _Numbering(
         width=width,
         keys=keys,
@@ -430,29 +468,17 @@ def _try_number(schedule: Schedule, works: Sequence[Work], width: int) -> _Numbe
     )
 
 
-def _key_table(
+def _table_size(
     action_keys: array[int], overlap_keys: Mapping[int, tuple[int, ...]], width: int
-) -> tuple[KeyTable, int]:
-    """Key -> first node with that key: a dense array when the keys fill their range
-    (with room past the largest for every prerequisite key), else a dict."""
+) -> int:
+    """The size of a dense key table, with room past the largest key for every
+    prerequisite key (a prerequisite's code is less than 8 above); 0 when the keys are
+    too spread out for one (a dict then)."""
     largest = max((max(k) for k in overlap_keys.values()), default=-1)
     largest = max(largest, max(action_keys, default=-1))
-    size = (largest // width + 8) * width  # 8 codes of room: a prerequisite's code is < +8
+    size = (largest // width + 8) * width
     n_parts = len(action_keys) + sum(len(k) - 1 for k in overlap_keys.values())
-    dense = size <= _DENSE_SLOTS * n_parts + 4096
-    table: array[int] | _Sparse = array("l", [-1]) * size if dense else _Sparse()
-    n_keys = 0
-    for node, key in enumerate(action_keys):
-        if key >= 0:
-            if table[key] < 0:
-                table[key] = node
-                n_keys += 1
-            continue
-        for part_key in overlap_keys[node]:
-            if table[part_key] < 0:
-                table[part_key] = node
-                n_keys += 1
-    return table, n_keys
+    return size if size <= _DENSE_SLOTS * n_parts + 4096 else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -569,7 +595,6 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         signals.append((a_node, b_node))
         wiring.outputs[a_node] += (arrival,)
         wiring.inputs[b_node] += (arrival,)
-    n_arrivals = len(wiring.producers) + len(signals)
     inputs, outputs = tuple(wiring.inputs), tuple(wiring.outputs)
     return StepStructure(
         schedule=schedule,
@@ -592,7 +617,6 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         pairs=wiring.pairs,
         pair_of=wiring.pair_of,
         back_edge=back_edge,
-        topological=None if back_edge else _topological_order(orders, inputs, outputs, n_arrivals),
     )
 
 
@@ -629,13 +653,11 @@ def _wire(
     outputs: list[tuple[int, ...]] = [empty] * len(ranks)
     producers, consumers, pair_of = array("l"), array("l"), array("l")
     add_producer, add_consumer, add_pair = producers.append, consumers.append, pair_of.append
-    message_parts: dict[int, tuple[Action, Action]] = {}
-    pair_ids: dict[tuple[int, int], int] = {}
-    pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id
+    pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id, numbered by first use
     pair_get, n_ranks = pair_at.get, schedule.n_ranks
     back_edge = False
-    arrival = 0
-    for e, (source, node) in enumerate(zip(edges.sources, edges.consumers, strict=True)):
+    message = 0
+    for source, node in zip(edges.sources, edges.consumers, strict=True):
         src, dst = ranks[source], ranks[node]
         if src == dst:
             if positions[source] > positions[node]:
@@ -643,26 +665,32 @@ def _wire(
             continue
         pair = pair_get(src * n_ranks + dst)
         if pair is None:
-            pair = pair_at[src * n_ranks + dst] = len(pair_ids)
-            pair_ids[(src, dst)] = pair
+            pair = pair_at[src * n_ranks + dst] = len(pair_at)
         add_producer(source)
         add_consumer(node)
         add_pair(pair)
-        outputs[source] += (arrival,)
-        inputs[node] += (arrival,)
-        if edges.parts and e in edges.parts:
-            message_parts[arrival] = edges.parts[e]
-        arrival += 1
+        outputs[source] += (message,)
+        inputs[node] += (message,)
+        message += 1
     return _Wiring(
         producers=producers,
         consumers=consumers,
-        message_parts=message_parts,
-        pairs=tuple(pair_ids),
+        message_parts=_message_parts(edges, ranks),
+        pairs=tuple(divmod(key, n_ranks) for key in pair_at),
         pair_of=pair_of,
         inputs=inputs,
         outputs=outputs,
         back_edge=back_edge,
     )
+
+
+def _message_parts(edges: _Edges, ranks: Sequence[int]) -> dict[int, tuple[Action, Action]]:
+    """The parts of the edges that touch an overlapped unit, by message id (cross-rank)."""
+    if not edges.parts:
+        return {}
+    cross = [ranks[a] != ranks[b] for a, b in zip(edges.sources, edges.consumers, strict=True)]
+    message_ids = list(itertools.accumulate(cross, initial=-1))[1:]
+    return {message_ids[e]: parts for e, parts in edges.parts.items() if cross[e]}
 
 
 def _topological_order(
