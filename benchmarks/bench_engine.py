@@ -8,7 +8,8 @@ Prints, in one run (machine load from os.getloadavg beside each figure, medians 
    wall time and process CPU time (CPU time is what a loaded machine distorts least);
 2. a step of 1M actions (1f1b, p=64, m=8192) in a fresh process: actions per second
    and the process's peak resident memory (``resource.getrusage``), minus the memory
-   the schedule itself takes;
+   the schedule itself takes; then, in another fresh process, the peak of the memory
+   ``simulate`` allocates (``tracemalloc``, which slows the run, hence apart);
 3. build + simulate against torch 2.x: torch's construction of the same schedule (mock
    stages, no process group, as torch's schedule visualizer does), its
    ``_add_send_recv`` lowering and its ``_simulate_comms_compute`` dry run, versus
@@ -53,6 +54,17 @@ sim = pipesim.simulate(schedule)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(n, wall, cpu, before * 1024, after * 1024)
+"""
+
+
+_ONE_MILLION_TRACED = """
+import gc, tracemalloc
+import pipesim
+schedule = pipesim.generate("1f1b", n_ranks=64, n_microbatches=8192)
+gc.collect()
+tracemalloc.start()
+sim = pipesim.simulate(schedule)
+print(tracemalloc.get_traced_memory()[1])
 """
 
 
@@ -132,22 +144,26 @@ def bench_torch(
     return _timed(repeats, build_and_simulate)
 
 
-def one_million() -> str:
+def _fresh_process(code: str) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", _ONE_MILLION],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=True,
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, check=True
     )
-    n, wall, cpu, before, after = done.stdout.split()
+    return done.stdout.split()
+
+
+def one_million() -> str:
+    n, wall, cpu, before, after = _fresh_process(_ONE_MILLION)
     n_actions = int(n)
     mib = (int(after) - int(before)) / 2**20
-    return (
+    first = (
         f"1f1b p=64 m=8192: {n_actions:,} actions, simulate {float(wall):.2f} s wall "
         f"({n_actions / float(wall):,.0f}/s), {float(cpu):.2f} s CPU "
-        f"({n_actions / float(cpu):,.0f}/s); peak memory +{mib:,.0f} MiB over the schedule "
-        f"({int(after) / 2**20:,.0f} MiB resident in all); {_load()}"
+        f"({n_actions / float(cpu):,.0f}/s); peak memory +{mib:,.0f} MiB resident over the "
+        f"schedule ({int(after) / 2**20:,.0f} MiB in all); {_load()}"
+    )
+    (traced,) = _fresh_process(_ONE_MILLION_TRACED)
+    return (
+        f"{first}\n  simulate allocates at most {int(traced) / 2**20:,.0f} MiB (tracemalloc peak)"
     )
 
 

@@ -7,7 +7,9 @@ needs (activations from the previous stage, gradients from the next,
 work ends, each message it produces for another rank is sent over that ordered
 pair's link, a ``simpy.Resource`` holding ``max_concurrent`` messages at once
 (see :mod:`pipesim.costs` for the link model). Free links deliver at the
-producer's end time without a process.
+producer's end time without a process, and a rank waiting for such an arrival
+while its producer runs waits on the producer's own timeout: one SimPy event per
+unit of work, plus one per wait on a link.
 
 Activation memory per rank changes by each work's memory effect
 (:mod:`pipesim.memory`) when it starts and when it ends.

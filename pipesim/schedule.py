@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pipesim.actions import Action, Op, Overlap, Work, parse_action
 from pipesim.errors import ScheduleError, brief
@@ -44,6 +45,7 @@ __all__ = ["Schedule"]
 
 # What an order may hold; a tuple, not ``Action | Overlap``, so no union is built per test.
 _WORK_TYPES = (Action, Overlap)
+_PLAIN = {Action, Overlap}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +99,9 @@ class Schedule:
                 )
         n_actions = 0
         for rank, order in enumerate(self.orders):
+            if set(map(type, order)) <= {Action}:  # the common case, in bulk
+                n_actions += len(order)
+                continue
             for work in order:
                 if type(work) is Action:
                     n_actions += 1
@@ -161,8 +166,10 @@ class Schedule:
             raise ScheduleError(
                 f"orders must be a list with one list of actions per rank, got {brief(orders)}"
             )
-        parsed = tuple(
-            tuple([w if isinstance(w, _WORK_TYPES) else parse_action(w) for w in order])
+        parsed: tuple[tuple[Work, ...], ...] = tuple(
+            tuple(cast("Sequence[Work]", order))
+            if set(map(type, order)) <= _PLAIN  # nothing to parse, in bulk
+            else tuple([w if isinstance(w, _WORK_TYPES) else parse_action(w) for w in order])
             for order in orders
         )
         if placement is None:

@@ -669,8 +669,9 @@ def _wire(
         add_producer(source)
         add_consumer(node)
         add_pair(pair)
-        outputs[source] += (message,)
-        inputs[node] += (message,)
+        single = (message,)  # shared: () + single is single itself, no copy
+        outputs[source] += single
+        inputs[node] += single
         message += 1
     return _Wiring(
         producers=producers,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.errors import ScheduleError
 
 
@@ -14,13 +14,16 @@ def check_count(name: str, value: object, *, minimum: int = 1) -> int:
 
 
 def forward(stage: int, microbatch: int) -> Action:
-    """``{stage}F{microbatch}``."""
-    return Action(stage=stage, op=Op.F, microbatch=microbatch)
+    """``{stage}F{microbatch}`` (generators' indices are in range: no checks)."""
+    return trusted_action(stage, _F, microbatch)
 
 
 def backward(stage: int, microbatch: int) -> Action:
-    """``{stage}B{microbatch}``."""
-    return Action(stage=stage, op=Op.B, microbatch=microbatch)
+    """``{stage}B{microbatch}`` (generators' indices are in range: no checks)."""
+    return trusted_action(stage, _B, microbatch)
+
+
+_F, _B = Op.F, Op.B
 
 
 def refuse_virtual(name: str, virtual: int) -> None:

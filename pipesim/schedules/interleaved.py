@@ -23,7 +23,7 @@ With ``v = 1`` this is exactly ``1f1b``.
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.errors import ScheduleError
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
@@ -89,11 +89,11 @@ def interleaved_1f1b(
 
         def fwd(k: int, rank: int = rank) -> Action:
             mb, chunk = table[k]
-            return Action(stage=chunk * p + rank, op=Op.F, microbatch=mb)
+            return trusted_action(chunk * p + rank, Op.F, mb)
 
         def bwd(k: int, rank: int = rank) -> Action:
             mb, chunk = table[k]
-            return Action(stage=(v - 1 - chunk) * p + rank, op=Op.B, microbatch=mb)
+            return trusted_action((v - 1 - chunk) * p + rank, Op.B, mb)
 
         # Megatron: num_warmup = (p - r - 1) * 2 + (v - 1) * group size, at most m * v.
         # This is the rule of Megatron-LM since microbatch_group_size_per_vp_stage exists;

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.errors import ScheduleError
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
@@ -70,15 +70,15 @@ class _Chunk:
 
     def forward(self) -> Action:
         self.n_f += 1
-        return Action(stage=self.stage, op=Op.F, microbatch=self.n_f - 1)
+        return trusted_action(self.stage, Op.F, self.n_f - 1)
 
     def input_grad(self) -> Action:
         self.n_i += 1
         self.pending_w.append(self.n_i - 1)
-        return Action(stage=self.stage, op=Op.I, microbatch=self.n_i - 1)
+        return trusted_action(self.stage, Op.I, self.n_i - 1)
 
     def weight_grad(self) -> Action:
-        return Action(stage=self.stage, op=Op.W, microbatch=self.pending_w.popleft())
+        return trusted_action(self.stage, Op.W, self.pending_w.popleft())
 
 
 def zbv(

@@ -41,7 +41,7 @@ Rules: ranks >= 1, micro-batches >= 1, one stage per rank, training only.
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only, refuse_virtual
 from pipesim.schedules.interleaved_zb import split_backward_orders
@@ -115,7 +115,7 @@ def _unit_time_greedy(p: int, m: int, *, cap: int) -> list[list[Action]]:
                 ran.append((rank, Op.W, n_w[rank]))
                 n_w[rank] += 1
         for rank, op, mb in ran:
-            orders[rank].append(Action(stage=rank, op=op, microbatch=mb))
+            orders[rank].append(trusted_action(rank, op, mb))
             if op is Op.F:
                 f_end[rank][mb] = slot + 1
             elif op is Op.I:
