@@ -12,19 +12,52 @@ producer's end time without a process.
 Activation memory per rank changes by each work's memory effect
 (:mod:`pipesim.memory`) when it starts and when it ends.
 
+A comms schedule (:class:`pipesim.comms.CommSchedule`) runs its sends and
+receives as nodes of their own, in program order (:func:`pipesim.step.step_structure`):
+
+- **eager (buffered) send**: a SEND holds its rank for the link's
+  ``send_overhead``, then hands the message to the link and the rank moves on;
+  the message waits for its link and travels without the rank. It never waits
+  for the receiver to post its RECV (no rendezvous). This is what torch's runtime
+  does, ``_PipelineScheduleRuntime`` posting ``SEND_F`` / ``SEND_B`` as
+  ``batch_isend_irecv`` and waiting on them only at the end of the step, and what
+  torch's dry run ``_simulate_comms_compute`` assumes (a SEND is ready once its
+  producer ran on the rank). With ``overlap_comm`` false the SEND holds the rank
+  until the message arrives (a blocking send, as gloo's ``send``).
+- **blocking receive** (the default): a RECV waits, holding its rank, until the
+  message has arrived, then holds it ``receive_overhead`` more; the work that
+  needs the message comes after it in program order (``_simulate_comms_compute``:
+  a RECV is ready once the peer issued the SEND; a blocking ``recv`` in gloo).
+- **posted receive** (``blocking_receives=False``): a RECV holds its rank for
+  ``receive_overhead`` only (posting an ``irecv``) and the work that needs the
+  message waits for it when it starts. torch's ``_PipelineScheduleRuntime`` runs a
+  comms schedule this way (``RECV_F`` posts into ``fwd_recv_ops``, waited on by the
+  F that needs it), and so does ``pipesim verify`` (:mod:`verify.transport`). With
+  free sends and receives this is exactly the compute schedule, which waits for
+  messages at their consumers too; blocking receives can cost more where the
+  lowering puts a RECV ahead of work that does not need it
+  (``tests/test_comms_engine.py`` measures by how much).
+
+NCCL's ``ncclSend`` may not complete before the peer posts the matching
+``ncclRecv`` (a rendezvous on the GPU stream, not on the rank's compute);
+:func:`pipesim.comms.validate_comms` refuses any order that would deadlock even
+when every send and receive waits for its peer, so an accepted comms schedule
+finishes under both semantics.
+
 Times are whatever exact numbers the cost model holds (ints or Fractions);
 SimPy only adds and compares them, so results are exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 import simpy
 
+from pipesim.comms import CommSchedule, validate_comms
 from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.graph import check_structure
@@ -38,7 +71,14 @@ from pipesim.step import (
     deadlock_error,
     step_structure,
 )
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
+from pipesim.trace import (
+    ActionRecord,
+    CommRecord,
+    MemoryRecord,
+    Trace,
+    TraceTotals,
+    TransferRecord,
+)
 
 __all__ = ["Simulation", "run_trace", "simulate"]
 
@@ -51,34 +91,58 @@ class Simulation:
     costs: CostModel
     trace: Trace
     metrics: Metrics
+    comms: CommSchedule | None = None
+    """The comms schedule simulated, when its sends and receives were explicit."""
 
 
 def simulate(
-    schedule: Schedule, /, *, costs: CostModel | None = None, check: bool = True
+    schedule: Schedule | CommSchedule,
+    /,
+    *,
+    costs: CostModel | None = None,
+    check: bool = True,
+    blocking_receives: bool = True,
 ) -> Simulation:
     """Simulate one step of ``schedule`` under ``costs`` (default: unit forward,
     backward 2, free links).
 
     ``check`` runs :func:`pipesim.graph.validate` first, so an invalid schedule
     is refused before any simulation; the engine also reports a run that
-    cannot finish as a :class:`~pipesim.errors.DeadlockError`.
+    cannot finish as a :class:`~pipesim.errors.DeadlockError`. A
+    :class:`~pipesim.comms.CommSchedule` runs its sends and receives where its
+    programs place them (semantics in the module docstring; ``blocking_receives``
+    chooses blocking or posted receives), checked with
+    :func:`~pipesim.comms.validate_comms`.
 
+    >>> from pipesim.comms import lower_comms
     >>> from pipesim.schedules import generate
     >>> sim = simulate(generate("1f1b", n_ranks=4, n_microbatches=8))
     >>> sim.metrics.makespan, sim.metrics.bubble_ratio  # (m+p-1)(F+B), (p-1)/(m+p-1)
     (33, Fraction(3, 11))
+    >>> simulate(lower_comms(sim.schedule)).metrics.makespan  # free sends and receives
+    33
     """
-    costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    comms = schedule if isinstance(schedule, CommSchedule) else None
+    sched = schedule.schedule if isinstance(schedule, CommSchedule) else schedule
+    costs = (costs or CostModel()).for_stages(sched.n_stages)
     with paused_gc():
-        structure = step_structure(schedule)
-        if check:
-            check_structure(schedule, structure)
+        if comms is not None:
+            if check:
+                validate_comms(comms)
+            structure = step_structure(
+                sched, programs=comms.programs, blocking_receives=blocking_receives
+            )
+        else:
+            structure = step_structure(sched)
+            if check:
+                check_structure(sched, structure)
         trace = _run(compile_step(structure, costs))
     return Simulation(
-        schedule=schedule,
+        schedule=sched,
         costs=costs,
         trace=trace,
-        metrics=compute_metrics(trace, schedule=schedule, costs=costs),
+        metrics=compute_metrics(trace, schedule=sched, costs=costs),
+        comms=comms,
     )
 
 
@@ -104,8 +168,8 @@ def _run(step: CompiledStep) -> Trace:
     free = [link.is_free for link in step.pair_links]
     resources: list[simpy.Resource | None] = [None] * len(structure.pairs)
     overlap_comm = step.costs.overlap_comm
-    starts: list[Time] = [0] * structure.n_nodes
-    ends: list[Time] = [0] * structure.n_nodes
+    starts: list[Time] = [0] * structure.n_steps
+    ends: list[Time] = [0] * structure.n_steps
     timeout = env.timeout
 
     def deliver(arrival: int) -> None:
@@ -139,13 +203,15 @@ def _run(step: CompiledStep) -> Trace:
     peaks = [(0, 0)] * schedule.n_ranks
     finish: list[Time] = [0] * schedule.n_ranks
     waiting_at = [-1] * schedule.n_ranks  # the node a rank last blocked at
+    blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
 
-    def run_rank(rank: int, order: range) -> Any:
+    def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         for node in order:
             for arrival in inputs[node]:
                 if not arrived[arrival]:
                     waiting_at[rank] = node
+                    blocked_at.setdefault(node, env.now)
                     waiter = waiters[arrival] = event()
                     yield waiter
             start = env.now
@@ -188,8 +254,8 @@ def _run(step: CompiledStep) -> Trace:
         peaks[rank] = (peak_bytes, peak_inflight)
         finish[rank] = end if order else 0
 
-    for rank, order in enumerate(structure.orders):
-        env.process(run_rank(rank, order))
+    for rank, program in enumerate(structure.programs):
+        env.process(run_rank(rank, program))
     env.run()
 
     stuck = [rank for rank in range(schedule.n_ranks) if waiting_at[rank] != -2]
@@ -198,7 +264,7 @@ def _run(step: CompiledStep) -> Trace:
     durations = step.durations
     totals = TraceTotals(
         makespan=max((*finish, *link_end)),
-        busy=tuple(sum([durations[n] for n in order], start=0) for order in structure.orders),
+        busy=tuple(sum([durations[n] for n in order], start=0) for order in structure.programs),
         peak_activation_bytes=tuple(p[0] for p in peaks),
         peak_inflight=tuple(p[1] for p in peaks),
     )
@@ -207,6 +273,7 @@ def _run(step: CompiledStep) -> Trace:
         actions=lambda: action_records(structure, starts, ends),
         transfers=lambda: _transfer_records(step, link_start, link_end),
         memory=lambda: memory_records(step, starts, ends),
+        comms=lambda: comm_records(step, starts, ends, blocked_at),
         totals=totals,
     )
 
@@ -230,6 +297,47 @@ def action_records(
             for start, rank, node in rows
         ]
     )
+
+
+def comm_records(
+    step: CompiledStep,
+    starts: Sequence[Time],
+    ends: Sequence[Time],
+    blocked_at: Mapping[int, Time],
+) -> tuple[CommRecord, ...]:
+    """Records of a comms schedule's sends and receives, sorted by (start, rank); a rank's
+    equal starts stay in program order (empty for a compute schedule). ``blocked_at``: when
+    the rank began to wait at a node that waited for its message."""
+    structure = step.structure
+    n_works, messages = structure.n_nodes, structure.messages
+    rows = [
+        (starts[node], rank, position, node, blocked_at.get(node, starts[node]))
+        for rank, program in enumerate(structure.programs)
+        for position, node in enumerate(program)
+        if node >= n_works
+    ]
+    rows.sort()
+    records = []
+    for start, rank, _, node, posted in rows:
+        j = node - n_works
+        comm, message = structure.comms[j], structure.comm_messages[j]
+        peer, n_bytes = rank, 0
+        if message >= 0:
+            sent = messages[message]
+            peer = sent.dst_rank if comm.op.is_send else sent.src_rank
+            n_bytes = step.message_bytes[message]
+        records.append(
+            CommRecord(
+                rank=rank,
+                comm=comm,
+                peer=peer,
+                n_bytes=n_bytes,
+                posted=posted,
+                start=start,
+                end=ends[node],
+            )
+        )
+    return tuple(records)
 
 
 def memory_records(
