@@ -119,8 +119,11 @@ def simulate(
     >>> sim = simulate(generate("1f1b", n_ranks=4, n_microbatches=8))
     >>> sim.metrics.makespan, sim.metrics.bubble_ratio  # (m+p-1)(F+B), (p-1)/(m+p-1)
     (33, Fraction(3, 11))
-    >>> simulate(lower_comms(sim.schedule)).metrics.makespan  # free sends and receives
+    >>> comms = lower_comms(sim.schedule)  # explicit SEND / RECV actions, free here
+    >>> simulate(comms, blocking_receives=False).metrics.makespan  # torch's posted irecv
     33
+    >>> simulate(comms).metrics.makespan  # blocking: some RECV comes before work it delays
+    45
     """
     comms = schedule if isinstance(schedule, CommSchedule) else None
     sched = schedule.schedule if isinstance(schedule, CommSchedule) else schedule
