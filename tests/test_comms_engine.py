@@ -207,3 +207,31 @@ def test_without_the_check_the_engine_reports_where_ranks_stopped() -> None:
     )
     with pytest.raises(DeadlockError, match=r"blocked at \['0RECV_B0', '1RECV_F0'\]"):
         simulate(crossed, check=False)
+
+
+def test_a_comms_trace_file_round_trips() -> None:
+    from pipesim.trace_io import step_from_dict, step_to_dict
+
+    comms = lower_comms(generate("zb-h1", n_ranks=2, n_microbatches=3))
+    sim = simulate(comms, costs=OVERHEADS)
+    data = step_to_dict(sim.trace, schedule=sim.schedule, costs=sim.costs)
+    assert len(data["comms"]) == len(sim.trace.comms) == 2 * 2 * 3  # 2 ends, both ways, m=3
+    back = step_from_dict(data)
+    assert back.trace == sim.trace and back.metrics == sim.metrics
+
+
+def test_cli_trace_exports_the_sends_and_receives(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from pipesim.cli import main
+    from pipesim.comms import comms_to_csv
+
+    path, out = tmp_path / "x.csv", tmp_path / "x.json"
+    path.write_text(comms_to_csv(lower_comms(generate("gpipe", n_ranks=2, n_microbatches=2))))
+    assert main(["trace", str(path), "-o", str(out), "--time-unit", "us"]) == 0
+    assert "comms schedule: 4 sends, 4 receives" in capsys.readouterr().out
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["name"] for e in events if e.get("cat") == "comm"}
+    sends = {f"0SEND_F{k}" for k in (0, 1)} | {f"1SEND_B{k}" for k in (0, 1)}
+    receives = {f"1RECV_F{k}" for k in (0, 1)} | {f"0RECV_B{k}" for k in (0, 1)}
+    assert names == sends | receives
