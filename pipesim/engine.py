@@ -207,6 +207,7 @@ def _run(step: CompiledStep) -> Trace:
     finish: list[Time] = [0] * schedule.n_ranks
     waiting_at = [-1] * schedule.n_ranks  # the node a rank last blocked at
     blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
+    has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
 
     def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
@@ -214,7 +215,8 @@ def _run(step: CompiledStep) -> Trace:
             for arrival in inputs[node]:
                 if not arrived[arrival]:
                     waiting_at[rank] = node
-                    blocked_at.setdefault(node, env.now)
+                    if has_comms:
+                        blocked_at.setdefault(node, env.now)
                     waiter = waiters[arrival] = event()
                     yield waiter
             start = env.now
