@@ -8,6 +8,8 @@ give the same step, record for record), the longest path of the comms graph
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipesim import engine
 from pipesim.comms import comm_schedule_from_programs, lower_comms
@@ -235,3 +237,41 @@ def test_cli_trace_exports_the_sends_and_receives(tmp_path, capsys) -> None:  # 
     sends = {f"0SEND_F{k}" for k in (0, 1)} | {f"1SEND_B{k}" for k in (0, 1)}
     receives = {f"1RECV_F{k}" for k in (0, 1)} | {f"0RECV_B{k}" for k in (0, 1)}
     assert names == sends | receives
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    case=st.sampled_from(CASES),
+    m=st.integers(1, 6),
+    send=st.integers(0, 3),
+    receive=st.integers(0, 3),
+    latency=st.integers(0, 3),
+    dispatch=st.integers(0, 2),
+    overlap_comm=st.booleans(),
+    blocking=st.booleans(),
+)
+def test_any_overheads_give_the_longest_path(
+    case: tuple[str, int, int, int],
+    m: int,
+    send: int,
+    receive: int,
+    latency: int,
+    dispatch: int,
+    overlap_comm: bool,
+    blocking: bool,
+) -> None:
+    name, p, _, v = case
+    try:
+        schedule = generate(name, n_ranks=p, n_microbatches=m, virtual=v)
+    except ScheduleError:  # a size the family refuses (dualpipe needs m >= 2p, ...)
+        return
+    link = Link(latency=latency, send_overhead=send, receive_overhead=receive)
+    costs = CostModel.uniform(
+        forward=2, backward=3, link=link, dispatch_overhead=dispatch, overlap_comm=overlap_comm
+    )
+    comms = lower_comms(schedule)
+    sim = simulate(comms, costs=costs, blocking_receives=blocking)
+    assert (
+        sim.metrics.makespan == critical_path(comms, costs=costs, blocking_receives=blocking).length
+    )
+    assert sim.trace.totals().busy == simulate(schedule, costs=costs).trace.totals().busy
