@@ -275,3 +275,24 @@ def test_any_overheads_give_the_longest_path(
         sim.metrics.makespan == critical_path(comms, costs=costs, blocking_receives=blocking).length
     )
     assert sim.trace.totals().busy == simulate(schedule, costs=costs).trace.totals().busy
+
+
+@pytest.mark.parametrize("torch_class", ["ScheduleInterleaved1F1B", "ScheduleZBVZeroBubble"])
+def test_torchs_own_comms_csv_simulates(torch_class: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from pipesim.comms import comms_from_csv
+    from pipesim.torch_import import _StandInStage
+
+    n_ranks, n_mb = 4, 8
+    held = (0, 2 * n_ranks - 1) if torch_class == "ScheduleZBVZeroBubble" else (0, n_ranks)
+    stages = [_StandInStage(stage=s, n_stages=2 * n_ranks, n_ranks=n_ranks) for s in held]
+    path = tmp_path / "torch.csv"
+    getattr(schedules, torch_class)(stages, n_mb)._dump_csv(str(path), format="compute_comms")
+    comms = comms_from_csv(path.read_text(), n_microbatches=n_mb)
+    # Posted receives (how torch's runtime runs this very file) give the compute step.
+    posted = simulate(comms, blocking_receives=False)
+    assert posted.trace.actions == simulate(comms.schedule).trace.actions
+    # Blocking receives wait where torch's lowering put each RECV; the longest path agrees.
+    blocking = simulate(comms, costs=OVERHEADS)
+    assert blocking.metrics.makespan == critical_path(comms, costs=OVERHEADS).length
+    assert simulate(comms).metrics.makespan > posted.metrics.makespan
