@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op, Overlap, Work, parse_action
+from pipesim.actions import Action, Comm, CommOp, Op, Overlap, Work, parse_action
 from pipesim.costs import (
     CostModel,
     Link,
@@ -36,6 +36,7 @@ from pipesim.graph import (
     CriticalPath,
     DataDependency,
     build_graph,
+    comms_path,
     critical_path,
     data_dependencies,
     find_deadlock,
@@ -80,7 +81,14 @@ from pipesim.schedules import (
     zb_h2,
     zbv,
 )
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
+from pipesim.trace import (
+    ActionRecord,
+    CommRecord,
+    MemoryRecord,
+    Trace,
+    TraceTotals,
+    TransferRecord,
+)
 from pipesim.trace_io import load_trace, save_trace, step_from_dict, step_to_dict
 from pipesim.views import Viewable, step_of
 
@@ -89,6 +97,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "ActionRecord",
+    "Comm",
+    "CommOp",
+    "CommRecord",
     "CostError",
     "CostModel",
     "CriticalPath",
@@ -120,6 +131,7 @@ __all__ = [
     "Work",
     "__version__",
     "build_graph",
+    "comms_path",
     "compute_metrics",
     "costs_from_dict",
     "costs_to_dict",

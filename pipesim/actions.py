@@ -33,7 +33,7 @@ from typing import Any, TypeAlias, cast
 from pipesim.errors import ParseError, brief
 from pipesim.limits import MAX_INDEX_DIGITS, MAX_MICROBATCHES, MAX_STAGES, as_int, check_range
 
-__all__ = ["Action", "Op", "Overlap", "Work", "parse_action"]
+__all__ = ["Action", "Comm", "CommOp", "Op", "Overlap", "Work", "parse_action"]
 
 
 class Op(enum.Enum):
@@ -172,6 +172,64 @@ class Overlap:
 
 #: One entry of a rank's order: a simple action or an overlapped group.
 Work: TypeAlias = Action | Overlap
+
+
+class CommOp(enum.Enum):
+    """A point-to-point half of a message; values are torch's ``_ComputationType`` spellings.
+
+    The sends and receives of a comms schedule (:mod:`pipesim.comms`).
+    """
+
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+    __hash__ = object.__hash__
+
+    @property
+    def is_send(self) -> bool:
+        """True for SEND_F and SEND_B."""
+        return self in (CommOp.SEND_F, CommOp.SEND_B)
+
+    @property
+    def is_forward(self) -> bool:
+        """True for the activation (F) messages."""
+        return self in (CommOp.SEND_F, CommOp.RECV_F)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class Comm:
+    """``op`` of ``stage`` on ``microbatch``: a send names the producing stage, a receive
+    the consuming stage, as torch does.
+
+    >>> str(Comm(stage=1, op=CommOp.RECV_F, microbatch=0))
+    '1RECV_F0'
+    >>> str(Comm.send_of(Action(stage=2, op=Op.I, microbatch=1)))
+    '2SEND_B1'
+    """
+
+    stage: int
+    op: CommOp
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.op.value}{self.microbatch}"
+
+    # torch's spelling of a message's two halves (_add_send_recv): an F output travels as
+    # SEND_F / RECV_F, an input gradient (from B or I) as SEND_B / RECV_B.
+    @classmethod
+    def send_of(cls, producer: Action, /) -> Comm:
+        """The send of what ``producer`` computed."""
+        op = CommOp.SEND_F if producer.op is Op.F else CommOp.SEND_B
+        return cls(stage=producer.stage, op=op, microbatch=producer.microbatch)
+
+    @classmethod
+    def recv_of(cls, producer: Action, consumer: Action, /) -> Comm:
+        """The receive, by ``consumer``, of what ``producer`` computed."""
+        op = CommOp.RECV_F if producer.op is Op.F else CommOp.RECV_B
+        return cls(stage=consumer.stage, op=op, microbatch=consumer.microbatch)
+
 
 # ASCII digits only: "\d" would also read Arabic-Indic or full-width digits as numbers.
 _ACTION = re.compile(r"([0-9]+)([FBIW])([0-9]+)", re.ASCII)

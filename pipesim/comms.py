@@ -48,7 +48,6 @@ gradient going back.
 from __future__ import annotations
 
 import csv
-import enum
 import heapq
 import io
 import re
@@ -58,7 +57,7 @@ from typing import TypeAlias
 
 import networkx as nx
 
-from pipesim.actions import Action, Op, Work, parse_action
+from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
@@ -80,44 +79,6 @@ __all__ = [
     "parse_step",
     "validate_comms",
 ]
-
-
-class CommOp(enum.Enum):
-    """A point-to-point half of a message; values are torch's ``_ComputationType`` spellings."""
-
-    SEND_F = "SEND_F"
-    RECV_F = "RECV_F"
-    SEND_B = "SEND_B"
-    RECV_B = "RECV_B"
-
-    __hash__ = object.__hash__
-
-    @property
-    def is_send(self) -> bool:
-        """True for SEND_F and SEND_B."""
-        return self in (CommOp.SEND_F, CommOp.SEND_B)
-
-    @property
-    def is_forward(self) -> bool:
-        """True for the activation (F) messages."""
-        return self in (CommOp.SEND_F, CommOp.RECV_F)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, order=True)
-class Comm:
-    """``op`` of ``stage`` on ``microbatch``: a send names the producing stage, a receive
-    the consuming stage, as torch does.
-
-    >>> str(Comm(stage=1, op=CommOp.RECV_F, microbatch=0))
-    '1RECV_F0'
-    """
-
-    stage: int
-    op: CommOp
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.op.value}{self.microbatch}"
 
 
 #: One entry of a comms schedule's program: compute work or a send / receive.
@@ -176,14 +137,12 @@ class Message:
     @property
     def send(self) -> Comm:
         """The send half, torch's spelling (``1SEND_F0``)."""
-        op = CommOp.SEND_F if self.is_forward else CommOp.SEND_B
-        return Comm(stage=self.producer.stage, op=op, microbatch=self.producer.microbatch)
+        return Comm.send_of(self.producer)
 
     @property
     def recv(self) -> Comm:
         """The receive half, torch's spelling (``2RECV_F0``)."""
-        op = CommOp.RECV_F if self.is_forward else CommOp.RECV_B
-        return Comm(stage=self.consumer.stage, op=op, microbatch=self.consumer.microbatch)
+        return Comm.recv_of(self.producer, self.consumer)
 
     def __str__(self) -> str:
         return f"{self.producer} -> {self.consumer} (rank {self.src_rank} -> {self.dst_rank})"

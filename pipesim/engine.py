@@ -14,6 +14,38 @@ unit of work, plus one per wait on a link.
 Activation memory per rank changes by each work's memory effect
 (:mod:`pipesim.memory`) when it starts and when it ends.
 
+A comms schedule (:class:`pipesim.comms.CommSchedule`) runs its sends and
+receives as nodes of their own, in program order (:func:`pipesim.step.step_structure`):
+
+- **eager (buffered) send**: a SEND holds its rank for the link's
+  ``send_overhead``, then hands the message to the link and the rank moves on;
+  the message waits for its link and travels without the rank. It never waits
+  for the receiver to post its RECV (no rendezvous). This is what torch's runtime
+  does, ``_PipelineScheduleRuntime`` posting ``SEND_F`` / ``SEND_B`` as
+  ``batch_isend_irecv`` and waiting on them only at the end of the step, and what
+  torch's dry run ``_simulate_comms_compute`` assumes (a SEND is ready once its
+  producer ran on the rank). With ``overlap_comm`` false the SEND holds the rank
+  until the message arrives (a blocking send, as gloo's ``send``).
+- **blocking receive** (the default): a RECV waits, holding its rank, until the
+  message has arrived, then holds it ``receive_overhead`` more; the work that
+  needs the message comes after it in program order (``_simulate_comms_compute``:
+  a RECV is ready once the peer issued the SEND; a blocking ``recv`` in gloo).
+- **posted receive** (``blocking_receives=False``): a RECV holds its rank for
+  ``receive_overhead`` only (posting an ``irecv``) and the work that needs the
+  message waits for it when it starts. torch's ``_PipelineScheduleRuntime`` runs a
+  comms schedule this way (``RECV_F`` posts into ``fwd_recv_ops``, waited on by the
+  F that needs it), and so does ``pipesim verify`` (:mod:`verify.transport`). With
+  free sends and receives this is exactly the compute schedule, which waits for
+  messages at their consumers too; blocking receives can cost more where the
+  lowering puts a RECV ahead of work that does not need it
+  (``tests/test_comms_engine.py`` measures by how much).
+
+NCCL's ``ncclSend`` may not complete before the peer posts the matching
+``ncclRecv`` (a rendezvous on the GPU stream, not on the rank's compute);
+:func:`pipesim.comms.validate_comms` refuses any order that would deadlock even
+when every send and receive waits for its peer, so an accepted comms schedule
+finishes under both semantics.
+
 Times are whatever exact numbers the cost model holds (ints or Fractions);
 SimPy only adds and compares them, so results are exact.
 """
@@ -21,13 +53,14 @@ SimPy only adds and compares them, so results are exact.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, cast
 
 import simpy
 
+from pipesim.comms import CommSchedule, validate_comms
 from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.graph import check_structure
@@ -41,7 +74,14 @@ from pipesim.step import (
     deadlock_error,
     step_structure,
 )
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TraceTotals, TransferRecord
+from pipesim.trace import (
+    ActionRecord,
+    CommRecord,
+    MemoryRecord,
+    Trace,
+    TraceTotals,
+    TransferRecord,
+)
 
 __all__ = ["Simulation", "run_trace", "simulate"]
 
@@ -54,34 +94,61 @@ class Simulation:
     costs: CostModel
     trace: Trace
     metrics: Metrics
+    comms: CommSchedule | None = None
+    """The comms schedule simulated, when its sends and receives were explicit."""
 
 
 def simulate(
-    schedule: Schedule, /, *, costs: CostModel | None = None, check: bool = True
+    schedule: Schedule | CommSchedule,
+    /,
+    *,
+    costs: CostModel | None = None,
+    check: bool = True,
+    blocking_receives: bool = True,
 ) -> Simulation:
     """Simulate one step of ``schedule`` under ``costs`` (default: unit forward,
     backward 2, free links).
 
     ``check`` runs :func:`pipesim.graph.validate` first, so an invalid schedule
     is refused before any simulation; the engine also reports a run that
-    cannot finish as a :class:`~pipesim.errors.DeadlockError`.
+    cannot finish as a :class:`~pipesim.errors.DeadlockError`. A
+    :class:`~pipesim.comms.CommSchedule` runs its sends and receives where its
+    programs place them (semantics in the module docstring; ``blocking_receives``
+    chooses blocking or posted receives), checked with
+    :func:`~pipesim.comms.validate_comms`.
 
+    >>> from pipesim.comms import lower_comms
     >>> from pipesim.schedules import generate
     >>> sim = simulate(generate("1f1b", n_ranks=4, n_microbatches=8))
     >>> sim.metrics.makespan, sim.metrics.bubble_ratio  # (m+p-1)(F+B), (p-1)/(m+p-1)
     (33, Fraction(3, 11))
+    >>> comms = lower_comms(sim.schedule)  # explicit SEND / RECV actions, free here
+    >>> simulate(comms, blocking_receives=False).metrics.makespan  # torch's posted irecv
+    33
+    >>> simulate(comms).metrics.makespan  # blocking: some RECV comes before work it delays
+    45
     """
-    costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    comms = schedule if isinstance(schedule, CommSchedule) else None
+    sched = schedule.schedule if isinstance(schedule, CommSchedule) else schedule
+    costs = (costs or CostModel()).for_stages(sched.n_stages)
     with paused_gc():
-        structure = step_structure(schedule)
-        if check:  # a cycle of waits, the run itself finds: validate's error, unchanged
-            check_structure(schedule, structure, cycles=False)
-        trace = _run(compile_step(structure, costs), name_blocked=not check)
+        if comms is not None:
+            if check:
+                validate_comms(comms)
+            structure = step_structure(
+                sched, programs=comms.programs, blocking_receives=blocking_receives
+            )
+        else:
+            structure = step_structure(sched)
+            if check:  # a cycle of waits, the run itself finds: validate's error, unchanged
+                check_structure(sched, structure, cycles=False)
+        trace = _run(compile_step(structure, costs), name_blocked=comms is not None or not check)
     return Simulation(
-        schedule=schedule,
+        schedule=sched,
         costs=costs,
         trace=trace,
-        metrics=compute_metrics(trace, schedule=schedule, costs=costs),
+        metrics=compute_metrics(trace, schedule=sched, costs=costs),
+        comms=comms,
     )
 
 
@@ -117,27 +184,33 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     timeout, event = env.timeout, env.event
     peaks = [(0, 0)] * n_ranks
     waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
+    blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
+    has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
     # Per rank, the node it runs now and the timeout that ends it. A free link or a signal
     # delivers when its source node's timeout fires, as that rank resumes; a rank waiting
     # for it on the same timeout event resumes right after (SimPy runs an event's callbacks
     # in the order they were added) and finds it there: the start time an event of its
-    # own would give, one event fewer.
+    # own would give, one event fewer. (A comms schedule's messages leave at their SEND
+    # nodes instead: its ranks wait with events of their own.)
     running, running_end = [-1] * n_ranks, [None] * n_ranks
     ranks, producers, n_messages = structure.ranks, structure.producers, structure.n_messages
     signal_sources = [a for a, _ in structure.signals]
+    chain = not structure.explicit_comms
 
-    def run_rank(rank: int, order: range) -> Any:
+    def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         now: Time = 0  # env.now, kept here: after a timeout it is start + duration exactly
         for node in order:
             for arrival in inputs[node]:
                 while not arrived[arrival]:
                     waiting_at[rank] = node
+                    if has_comms:
+                        blocked_at.setdefault(node, env.now)
                     if arrival < n_messages:
                         source = producers[arrival]
                     else:
                         source = signal_sources[arrival - n_messages]
-                    if running[ranks[source]] == source and not on_link[arrival]:
+                    if chain and running[ranks[source]] == source and not on_link[arrival]:
                         yield running_end[ranks[source]]
                     else:
                         waiter = waiters[arrival] = event()
@@ -181,14 +254,14 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
         waiting_at[rank] = -2
         peaks[rank] = (peak_bytes, peak_inflight)
 
-    for rank, order in enumerate(structure.orders):
-        env.process(run_rank(rank, order))
+    for rank, program in enumerate(structure.programs):
+        env.process(run_rank(rank, program))
     env.run()
     stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
     if stuck:
         blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
         raise deadlock_error(structure, blocked=blocked)
-    return _trace(step, starts, ends, links, peaks)
+    return _trace(step, starts, ends, links, peaks, blocked_at)
 
 
 def _on_link(step: CompiledStep) -> bytearray:
@@ -206,7 +279,7 @@ def _on_link(step: CompiledStep) -> bytearray:
 def _time_column(step: CompiledStep) -> MutableSequence[Time]:
     """A zeroed start or end per node: 8 bytes each when every time is an integer that
     fits (no time exceeds the sum of every duration and every message time), else a list."""
-    n_nodes = step.structure.n_nodes
+    n_nodes = step.structure.n_steps
     small = [*step.tables.durations, *(link.latency for link in step.pair_links)]
     small += set(step.occupancy)
     if all(type(t) is int for t in small):
@@ -261,13 +334,18 @@ def _trace(
     ends: Sequence[Time],
     links: _Links | None,
     peaks: Sequence[tuple[int, int]],
+    blocked_at: Mapping[int, Time],
 ) -> Trace:
     structure = step.structure
     durations = step.durations
-    finish = [ends[order[-1]] if order else 0 for order in structure.orders]
+    finish = [ends[program[-1]] if program else 0 for program in structure.programs]
+    if structure.comms:
+        busy = tuple(sum([durations[n] for n in p], start=0) for p in structure.programs)
+    else:  # a rank's nodes are consecutive
+        busy = tuple(sum(durations[o.start : o.stop], start=0) for o in structure.orders)
     totals = TraceTotals(
         makespan=max((*finish, *(links.end.values() if links else ()))),
-        busy=tuple(sum(durations[order.start : order.stop], start=0) for order in structure.orders),
+        busy=busy,
         peak_activation_bytes=tuple(p[0] for p in peaks),
         peak_inflight=tuple(p[1] for p in peaks),
     )
@@ -277,6 +355,7 @@ def _trace(
         actions=lambda: action_records(structure, starts, ends),
         transfers=lambda: _transfer_records(step, ends, *link_times),
         memory=lambda: memory_records(step, starts, ends),
+        comms=lambda: comm_records(step, starts, ends, blocked_at),
         totals=totals,
     )
 
@@ -300,6 +379,47 @@ def action_records(
             for start, rank, node in rows
         ]
     )
+
+
+def comm_records(
+    step: CompiledStep,
+    starts: Sequence[Time],
+    ends: Sequence[Time],
+    blocked_at: Mapping[int, Time],
+) -> tuple[CommRecord, ...]:
+    """Records of a comms schedule's sends and receives, sorted by (start, rank); a rank's
+    equal starts stay in program order (empty for a compute schedule). ``blocked_at``: when
+    the rank began to wait at a node that waited for its message."""
+    structure = step.structure
+    n_works, messages = structure.n_nodes, structure.messages
+    rows = [
+        (starts[node], rank, position, node, blocked_at.get(node, starts[node]))
+        for rank, program in enumerate(structure.programs)
+        for position, node in enumerate(program)
+        if node >= n_works
+    ]
+    rows.sort()
+    records = []
+    for start, rank, _, node, posted in rows:
+        j = node - n_works
+        comm, message = structure.comms[j], structure.comm_messages[j]
+        peer, n_bytes = rank, 0
+        if message >= 0:
+            sent = messages[message]
+            peer = sent.dst_rank if comm.op.is_send else sent.src_rank
+            n_bytes = step.message_bytes[message]
+        records.append(
+            CommRecord(
+                rank=rank,
+                comm=comm,
+                peer=peer,
+                n_bytes=n_bytes,
+                posted=posted,
+                start=start,
+                end=ends[node],
+            )
+        )
+    return tuple(records)
 
 
 def memory_records(
@@ -337,12 +457,18 @@ def _transfer_records(
     message on a free link leaves and arrives when its producer ends."""
     structure = step.structure
     ranks, producers, consumers = structure.ranks, structure.producers, structure.consumers
+    senders: Sequence[int] = producers  # the node whose end hands each message to its link
+    if structure.explicit_comms:  # a comms schedule's message leaves at its SEND
+        senders = list(producers)
+        for j, message in enumerate(structure.comm_messages, start=structure.n_nodes):
+            if message >= 0 and structure.step(j).op.is_send:  # type: ignore[union-attr]
+                senders[message] = j
     rows = []
     for message, (source, node) in enumerate(zip(producers, consumers, strict=True)):
         if message in link_end:
             start, end = link_start[message], link_end[message]
         else:
-            start = end = ends[source]
+            start = end = ends[senders[message]]
         rows.append((start, ranks[source], ranks[node], message, end))
     rows.sort(key=_BY_START_SOURCE_DESTINATION)
     sizes, messages = step.message_bytes, structure.messages

@@ -20,6 +20,10 @@ What pipesim writes:
   and ``cat``) per message, from the send (the transfer slice, or the
   producing action when the link is free) to the receiving action. Both ends
   sit at the middle of their slice, so each binds to exactly one slice;
+- a comms schedule's sends and receives on the rank's ``compute`` thread, where they
+  hold it (``cat: "comm"``, torch's spelling, ``0SEND_F3``): a complete event for
+  the time its overhead takes, an instant event (``ph: "i"``) when that is 0; ``args``
+  name the peer rank, the bytes and, for a receive, when the rank reached it;
 - counter events (``ph: "C"``) per rank: ``activation memory`` in bytes and
   ``activations in flight``, starting from 0 at time 0;
 - metadata events (``ph: "M"``) naming processes and threads.
@@ -46,7 +50,7 @@ measured trace exports like a simulated one.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
@@ -58,7 +62,7 @@ from pipesim.errors import UnknownNameError
 from pipesim.exact import Time, as_number
 from pipesim.files import write_text
 from pipesim.schedule import Schedule
-from pipesim.trace import ActionRecord, TransferRecord
+from pipesim.trace import ActionRecord, CommRecord, TransferRecord
 from pipesim.units import SECONDS_PER_UNIT
 from pipesim.views import Viewable, step_of
 
@@ -138,6 +142,10 @@ def chrome_trace(
         }
         events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
 
+    for comm in trace.comms:
+        event = _comm_event(comm, us)
+        events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
+
     for flow_id, transfer in enumerate(trace.transfers):
         lane_tid = lane_tids.get(flow_id)
         send_pid = rank_pid(transfer.src_rank)
@@ -194,6 +202,20 @@ def chrome_trace(
             "makespan_us": us(trace.makespan),
         },
     }
+
+
+def _comm_event(comm: CommRecord, us: Callable[[Time], int | float]) -> dict[str, Any]:
+    """A send or receive as a slice of its rank's compute thread (an instant if free)."""
+    pid = rank_pid(comm.rank)
+    args: dict[str, Any] = {"peer_rank": comm.peer, "bytes": comm.n_bytes}
+    if not comm.comm.op.is_send:
+        args["reached"] = us(comm.posted)
+    event: dict[str, Any] = {"name": str(comm.comm), "cat": "comm", "ts": us(comm.start)}
+    if comm.end > comm.start:
+        event |= {"ph": "X", "dur": us(comm.end - comm.start)}
+    else:
+        event |= {"ph": "i", "s": "t"}
+    return event | {"pid": pid, "tid": pid, "args": args}
 
 
 def chrome_trace_json(

@@ -26,20 +26,31 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from pipesim.actions import Action, Op, Work
+from pipesim.actions import Action, Comm, Op, Work
 from pipesim.costs import CostModel
 from pipesim.errors import ScheduleError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
-from pipesim.step import StepStructure, compile_step, deadlock_error, step_structure
+from pipesim.step import (
+    CompiledStep,
+    StepStructure,
+    compile_step,
+    deadlock_error,
+    step_structure,
+)
+
+if TYPE_CHECKING:  # pipesim.comms validates with this module: imported where used
+    from pipesim.comms import CommSchedule
 
 __all__ = [
     "CriticalPath",
     "DataDependency",
     "build_graph",
+    "comms_path",
     "critical_path",
     "data_dependencies",
     "find_deadlock",
@@ -351,13 +362,20 @@ def _summarise(headline: str, problems: list[str]) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CriticalPath:
-    """The longest chain of dependent work: its length and the work on it."""
+    """The longest chain of dependent work: its length and the work on it (with a comms
+    schedule, its sends and receives too)."""
 
     length: Time
-    works: tuple[Work, ...]
+    works: tuple[Work | Comm, ...]
 
 
-def critical_path(schedule: Schedule, /, *, costs: CostModel | None = None) -> CriticalPath:
+def critical_path(
+    schedule: Schedule | CommSchedule,
+    /,
+    *,
+    costs: CostModel | None = None,
+    blocking_receives: bool = True,
+) -> CriticalPath:
     """The longest path through the dependency graph, node durations included.
 
     It equals the simulated makespan when no two messages contend for a link
@@ -370,7 +388,11 @@ def critical_path(schedule: Schedule, /, *, costs: CostModel | None = None) -> C
     >>> from pipesim.schedules import generate
     >>> critical_path(generate("gpipe", n_ranks=4, n_microbatches=8)).length  # (m+p-1)(F+B)
     33
+
+    A comms schedule's path runs through its sends and receives (:func:`comms_path`).
     """
+    if not isinstance(schedule, Schedule):
+        return comms_path(schedule, costs=costs, blocking_receives=blocking_receives)
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
     validate(schedule)
     graph = build_graph(schedule, costs=costs)
@@ -398,3 +420,77 @@ def critical_path(schedule: Schedule, /, *, costs: CostModel | None = None) -> C
     path = nx.dag_longest_path(weighted, weight="weight")
     length = nx.dag_longest_path_length(weighted, weight="weight")
     return CriticalPath(length=length, works=tuple(w for w in path if w != sink))
+
+
+def comms_path(
+    comms: CommSchedule,
+    /,
+    *,
+    costs: CostModel | None = None,
+    blocking_receives: bool = True,
+) -> CriticalPath:
+    """The longest path through a comms schedule's nodes (work, sends, receives).
+
+    Edges: each rank's program order; each message from its send to the node that waits
+    for it (its receive when receives block, else its consumer), weighted with the
+    send's duration plus the message's latency and link occupancy; each
+    ``happens_before`` signal. With ``overlap_comm`` off a send holds its rank until its
+    message arrives, so its program-order edge carries the transfer too. On links no two
+    messages contend for, this is the makespan :func:`pipesim.engine.simulate` finds.
+
+    >>> from pipesim.comms import lower_comms
+    >>> from pipesim.costs import Link
+    >>> from pipesim.schedules import generate
+    >>> costs = CostModel.uniform(link=Link(send_overhead=1, receive_overhead=1))
+    >>> path = comms_path(lower_comms(generate("gpipe", n_ranks=2, n_microbatches=1)), costs=costs)
+    >>> path.length, [str(w) for w in path.works]  # F+S+R+F+B+S+R+B = 1+1+1+1+2+1+1+2
+    (10, ['0F0', '0SEND_F0', '1RECV_F0', '1F0', '1B0', '1SEND_B0', '0RECV_B0', '0B0'])
+    """
+    from pipesim.comms import validate_comms  # pipesim.comms imports this module
+
+    validate_comms(comms)
+    schedule = comms.schedule
+    costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    structure = step_structure(
+        schedule, programs=comms.programs, blocking_receives=blocking_receives
+    )
+    step = compile_step(structure, costs)
+    weighted = _comms_graph(step)
+    path = nx.dag_longest_path(weighted, weight="weight")
+    length = nx.dag_longest_path_length(weighted, weight="weight")
+    return CriticalPath(length=length, works=tuple(structure.step(n) for n in path if n != _SINK))
+
+
+_SINK = -1
+
+
+def _comms_graph(step: CompiledStep) -> nx.DiGraph:
+    """Node ids of ``step`` weighted as :func:`comms_path` says, and a sink after all."""
+    structure = step.structure
+    durations, n_messages = step.durations, len(structure.messages)
+
+    def transfer(arrival: int) -> Time:
+        if arrival >= n_messages:
+            return 0  # a happens_before signal arrives when its work ends
+        return step.latency[arrival] + step.occupancy[arrival]
+
+    waits_for = {a: node for node, ins in enumerate(structure.inputs) for a in ins}
+    graph = nx.DiGraph()
+    for program in structure.programs:
+        for node in program:
+            graph.add_edge(node, _SINK, weight=durations[node])
+        for u, v in itertools.pairwise(program):
+            held = durations[u]
+            if not step.costs.overlap_comm:
+                held += max((transfer(a) for a in structure.outputs[u]), default=0)
+            graph.add_edge(u, v, weight=held)
+    for node, outs in enumerate(structure.outputs):
+        for arrival in outs:
+            target = waits_for.get(arrival)
+            if target is None:
+                continue
+            weight = durations[node] + transfer(arrival)
+            old = graph.get_edge_data(node, target)
+            if old is None or old["weight"] < weight:
+                graph.add_edge(node, target, weight=weight)
+    return graph

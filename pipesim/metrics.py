@@ -23,7 +23,7 @@ from typing import Any
 from pipesim.costs import CostModel
 from pipesim.exact import Time, as_number
 from pipesim.schedule import Schedule
-from pipesim.trace import ActionRecord, Trace
+from pipesim.trace import ActionRecord, CommRecord, Trace
 
 __all__ = [
     "Metrics",
@@ -192,7 +192,9 @@ def idle_intervals(trace: Trace, rank: int, /) -> tuple[tuple[Time, Time], ...]:
     >>> idle_intervals(sim.trace, 0), idle_intervals(sim.trace, 1)
     (((4, 5),), ((0, 1),))
     """
-    return _gaps(trace.rank_actions(rank), trace.makespan)
+    held: list[ActionRecord | CommRecord] = [*trace.rank_actions(rank)]
+    held += [c for c in trace.comms if c.rank == rank]
+    return _gaps(held, trace.makespan)
 
 
 def idle_intervals_by_rank(trace: Trace, /) -> tuple[tuple[tuple[Time, Time], ...], ...]:
@@ -205,14 +207,18 @@ def idle_intervals_by_rank(trace: Trace, /) -> tuple[tuple[tuple[Time, Time], ..
     >>> idle_intervals_by_rank(sim.trace)
     (((4, 5),), ((0, 1),))
     """
-    by_rank: list[list[ActionRecord]] = [[] for _ in range(trace.n_ranks)]
+    by_rank: list[list[ActionRecord | CommRecord]] = [[] for _ in range(trace.n_ranks)]
     for record in trace.actions:
         by_rank[record.rank].append(record)
+    for comm in trace.comms:  # a send or receive holds its rank for its overhead
+        by_rank[comm.rank].append(comm)
     makespan = trace.makespan
     return tuple(_gaps(records, makespan) for records in by_rank)
 
 
-def _gaps(records: Iterable[ActionRecord], makespan: Time) -> tuple[tuple[Time, Time], ...]:
+def _gaps(
+    records: Iterable[ActionRecord | CommRecord], makespan: Time
+) -> tuple[tuple[Time, Time], ...]:
     gaps = []
     cursor: Time = 0
     for record in sorted(records, key=lambda r: r.start):

@@ -54,11 +54,11 @@ from typing import NamedTuple, Protocol, cast, overload
 
 import networkx as nx
 
-from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
+from pipesim.actions import OP_INDEX, Action, Comm, Op, Overlap, Work
 from pipesim.costs import CostModel, Link
 from pipesim.errors import DeadlockError
 from pipesim.exact import Time
-from pipesim.memory import Effect, stage_effects, work_effect
+from pipesim.memory import NO_EFFECT, Effect, stage_effects, work_effect
 from pipesim.schedule import Schedule
 
 __all__ = [
@@ -67,6 +67,8 @@ __all__ = [
     "Message",
     "StepRow",
     "StepStructure",
+    "comm_durations",
+    "comm_overhead",
     "compile_step",
     "cost_tables",
     "deadlock_error",
@@ -228,6 +230,21 @@ class StepStructure:
     back_edge: bool
     """Whether some work waits for later work of its own rank (a cycle through program
     order; :func:`pipesim.graph.validate` names it)."""
+    programs: tuple[Sequence[int], ...]
+    """Per rank, every node it runs in program order: ``orders``, with a comms schedule's
+    send and receive nodes in their places (see :func:`step_structure`)."""
+    comms: tuple[Comm, ...] = ()
+    """The sends and receives of a comms schedule: node ``n_nodes + j`` is ``comms[j]``."""
+    comm_ranks: tuple[int, ...] = ()
+    """Per send or receive, its rank."""
+    comm_messages: tuple[int, ...] = ()
+    """Per send or receive, the id of the message it sends or receives (-1: none)."""
+    explicit_comms: bool = False
+    """True when built from a comms schedule: its messages leave at their SEND nodes, not
+    at the end of the work that produces them."""
+    blocking_receives: bool = False
+    """True when a comms schedule's RECV nodes wait for their messages (else the work
+    that needs a message waits for it, the RECV only posting it)."""
     _order: list[Sequence[int] | None] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
@@ -239,19 +256,36 @@ class StepStructure:
         if not self._order:
             order = None
             if not self.back_edge:
-                order = _topological_order(self.orders, self.inputs, self.outputs, self.n_arrivals)
+                order = _topological_order(
+                    self.programs, self.inputs, self.outputs, self.n_arrivals
+                )
             self._order.append(order)
         return self._order[0]
 
     @property
     def n_nodes(self) -> int:
-        """Number of units of work."""
+        """Number of units of work (sends and receives not counted)."""
         return len(self.works)
 
     @property
     def n_messages(self) -> int:
         """Number of cross-rank data messages."""
         return len(self.producers)
+
+    @property
+    def n_steps(self) -> int:
+        """Number of nodes: units of work, then sends and receives."""
+        return len(self.works) + len(self.comms)
+
+    def step(self, node: int, /) -> Work | Comm:
+        """What ``node`` runs: a unit of work, a send or a receive."""
+        n_works = len(self.works)
+        return self.works[node] if node < n_works else self.comms[node - n_works]
+
+    def rank_of_node(self, node: int, /) -> int:
+        """The rank that runs ``node``."""
+        n_works = len(self.works)
+        return self.ranks[node] if node < n_works else self.comm_ranks[node - n_works]
 
     @property
     def n_arrivals(self) -> int:
@@ -344,12 +378,24 @@ class _Messages(Sequence[Message]):
             return [self[i] for i in range(len(self))[index]]
         s = self._s
         source, node = s.producers[index], s.consumers[index]
-        parts = s.message_parts.get(index % len(self))
-        producer, consumer = (s.works[source], s.works[node]) if parts is None else parts
-        return Message(producer, consumer, source, node, s.ranks[source], s.ranks[node])  # type: ignore[arg-type]
+        return _message_row(s.works, s.ranks, s.message_parts, index % len(self), source, node)
 
     def __iter__(self) -> Iterator[Message]:
         return (self[i] for i in range(len(self)))
+
+
+def _message_row(
+    works: Sequence[Work],
+    ranks: Sequence[int],
+    message_parts: Mapping[int, tuple[Action, Action]],
+    message: int,
+    source: int,
+    node: int,
+) -> Message:
+    """Message ``message`` from node ``source`` to node ``node`` as a row."""
+    parts = message_parts.get(message)
+    producer, consumer = (works[source], works[node]) if parts is None else parts
+    return Message(producer, consumer, source, node, ranks[source], ranks[node])  # type: ignore[arg-type]
 
 
 # -- building the structure --------------------------------------------------------------
@@ -566,9 +612,34 @@ def _part(work: Work, key: int, width: int) -> Action:
     raise AssertionError(f"{work} has no part with key {key}")  # pragma: no cover
 
 
-def step_structure(schedule: Schedule, /) -> StepStructure:
+def step_structure(
+    schedule: Schedule,
+    /,
+    *,
+    programs: Sequence[Sequence[Work | Comm]] | None = None,
+    blocking_receives: bool = True,
+) -> StepStructure:
     """Number the schedule's work, derive every dependency and message, and order the
-    nodes topologically (no validation: see :func:`pipesim.graph.validate`)."""
+    nodes topologically (no validation: see :func:`pipesim.graph.validate`).
+
+    ``programs`` (a comms schedule's, :class:`pipesim.comms.CommSchedule`): per rank the
+    schedule's work with sends and receives placed among it. Each send or receive becomes
+    a node; the message it names leaves at the send instead of at the end of its producer.
+    With ``blocking_receives`` the receive waits for it instead of its consumer, which
+    runs after the receive in program order (a blocking ``recv``); without, the receive
+    only posts (``irecv``) and the consumer waits for the message when it starts, as
+    torch's ``_PipelineScheduleRuntime`` does (validation:
+    :func:`pipesim.comms.validate_comms`; semantics: :mod:`pipesim.engine`).
+
+    >>> from pipesim.comms import lower_comms
+    >>> from pipesim.schedules import generate
+    >>> comms = lower_comms(generate("gpipe", n_ranks=2, n_microbatches=1))
+    >>> s = step_structure(comms.schedule, programs=comms.programs)
+    >>> [str(s.step(n)) for n in s.programs[0]]
+    ['0F0', '0SEND_F0', '0RECV_B0', '0B0']
+    >>> s.inputs[s.node_of(Action(stage=1, op=Op.F, microbatch=0))]  # its RECV waits instead
+    ()
+    """
     works = tuple(itertools.chain.from_iterable(schedule.orders))
     ranks: list[int] = []
     positions = array("l")
@@ -595,6 +666,23 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         signals.append((a_node, b_node))
         wiring.outputs[a_node] += (arrival,)
         wiring.inputs[b_node] += (arrival,)
+    programs_of: tuple[Sequence[int], ...] = tuple(orders)
+    comms: tuple[Comm, ...] = ()
+    comm_ranks: tuple[int, ...] = ()
+    comm_messages: tuple[int, ...] = ()
+    if programs is not None:
+        rows = [
+            _message_row(works, ranks, wiring.message_parts, m, source, node)
+            for m, (source, node) in enumerate(zip(wiring.producers, wiring.consumers, strict=True))
+        ]
+        programs_of, comms, comm_ranks, comm_messages = _place_comms(
+            programs,
+            orders,
+            rows,
+            wiring.inputs,
+            wiring.outputs,
+            blocking_receives=blocking_receives,
+        )
     inputs, outputs = tuple(wiring.inputs), tuple(wiring.outputs)
     return StepStructure(
         schedule=schedule,
@@ -617,6 +705,12 @@ def step_structure(schedule: Schedule, /) -> StepStructure:
         pairs=wiring.pairs,
         pair_of=wiring.pair_of,
         back_edge=back_edge,
+        programs=programs_of,
+        comms=comms,
+        comm_ranks=comm_ranks,
+        comm_messages=comm_messages,
+        explicit_comms=programs is not None,
+        blocking_receives=programs is not None and blocking_receives,
     )
 
 
@@ -627,6 +721,59 @@ def _node_of(numbering: _Numbering, action: Action) -> int | None:
     table = numbering.table
     node = table[key] if type(table) is _Sparse or key < len(table) else -1
     return None if node < 0 else node
+
+
+def _place_comms(
+    programs: Sequence[Sequence[Work | Comm]],
+    orders: Sequence[range],
+    messages: Sequence[Message],
+    inputs: list[tuple[int, ...]],
+    outputs: list[tuple[int, ...]],
+    *,
+    blocking_receives: bool,
+) -> tuple[tuple[Sequence[int], ...], tuple[Comm, ...], tuple[int, ...], tuple[int, ...]]:
+    """Number the sends and receives after the work and move each message's departure to
+    its send node and, with ``blocking_receives``, its arrival to its receive node
+    (``inputs`` and ``outputs`` are extended in place). A send or receive naming no
+    message gets none; a message no program sends or receives keeps leaving at its
+    producer or arriving at its consumer."""
+    if len(programs) != len(orders):
+        raise AssertionError(f"{len(programs)} programs for {len(orders)} ranks")
+    send_of = {Comm.send_of(m.producer): k for k, m in enumerate(messages)}
+    recv_of = {Comm.recv_of(m.producer, m.consumer): k for k, m in enumerate(messages)}
+    n_works = len(inputs)
+    comms: list[Comm] = []
+    comm_ranks: list[int] = []
+    comm_messages: list[int] = []
+    placed: list[Sequence[int]] = []
+    for rank, (program, order) in enumerate(zip(programs, orders, strict=True)):
+        nodes = iter(order)
+        row: list[int] = []
+        for step in program:
+            if type(step) is not Comm:
+                row.append(next(nodes))
+                continue
+            node = n_works + len(comms)
+            message = (send_of if step.op.is_send else recv_of).get(step, -1)
+            comms.append(step)
+            comm_ranks.append(rank)
+            comm_messages.append(message)
+            inputs.append(())
+            outputs.append(())
+            row.append(node)
+        placed.append(tuple(row))
+    for node, message in enumerate(comm_messages, start=n_works):
+        if message < 0:
+            continue
+        if comms[node - n_works].op.is_send:
+            producer = messages[message].producer_node
+            outputs[producer] = tuple(a for a in outputs[producer] if a != message)
+            outputs[node] = (message,)
+        elif blocking_receives:
+            consumer = messages[message].consumer_node
+            inputs[consumer] = tuple(a for a in inputs[consumer] if a != message)
+            inputs[node] = (message,)
+    return tuple(placed), tuple(comms), tuple(comm_ranks), tuple(comm_messages)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -765,8 +912,8 @@ def deadlock_error(structure: StepStructure, /, *, blocked: Sequence[int] = ()) 
     detail = " -> ".join((*cycle, cycle[0])) if cycle else "no cycle found"
     stuck = ""
     if blocked:
-        stuck_ranks = [structure.ranks[n] for n in blocked]
-        stuck = f"; ranks {stuck_ranks} blocked at {[str(structure.works[n]) for n in blocked]}"
+        stuck_ranks = [structure.rank_of_node(n) for n in blocked]
+        stuck = f"; ranks {stuck_ranks} blocked at {[str(structure.step(n)) for n in blocked]}"
     return DeadlockError(
         f"schedule deadlocks: these actions wait on each other in a cycle: {detail}{stuck}; "
         "reorder the ranks so that each action runs after what it needs",
@@ -790,11 +937,19 @@ class CostTables:
 
 
 def overhead_tables(
-    costs: CostModel, /, *, placement: Sequence[int], n_copies: int = 1
+    costs: CostModel,
+    /,
+    *,
+    placement: Sequence[int],
+    n_copies: int = 1,
+    explicit_comms: bool = False,
 ) -> list[Time]:
     """Per cost key (``4 * stage + OP_INDEX[op]``), the time a unit of work holds its rank
     beyond its compute: ``dispatch_overhead`` once, ``send_overhead`` per cross-rank message
     it sends and ``receive_overhead`` per cross-rank message it takes (:mod:`pipesim.costs`).
+    With ``explicit_comms`` (a comms schedule) the sends and receives are nodes of their
+    own that pay the message overheads (:func:`comm_durations`), so work pays its dispatch
+    only: a rank is busy for the same total either way.
 
     Which messages cross ranks follows from the dependency rules and the placement
     alone: F of s sends to the stage that reads it, s + 1, and takes from s - 1;
@@ -809,6 +964,8 @@ def overhead_tables(
     n_stages = len(placement)
     per_copy = n_stages // n_copies
     dispatch = costs.dispatch_overhead
+    if explicit_comms:
+        return [dispatch] * (4 * n_stages)
     overheads: list[Time] = []
     for s in range(n_stages):
         here = placement[s]
@@ -823,16 +980,40 @@ def overhead_tables(
         # Each message pays the overheads of the link it takes (CostModel.link_between).
         forward = dispatch
         if sends_f:
-            forward += costs.link_between(here, placement[s + 1]).send_overhead
+            forward += comm_overhead(costs.link_between(here, placement[s + 1]), send=True)
         if takes_f:
-            forward += costs.link_between(placement[reads], here).receive_overhead  # type: ignore[index]
+            forward += comm_overhead(costs.link_between(placement[reads], here), send=False)  # type: ignore[index]
         backward = dispatch
         if sends_g:
-            backward += costs.link_between(here, placement[s - 1]).send_overhead
+            backward += comm_overhead(costs.link_between(here, placement[s - 1]), send=True)
         if takes_g:
-            backward += costs.link_between(placement[grad], here).receive_overhead  # type: ignore[index]
+            backward += comm_overhead(costs.link_between(placement[grad], here), send=False)  # type: ignore[index]
         overheads += [forward, backward, backward, dispatch]
     return overheads
+
+
+def comm_overhead(link: Link, /, *, send: bool) -> Time:
+    """The time one cross-rank message over ``link`` holds the rank that sends it
+    (``send``) or takes it: the link's ``send_overhead`` or ``receive_overhead``.
+
+    >>> comm_overhead(Link(send_overhead=3, receive_overhead=5), send=False)
+    5
+    """
+    return link.send_overhead if send else link.receive_overhead
+
+
+def comm_durations(structure: StepStructure, pair_links: Sequence[Link], /) -> list[Time]:
+    """Per send or receive node of a comms schedule, how long it holds its rank: the
+    overhead of its message's link (:func:`comm_overhead`; 0 when it names no message).
+    How long the rank then waits for a message to arrive is the engine's to find."""
+    durations: list[Time] = []
+    pair_of = structure.pair_of
+    for comm, message in zip(structure.comms, structure.comm_messages, strict=True):
+        if message < 0:
+            durations.append(0)
+            continue
+        durations.append(comm_overhead(pair_links[pair_of[message]], send=comm.op.is_send))
+    return durations
 
 
 def cost_tables(
@@ -844,12 +1025,13 @@ def cost_tables(
     overlaps: Sequence[Overlap] = (),
     placement: Sequence[int] | None = None,
     n_copies: int = 1,
+    explicit_comms: bool = False,
 ) -> CostTables:
     """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps) whose
     stages sit on ranks ``placement`` (default: one rank per stage).
 
-    Durations include the overheads of :func:`overhead_tables`; an overlapped
-    pair pays one dispatch and its parts' message overheads.
+    Durations include the overheads of :func:`overhead_tables` (``explicit_comms``: see
+    there); an overlapped pair pays one dispatch and its parts' message overheads.
 
     >>> tables = cost_tables(CostModel.uniform(backward=3), n_stages=2, forward_only=False)
     >>> tables.durations  # F, B, I, W of stage 0, then of stage 1
@@ -857,7 +1039,9 @@ def cost_tables(
     """
     costs = costs.for_stages(n_stages)
     where = tuple(range(n_stages)) if placement is None else tuple(placement)
-    extra = overhead_tables(costs, placement=where, n_copies=n_copies)
+    extra = overhead_tables(
+        costs, placement=where, n_copies=n_copies, explicit_comms=explicit_comms
+    )
     durations: list[Time] = []
     for cost in costs.stages:
         durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
@@ -899,7 +1083,8 @@ class StepRow(NamedTuple):
 class CompiledStep:
     """A step under one cost model: per node and per message, everything an engine needs.
 
-    Columns are indexed by node (``durations``, ``effects``), by message id
+    Columns are indexed by node (``durations``, ``effects``; a comms schedule's sends and
+    receives follow the work, ``StepStructure.n_steps`` in all), by message id
     (``message_bytes``, ``occupancy``, ``latency``) or by rank pair id
     (``pair_links``); :meth:`row` reads one node as a :class:`StepRow`.
     """
@@ -921,10 +1106,12 @@ class CompiledStep:
     def row(self, node: int, /) -> StepRow:
         """Everything about ``node``."""
         s = self.structure
+        rank = s.rank_of_node(node)
+        position = s.positions[node] if node < s.n_nodes else list(s.programs[rank]).index(node)
         return StepRow(
             node=node,
-            rank=s.ranks[node],
-            position=s.positions[node],
+            rank=rank,
+            position=position,
             duration=self.durations[node],
             waits_for=s.inputs[node],
             sends=s.outputs[node],
@@ -978,15 +1165,21 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
         overlaps=structure.overlaps,
         placement=sched.placement,
         n_copies=sched.n_copies,
+        explicit_comms=structure.explicit_comms,
     )
     durations, effects = tables.durations, tables.effects
     sizes, occupancy, latency, pair_links = message_columns(structure, costs, tables)
+    node_durations = list(map(durations.__getitem__, structure.keys))
+    node_effects = list(map(effects.__getitem__, structure.keys))
+    if structure.comms:  # sends and receives hold no memory (pipesim.memory)
+        node_durations += comm_durations(structure, pair_links)
+        node_effects += [NO_EFFECT] * len(structure.comms)
     return CompiledStep(
         structure=structure,
         costs=costs,
         tables=tables,
-        durations=tuple(map(durations.__getitem__, structure.keys)),
-        effects=tuple(map(effects.__getitem__, structure.keys)),
+        durations=tuple(node_durations),
+        effects=tuple(node_effects),
         message_bytes=sizes,
         pair_links=pair_links,
         occupancy=occupancy,

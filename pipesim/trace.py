@@ -2,9 +2,9 @@
 
 A trace is plain data: every unit of work with its rank, start and end; every
 transfer with its ranks, bytes, start and arrival; every change of a rank's
-activation memory. Metrics, plots and Perfetto export read it; ``verify``
-builds one from measured times so that measured and predicted steps are
-compared with the same code.
+activation memory; for a comms schedule, every send and receive. Metrics, plots
+and Perfetto export read it; ``verify`` builds one from measured times so that
+measured and predicted steps are compared with the same code.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipesim.actions import Action, Op, Work
+from pipesim.actions import Action, Comm, Op, Work
 from pipesim.exact import Time
 
-__all__ = ["ActionRecord", "MemoryRecord", "Trace", "TraceTotals", "TransferRecord"]
+__all__ = ["ActionRecord", "CommRecord", "MemoryRecord", "Trace", "TraceTotals", "TransferRecord"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +50,30 @@ class TransferRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CommRecord:
+    """A send or receive of a comms schedule, holding ``rank`` from ``start`` to ``end``.
+
+    A send holds its rank for its overhead, a receive for its overhead once the message
+    has arrived (:mod:`pipesim.engine`); ``posted`` is when the rank reached it, so a
+    receive waited ``start - posted`` for its message. ``peer`` is the rank at the other
+    end, ``n_bytes`` the message's size.
+    """
+
+    rank: int
+    comm: Comm
+    peer: int
+    n_bytes: int
+    posted: Time
+    start: Time
+    end: Time
+
+    @property
+    def duration(self) -> Time:
+        """``end - start``."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryRecord:
     """A rank's activation memory right after a change at ``time``."""
 
@@ -66,7 +90,7 @@ class TraceTotals:
 
     makespan: Time
     busy: tuple[Time, ...]
-    """Per rank, the summed duration of its work."""
+    """Per rank, the summed duration of its work (and of its sends and receives)."""
     peak_activation_bytes: tuple[int, ...]
     """Per rank, the most activation bytes held at once."""
     peak_inflight: tuple[int, ...]
@@ -87,12 +111,13 @@ class Trace:
     (2, (2,))
     """
 
-    __slots__ = ("_actions", "_memory", "_totals", "_transfers", "n_ranks")
+    __slots__ = ("_actions", "_comms", "_memory", "_totals", "_transfers", "n_ranks")
 
     n_ranks: int
     _actions: tuple[ActionRecord, ...] | Callable[[], tuple[ActionRecord, ...]]
     _transfers: tuple[TransferRecord, ...] | Callable[[], tuple[TransferRecord, ...]]
     _memory: tuple[MemoryRecord, ...] | Callable[[], tuple[MemoryRecord, ...]]
+    _comms: tuple[CommRecord, ...] | Callable[[], tuple[CommRecord, ...]]
     _totals: TraceTotals | None
 
     def __init__(
@@ -102,12 +127,14 @@ class Trace:
         actions: Sequence[ActionRecord],
         transfers: Sequence[TransferRecord] = (),
         memory: Sequence[MemoryRecord] = (),
+        comms: Sequence[CommRecord] = (),
     ) -> None:
         _set = object.__setattr__
         _set(self, "n_ranks", n_ranks)
         _set(self, "_actions", tuple(actions))
         _set(self, "_transfers", tuple(transfers))
         _set(self, "_memory", tuple(memory))
+        _set(self, "_comms", tuple(comms))
         _set(self, "_totals", None)
 
     @classmethod
@@ -119,6 +146,7 @@ class Trace:
         transfers: Callable[[], tuple[TransferRecord, ...]],
         memory: Callable[[], tuple[MemoryRecord, ...]],
         totals: TraceTotals,
+        comms: Callable[[], tuple[CommRecord, ...]] | None = None,
     ) -> Trace:
         """A trace whose records each builder makes once, when first read; ``totals``
         must be what :meth:`totals` would compute from them."""
@@ -128,6 +156,7 @@ class Trace:
         _set(trace, "_actions", actions)
         _set(trace, "_transfers", transfers)
         _set(trace, "_memory", memory)
+        _set(trace, "_comms", () if comms is None else comms)
         _set(trace, "_totals", totals)
         return trace
 
@@ -155,12 +184,21 @@ class Trace:
             object.__setattr__(self, "_memory", self._memory())
         return self._memory  # type: ignore[return-value]
 
+    @property
+    def comms(self) -> tuple[CommRecord, ...]:
+        """Every send and receive of a comms schedule, sorted by (start, rank)."""
+        if callable(self._comms):
+            object.__setattr__(self, "_comms", self._comms())
+        return self._comms  # type: ignore[return-value]
+
     def totals(self) -> TraceTotals:
         """Makespan, and per rank busy time and memory peaks."""
         if self._totals is None:
             busy: list[Time] = [0] * self.n_ranks
             for record in self.actions:
                 busy[record.rank] += record.end - record.start
+            for comm in self.comms:  # a send or receive holds its rank for its overhead
+                busy[comm.rank] += comm.end - comm.start
             peak_bytes = [0] * self.n_ranks
             peak_inflight = [0] * self.n_ranks
             for sample in self.memory:
@@ -194,14 +232,16 @@ class Trace:
             and self.actions == other.actions
             and self.transfers == other.transfers
             and self.memory == other.memory
+            and self.comms == other.comms
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        comms = f", comms={self.comms!r}" if self.comms else ""
         return (
             f"Trace(n_ranks={self.n_ranks}, actions={self.actions!r}, "
-            f"transfers={self.transfers!r}, memory={self.memory!r})"
+            f"transfers={self.transfers!r}, memory={self.memory!r}{comms})"
         )
 
 

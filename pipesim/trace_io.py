@@ -10,7 +10,11 @@ views draw it as a simulated step. The format::
      "actions":   [[rank, "0F0", start, end], ...],
      "transfers": [[src_rank, dst_rank, "0F0", "1F0", n_bytes, start, end], ...],
      "memory":    [[rank, time, activation_bytes, inflight], ...],
+     "comms":     [[rank, "0SEND_F0", peer_rank, n_bytes, posted, start, end], ...],
      "meta": {...}}
+
+``comms`` (a comms schedule's sends and receives, :class:`~pipesim.trace.CommRecord`)
+is written only when the trace has any.
 
 Times are numbers in ``time_unit``, or ``"p/q"`` strings when not whole, so a
 file written and read back gives the same trace.
@@ -30,7 +34,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from pipesim.actions import Action, parse_action
+from pipesim.actions import Action, Comm, parse_action
+from pipesim.comms import parse_step
 from pipesim.costs import CostModel, costs_from_dict, costs_to_dict
 from pipesim.engine import Simulation
 from pipesim.errors import ParseError, PipesimError
@@ -38,7 +43,7 @@ from pipesim.exact import Time, to_time
 from pipesim.files import read_json, write_text
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_dict, schedule_to_dict
-from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
+from pipesim.trace import ActionRecord, CommRecord, MemoryRecord, Trace, TransferRecord
 from pipesim.views import step_of
 
 __all__ = ["load_trace", "save_trace", "step_from_dict", "step_to_dict"]
@@ -84,6 +89,11 @@ def step_to_dict(
         for t in trace.transfers
     ]
     data["memory"] = [[m.rank, _time(m.time), m.activation_bytes, m.inflight] for m in trace.memory]
+    if trace.comms:
+        data["comms"] = [
+            [c.rank, str(c.comm), c.peer, c.n_bytes, _time(c.posted), _time(c.start), _time(c.end)]
+            for c in trace.comms
+        ]
     if meta:
         data["meta"] = meta
     return data
@@ -100,9 +110,10 @@ def save_trace(
 ) -> Path:
     """Write :func:`step_to_dict` as JSON (one record per line) to ``path``."""
     data = step_to_dict(trace, schedule=schedule, costs=costs, meta=meta)
-    head = {k: v for k, v in data.items() if k not in ("actions", "transfers", "memory")}
+    records = ("actions", "transfers", "memory", "comms")
+    head = {k: v for k, v in data.items() if k not in records}
     parts = [json.dumps(head, separators=(",", ":"))[:-1]]
-    for key in ("actions", "transfers", "memory"):
+    for key in (k for k in records if k in data):
         rows = ",\n".join(json.dumps(row, separators=(",", ":")) for row in data[key])
         parts.append(f'"{key}":[\n{rows}\n]')
     return write_text(path, ",\n".join(parts) + "}\n")
@@ -126,6 +137,7 @@ def step_from_dict(data: object, /, *, source: str = "trace") -> Simulation:
             actions=tuple(_action(row) for row in data.get("actions", [])),
             transfers=tuple(_transfer(row) for row in data.get("transfers", [])),
             memory=tuple(_memory(row) for row in data.get("memory", [])),
+            comms=tuple(_comm(row) for row in data.get("comms", [])),
         )
     except (TypeError, ValueError, PipesimError) as exc:
         raise ParseError(f"{source}: a malformed record: {exc}") from None
@@ -159,6 +171,22 @@ def _transfer(row: Any) -> TransferRecord:
         producer=a,
         consumer=b,
         n_bytes=int(n_bytes),
+        start=_t(start),
+        end=_t(end),
+    )
+
+
+def _comm(row: Any) -> CommRecord:
+    rank, text, peer, n_bytes, posted, start, end = row
+    comm = parse_step(text)
+    if not isinstance(comm, Comm):
+        raise ValueError(f"a comms record holds a send or receive, got {text!r}")
+    return CommRecord(
+        rank=int(rank),
+        comm=comm,
+        peer=int(peer),
+        n_bytes=int(n_bytes),
+        posted=_t(posted),
         start=_t(start),
         end=_t(end),
     )

@@ -15,7 +15,7 @@ from pipesim.comms import (
     validate_comms,
 )
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
-from pipesim.graph import build_graph
+from pipesim.graph import build_graph, critical_path
 from pipesim.schedules import generate, get_spec, schedule_names
 
 
@@ -227,12 +227,23 @@ def test_every_command_takes_a_comms_csv(tmp_path, capsys) -> None:  # type: ign
     schedule = generate("zbv", n_ranks=2, n_microbatches=4)
     path = tmp_path / "zbv.csv"
     path.write_text(comms_to_csv(lower_comms(schedule)))
-    assert main(["simulate", str(path), "--json"]) == 0
+    # The sends and receives run as actions: posted receives (torch's runtime) give the
+    # compute schedule's step; blocking ones the longest path of the comms graph.
+    assert main(["simulate", str(path), "--json", "--posted-receives"]) == 0
     from_comms = json.loads(capsys.readouterr().out)
     assert main(["simulate", "zbv", "-p", "2", "-m", "4", "--json"]) == 0
     direct = json.loads(capsys.readouterr().out)
     assert from_comms["makespan"] == direct["makespan"]
     assert from_comms["ranks"] == direct["ranks"]
+    # zbv on 2 ranks holds stages (0, 3) and (1, 2): 0->1 and 2->3 cross ranks, each way,
+    # for each of the 4 micro-batches: 2 * 2 * 4 = 16 messages.
+    assert from_comms["comms"] == {"sends": 16, "receives": 16, "blocking_receives": False}
+    assert main(["simulate", str(path), "--json"]) == 0
+    blocking = json.loads(capsys.readouterr().out)
+    assert blocking["comms"]["blocking_receives"] is True
+    assert blocking["makespan"] == critical_path(lower_comms(schedule)).length
+    assert main(["simulate", str(path)]) == 0
+    assert "comms schedule: 16 sends, 16 receives" in capsys.readouterr().out
     # A comms file whose blocking sends wait on each other is refused before simulating.
     path.write_text(
         "0F0,0F1,0RECV_B0,0SEND_F0,0SEND_F1,0B0,0RECV_B1,0B1\n"

@@ -29,7 +29,7 @@ from pipesim.export import chrome_trace, chrome_trace_json, write_chrome_trace
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
-_PHASES = {"X", "M", "C", "s", "f"}
+_PHASES = {"X", "M", "C", "s", "f", "i"}
 _META = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
 
 
@@ -64,6 +64,9 @@ def check_trace_format(data: dict[str, Any]) -> None:
             slices[(event["pid"], event["tid"])].append(
                 (event["ts"], event["ts"] + event["dur"], event["name"])
             )
+            used.add((event["pid"], event["tid"]))
+        elif event["ph"] == "i":  # an instant: thread, process or global scope
+            assert event["s"] in {"t", "p", "g"} and isinstance(event["tid"], int), event
             used.add((event["pid"], event["tid"]))
         elif event["ph"] == "C":
             assert event["args"] and all(
@@ -305,3 +308,25 @@ def test_cli_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown schedule 'nope'" in capsys.readouterr().err
     assert main([*argv[:-1], str(tmp_path / "no" / "t.json")]) == 1
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_sends_and_receives_of_a_comms_schedule_are_on_their_ranks() -> None:
+    from pipesim.comms import lower_comms
+
+    comms = lower_comms(generate("1f1b", n_ranks=2, n_microbatches=2))
+    # Overheads: every send and receive holds its rank, a slice on its compute thread
+    # (times worked by hand in tests/test_comms_engine.py: 1RECV_F0 [5, 7], 0SEND_F0 [1, 2]).
+    costs = CostModel.uniform(link=Link(latency=3, send_overhead=1, receive_overhead=2))
+    data = chrome_trace(simulate(comms, costs=costs), time_unit="us")
+    check_trace_format(data)
+    comm = {e["name"]: e for e in data["traceEvents"] if e.get("cat") == "comm"}
+    sent = [str(s) for p in comms.programs for s in p if "SEND" in str(s) or "RECV" in str(s)]
+    assert sorted(comm) == sorted(sent) and len(comm) == 8  # 2 messages each way, 2 ends
+    assert (comm["1RECV_F0"]["ts"], comm["1RECV_F0"]["dur"], comm["1RECV_F0"]["tid"]) == (5, 2, 2)
+    assert comm["1RECV_F0"]["args"] == {"peer_rank": 0, "bytes": 0, "reached": 0}
+    assert (comm["0SEND_F0"]["ts"], comm["0SEND_F0"]["dur"], comm["0SEND_F0"]["pid"]) == (1, 1, 1)
+    # Free sends and receives are instants at the moment they happen.
+    free = chrome_trace(simulate(comms), time_unit="us")
+    check_trace_format(free)
+    instants = [e for e in free["traceEvents"] if e.get("cat") == "comm"]
+    assert len(instants) == 8 and {e["ph"] for e in instants} == {"i"}

@@ -535,3 +535,34 @@ def test_cli_short_keys_and_did_you_mean(
     assert "1f1b p=2 m=4: makespan 15" in out and "1f1b p=2 m=8: makespan 27" in out
     assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 1
     assert "(did you mean 'microbatches'?)" in capsys.readouterr().err
+
+
+def test_sends_and_receives_are_marks_on_their_ranks() -> None:
+    from pipesim.comms import lower_comms
+
+    # The hand-worked step of tests/test_comms_engine.py in ms: 0SEND_F0 leaves at 2,
+    # 1RECV_F0 takes its message at 5 after waiting from 0; 1RECV_F0 holds rank 1 [5, 7].
+    costs = CostModel.uniform(
+        link=Link(latency=3, send_overhead=1, receive_overhead=2), output_bytes=2048
+    )
+    costs = CostModel(stages=costs.stages, link=costs.link, time_unit="ms")
+    sim = simulate(lower_comms(generate("1f1b", n_ranks=2, n_microbatches=2)), costs=costs)
+    fig = timeline_figure(sim, memory=False)
+    marks = {t.legendgroup: t for t in fig.data if t.type == "scatter"}
+    assert set(marks) == {"SEND", "RECV"}
+    send, recv = marks["SEND"], marks["RECV"]
+    assert len(send.x) == len(recv.x) == 4  # 2 micro-batches x (activation + gradient)
+    by_name = {cd[0]: (x, y, cd) for x, y, cd in zip(send.x, send.y, send.customdata, strict=True)}
+    by_name |= {cd[0]: (x, y, cd) for x, y, cd in zip(recv.x, recv.y, recv.customdata, strict=True)}
+    x, y, cd = by_name["0SEND_F0"]
+    assert (x, round(y)) == (2, 0) and cd[1] == 1 and cd[2] == "2,048 bytes (2 KiB)"
+    x, y, cd = by_name["1RECV_F0"]
+    assert (x, round(y), cd[1], cd[3], cd[5]) == (5, 1, 0, 0, 2)  # waited 0..5, overhead 2
+    assert "to rank" in send.hovertemplate and " ms" in send.hovertemplate
+    assert "from rank" in recv.hovertemplate and "waited" in recv.hovertemplate
+    # A receive's overhead holds its rank: drawn idle gaps leave it out, as metrics do.
+    idle = sum(d for row, _, d, _ in bars(fig, "idle") if row == 1)
+    assert idle == sim.metrics.ranks[1].idle
+    # A compute schedule draws no marks.
+    compute = timeline_figure(simulate(sim.schedule, costs=costs), memory=False)
+    assert not [t for t in compute.data if t.type == "scatter"]

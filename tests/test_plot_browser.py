@@ -426,3 +426,27 @@ def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
     assert dom.count('class="point"') == 2 * 16  # 16 actions, predicted and measured
     assert "rank 1 measured" in dom and ">time (ms)<" in dom
     assert "F +0.0%" not in dom and "F -20.0%" in dom  # 4 ms predicted against 5 measured
+
+
+def test_comms_schedule_draws_its_sends_and_receives(
+    chromium: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipesim import CostModel, Link, generate, simulate
+    from pipesim.comms import comms_to_csv, lower_comms
+    from pipesim.metrics import idle_intervals
+
+    # 1F1B, p=4, m=8 as torch's compute_comms CSV: 2 (p-1) m = 48 messages, each a send
+    # mark and a receive mark (plotly draws a marker as <path class="point ...">, a bar as
+    # <g class="point">): 96 marks; 64 actions, 48 transfers and the idle gaps as bars.
+    comms = lower_comms(generate("1f1b", n_ranks=4, n_microbatches=8))
+    csv_path, html = tmp_path / "x.csv", tmp_path / "comms.html"
+    csv_path.write_text(comms_to_csv(comms))
+    argv = ["plot", str(csv_path), "--link-latency", "0.5", "--no-memory", "-o", str(html)]
+    assert main(argv) == 0
+    assert "comms schedule: 48 sends, 48 receives" in capsys.readouterr().out
+    dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
+    assert _js_errors(dom) == "[]" and console == []
+    assert dom.count('<path class="point') == 96
+    sim = simulate(comms, costs=CostModel.uniform(link=Link(latency="0.5")))
+    n_idle = sum(len(idle_intervals(sim.trace, r)) for r in range(4))
+    assert dom.count('<g class="point"') == 64 + 48 + n_idle

@@ -43,6 +43,25 @@ def test_overheads_count_as_the_engine_counts_them() -> None:
     assert result.lower_bound == 15 and not result.optimal
 
 
+def test_reservoir_counts_the_output_gradients_at_the_start_of_i() -> None:
+    # p = 2, m = 2, F = I = W = 1; F stores 10 bytes, W holds 12 (its inputs and the output
+    # gradients I adds at its start). Makespan 7 needs rank 1 to run F0 I0 F1 I1 (in some
+    # order) before any W, so 0I1 ends by 6: at 1I1's start both micro-batches hold 12, 24
+    # bytes (zb-h1's peak). Within 24 bytes 7 is reached; within 23 rank 1 must run a W
+    # first, and the optimum is 8.
+    costs = CostModel.uniform(
+        forward=1, input_grad=1, weight_grad=1, activation_bytes=10, weight_grad_bytes=12
+    )
+    for limit, best in (("24B", 7), ("23B", 8)):
+        pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=limit, costs=costs)
+        solution = solve_exact(pb)
+        assert solution.optimal and solution.makespan == best
+        assert solution.schedule is not None
+        sim = simulate(solution.schedule, costs=costs)
+        assert sim.metrics.makespan == best
+        assert max(r.peak_activation_bytes for r in sim.metrics.ranks) <= pb.limit_bytes[1]
+
+
 def test_memory_limit_binds_the_optimum() -> None:
     # One rank, m = 3: no waiting at all, makespan 3 (F + I + W) whatever the memory.
     # With 1 micro-batch of memory it must run F I W F I W ...; the reservoir allows it.

@@ -16,8 +16,9 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipesim.actions import Comm
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.costs import CostModel, Link, Links, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
@@ -27,6 +28,9 @@ from pipesim.schedule_io import load_schedule
 from pipesim.schedules import generate, schedule_names
 from pipesim.suggest import did_you_mean
 from pipesim.units import TIME_UNITS
+
+if TYPE_CHECKING:
+    from pipesim.comms import CommSchedule
 
 __all__ = [
     "add_cost_arguments",
@@ -162,6 +166,50 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
         metavar="N",
         help="interleaved-1f1b: micro-batches per group (Megatron; default P)",
     )
+
+
+def add_comms_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--posted-receives``: how a comms schedule's receives run (:mod:`pipesim.engine`)."""
+    parser.add_argument(
+        "--posted-receives",
+        action="store_true",
+        help="comms CSV only: a RECV posts the receive (irecv) and the work that needs the "
+        "message waits for it, as torch's runtime and pipesim verify do; default: a RECV "
+        "blocks its rank until the message has arrived",
+    )
+
+
+def comms_from_args(args: argparse.Namespace) -> CommSchedule | None:
+    """The comms schedule when ``args.schedule`` is a CSV with sends and receives (torch's
+    compute_comms format), else None. :func:`schedule_from_args` has validated it."""
+    from pipesim.comms import comms_from_csv, is_comms_csv
+    from pipesim.files import read_text
+
+    path = Path(args.schedule)
+    if path.suffix.lower() != ".csv" or not path.is_file():
+        return None
+    text = read_text(path, what="schedule")
+    if not is_comms_csv(text):
+        return None
+    return comms_from_csv(text, name=path.stem, source=str(path))
+
+
+def comms_counts(comms: CommSchedule, /) -> tuple[int, int]:
+    """The sends and the receives of a comms schedule."""
+    steps = [step for program in comms.programs for step in program]
+    sends = sum(1 for s in steps if isinstance(s, Comm) and s.op.is_send)
+    return sends, sum(1 for s in steps if isinstance(s, Comm)) - sends
+
+
+def describe_comms(comms: CommSchedule, /, *, blocking_receives: bool) -> str:
+    """One line saying a comms schedule's sends and receives were simulated, and how."""
+    sends, receives = comms_counts(comms)
+    how = (
+        "blocking receives (--posted-receives: posted, as torch's runtime)"
+        if blocking_receives
+        else "posted receives"
+    )
+    return f"comms schedule: {sends} sends, {receives} receives, simulated as actions; {how}"
 
 
 def schedule_from_source(

@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import (
+    add_comms_arguments,
     add_cost_arguments,
     add_schedule_arguments,
     check_suffix,
+    comms_from_args,
     costs_from_args,
+    describe_comms,
     positive_int,
     schedule_from_args,
 )
@@ -136,6 +139,7 @@ def register(subparsers: Any) -> None:
     )
     out.add_argument("--no-memory", action="store_true", help="leave out the memory panel")
     out.add_argument("--title", help="the figure's title (default: schedule and sizes)")
+    add_comms_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -168,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({size:,} bytes{', plotly.js from the CDN' if args.cdn else ''})")
     if note:
         print(f"  {note}")
+    for simulation in simulations:
+        if simulation.comms is not None:
+            blocking = not args.posted_receives
+            print(f"  {describe_comms(simulation.comms, blocking_receives=blocking)}")
     for label, simulation in zip(labels, simulations, strict=True):
         print(f"  {label}: {headline(simulation.metrics)}")
     return 0
@@ -186,17 +194,19 @@ def _simulate_sources(
         name, settings = split_settings(source)
         local = apply_settings(args, name, settings)
         schedule = schedule_from_args(local)
-        prepared.append((name, settings, schedule, costs_from_args(local, schedule)))
-    virtuals = {schedule.n_stages // schedule.n_ranks for _, _, schedule, _ in prepared}
+        costs = costs_from_args(local, schedule)
+        prepared.append((name, settings, schedule, comms_from_args(local), costs))
+    virtuals = {schedule.n_stages // schedule.n_ranks for _, _, schedule, _, _ in prepared}
     split = args.compare and (
         args.chunk_costs == "split" or (args.chunk_costs == "auto" and len(virtuals) > 1)
     )
     simulations, labels = [], []
-    for name, settings, schedule, costs in prepared:
+    for name, settings, schedule, comms, costs in prepared:
         virtual = schedule.n_stages // schedule.n_ranks
         if split:
             costs = per_chunk_costs(costs, virtual=virtual)
-        simulation = simulate(schedule, costs=costs)
+        blocking = not args.posted_receives
+        simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
         simulations.append(simulation)
         label = default_label(simulation)
         if name not in schedule_names():

@@ -6,10 +6,14 @@ import argparse
 from typing import Any
 
 from pipesim.cli._common import (
+    add_comms_arguments,
     add_cost_arguments,
     add_require_fit_argument,
     add_schedule_arguments,
+    comms_counts,
+    comms_from_args,
     costs_from_args,
+    describe_comms,
     print_json,
     require_fit,
     schedule_from_args,
@@ -42,20 +46,34 @@ def register(subparsers: Any) -> None:
         help="print the cycle-by-rank table (micro-batch per cycle, '-' when idle)",
     )
     add_require_fit_argument(parser)
+    add_comms_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
+    comms = comms_from_args(args)
     costs = costs_from_args(args, schedule)
-    simulation = simulate(schedule, costs=costs)
+    blocking = not args.posted_receives
+    simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
     if args.json:
-        print_json(simulation.metrics.to_dict())
-    elif args.grid:
+        result = simulation.metrics.to_dict()
+        if comms is not None:
+            sends, receives = comms_counts(comms)
+            result["comms"] = {"sends": sends, "receives": receives, "blocking_receives": blocking}
+        print_json(result)
+        return _checked_fit(args, simulation)
+    if comms is not None:
+        print(describe_comms(comms, blocking_receives=blocking))
+    if args.grid:
         print(format_grid(simulation))
         print(_headline(simulation.metrics))
     else:
         print(format_summary(simulation.metrics))
+    return _checked_fit(args, simulation)
+
+
+def _checked_fit(args: argparse.Namespace, simulation: Any) -> int:
     require_fit(
         args,
         simulation.metrics.fits,

@@ -6,10 +6,13 @@ import argparse
 from typing import Any
 
 from pipesim.cli._common import (
+    add_comms_arguments,
     add_cost_arguments,
     add_schedule_arguments,
     check_suffix,
+    comms_from_args,
     costs_from_args,
+    describe_comms,
     schedule_from_args,
 )
 
@@ -37,6 +40,7 @@ def register(subparsers: Any) -> None:
         help="the .json file to write (default: trace.json); trace event times are "
         "microseconds, converted from --time-unit (abstract units are drawn as seconds)",
     )
+    add_comms_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -46,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_suffix(args.output, (".json",), verb="trace", what="Chrome trace event JSON")
     schedule = schedule_from_args(args)
-    simulation = simulate(schedule, costs=costs_from_args(args, schedule))
+    comms = comms_from_args(args)
+    blocking = not args.posted_receives
+    costs = costs_from_args(args, schedule)
+    simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
     unit = simulation.costs.time_unit
     path = write_chrome_trace(simulation, args.output)
     trace = simulation.trace
@@ -56,4 +63,6 @@ def run(args: argparse.Namespace) -> int:
         f"{len(trace.transfers)} messages on {trace.n_ranks} ranks, {scale}; open it in "
         "https://ui.perfetto.dev or chrome://tracing"
     )
+    if comms is not None:
+        print(f"  {describe_comms(comms, blocking_receives=blocking)}")
     return 0

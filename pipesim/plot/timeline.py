@@ -16,7 +16,9 @@ What a reader needs at a glance:
 - an overlapped F&B pair is labelled with both halves (``F3 B1``);
 - above :data:`~pipesim.plot.binned.LARGE_BARS` bars the rows are drawn binned
   (:mod:`pipesim.plot.binned`), and the title says so;
-- memory above the device capacity is drawn red (:mod:`pipesim.plot.memory`).
+- memory above the device capacity is drawn red (:mod:`pipesim.plot.memory`);
+- a comms schedule's sends and receives are marks on their rank's row
+  (:mod:`pipesim.plot.comms`; not in a binned figure).
 
 Idle gaps are drawn as pale grey bars so that they stay visible and show their
 extent on hover; they are exactly :func:`pipesim.metrics.idle_intervals`.
@@ -49,6 +51,7 @@ from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
 from pipesim.metrics import idle_intervals_by_rank
 from pipesim.plot.binned import LARGE_BARS, N_BINS, bar_count, binned_traces
+from pipesim.plot.comms import comm_traces
 from pipesim.plot.memory import (
     Quantity,
     memory_axis_title,
@@ -377,6 +380,7 @@ def _draw_rows(
         )
     else:
         traces = bar_traces(sim, idle=idle, factor=factor, time_unit=unit)
+        traces += comm_traces(sim, factor=factor, time_unit=unit)
     for trace in traces:
         if trace.type != "image":
             trace.showlegend = trace.name not in shown
