@@ -7,6 +7,7 @@ parallelogram, Qi et al. 2024).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 from fractions import Fraction
 
@@ -257,3 +258,25 @@ def test_v_placement_tries_the_building_block_policies() -> None:
     for block in ("v-half", "v-min"):
         assert names[f"greedy[block-{block}]"].fits  # within the limit: never stuck there
         assert result.metrics.makespan <= names[f"greedy[block-{block}]"].makespan
+
+
+def test_a_wrong_greedy_prediction_falls_back_to_the_evaluator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Were the greedy's own makespan ever wrong, synthesize must notice and re-run every
+    # candidate: the answer is then the one computed with every candidate evaluated.
+    module = importlib.import_module("pipesim.synth.synthesize")  # the package's name is
+    # taken by the function
+    costs = CostModel.uniform(forward=2, input_grad=2, weight_grad=1, backward=3)
+    expected = synthesize(n_ranks=3, n_microbatches=6, memory_limit=3, costs=costs)
+    real = module.greedy_run
+
+    def lying(problem, policy):  # type: ignore[no-untyped-def]
+        run = real(problem, policy)
+        return None if run is None else replace(run, makespan=1)
+
+    monkeypatch.setattr(module, "greedy_run", lying)
+    result = synthesize(n_ranks=3, n_microbatches=6, memory_limit=3, costs=costs)
+    assert result.metrics.makespan == expected.metrics.makespan > 1
+    assert result.winner == expected.winner
+    assert all(c.makespan > 1 for c in result.candidates)
