@@ -6,6 +6,13 @@ One launch of two gloo processes runs every schedule (each with both runtimes).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -62,3 +69,71 @@ def test_the_comparison_names_each_differing_tensor() -> None:
         "output (max abs diff 0.5)",
         "gradient 0 of stage 1 (max abs diff 9.54e-07)",
     )
+
+
+_SLEEPY = """
+import multiprocessing
+import time
+from torch import nn
+
+
+class Sleeps(nn.Module):
+    def forward(self, x):
+        if multiprocessing.parent_process() is not None:  # in a rank, not the launcher
+            time.sleep(120)
+        return x
+
+
+def sleepy():  # rank 0 hangs in its first forward
+    return [nn.Linear(4, 4), Sleeps(), nn.Linear(4, 2)]
+"""
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker`` (the launcher and its ranks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over processes")
+def test_sigterm_leaves_no_rank_and_no_folder_behind(tmp_path: Path) -> None:
+    (tmp_path / "cross_models.py").write_text(_SLEEPY)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = f"PIPESIM_TEST_MARK_{os.getpid()}_{time.monotonic_ns()}"
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(tmp_path), **{marker: "1"})
+    script = tmp_path / "run_cross.py"
+    script.write_text(
+        "from pipesim.schedules import generate\n"
+        "from verify.crosscheck import crosscheck\n"
+        "if __name__ == '__main__':\n"
+        "    crosscheck(generate('gpipe', n_ranks=2, n_microbatches=2),\n"
+        "               model='cross_models:sleepy', steps=1, timeout_s=200)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both ranks have joined (each writes its log)
+            logs = list(tmp.glob("pipesim-crosscheck-*/rank*.log"))
+            if len(logs) == 2 and len(_processes_with(marker)) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ranks did not start within 90 s")
+        launcher.send_signal(signal.SIGTERM)
+        status = launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert status == 128 + signal.SIGTERM
+    assert list(tmp.iterdir()) == []  # the rendezvous folder and the rank logs are gone
+    time.sleep(0.5)
+    assert _processes_with(marker) == []
+    assert b"Traceback" not in (launcher.stderr.read() if launcher.stderr else b"")

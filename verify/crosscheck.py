@@ -35,6 +35,7 @@ from torch import Tensor
 
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to_json
+from pipesim.sigterm import exit_on_sigterm
 from verify.compare import build_stages, split_microbatches
 from verify.dist import RankSpec, as_rank, launch, message_shapes, run_rank
 from verify.errors import VerifyError
@@ -126,7 +127,8 @@ def crosscheck_all(
         )
     if not specs:
         return ()
-    with tempfile.TemporaryDirectory(prefix="pipesim-crosscheck-") as workdir:
+    # SIGTERM exits cleanly as in verify.dist: the ranks stopped, the folder removed.
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="pipesim-crosscheck-") as workdir:
         launch(specs, schedules, workdir=Path(workdir), timeout_s=timeout_s, target=_worker)
         return tuple(
             _compare(

@@ -38,10 +38,8 @@ import multiprocessing
 import os
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -56,6 +54,7 @@ from pipesim.comms import Comm, CommSchedule, Message, lower_comms, messages
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
+from pipesim.sigterm import exit_on_sigterm
 from verify.compare import (
     build_report,
     build_stages,
@@ -193,7 +192,7 @@ def verify_distributed_all(
         prepared.append((schedule, reference_model, stages, spec))
     reports = []
     with (
-        _terminate_cleanly(),
+        exit_on_sigterm(),
         tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir,
         exact_settings(prepared[0][1].layers, devices=cpu),
     ):
@@ -242,24 +241,6 @@ def report_from_results(
         accumulation_orders=schedule_accumulation_orders(schedule),
         as_run=schedule,
     )
-
-
-@contextmanager
-def _terminate_cleanly() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) inside the block, so that temporary files are removed
-    and the ranks are stopped as on any other exit (only the main thread can do this)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def launch(
