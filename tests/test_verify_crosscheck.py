@@ -37,7 +37,7 @@ TORCH_SHIPS = [
 
 def test_torchs_runtime_gives_the_same_bits_as_pipesims_executor() -> None:
     schedules = [generate(n, n_ranks=2, n_microbatches=4, virtual=v) for n, v in TORCH_SHIPS]
-    checks = crosscheck_all(schedules, model="mlp", steps=1, timeout_s=380)
+    checks = crosscheck_all(schedules, model="mlp", warmup=0, steps=1, timeout_s=380)
     for schedule, check in zip(schedules, checks, strict=True):
         assert check.schedule == schedule.name
         assert check.identical, (schedule.name, check.mismatches)
@@ -63,6 +63,16 @@ def test_the_comparison_names_each_differing_tensor() -> None:
     same = _compare(schedule, [_result(2.0, 0.25, 4.0)])
     assert same.identical and same.mismatches == ()
     assert (same.pipesim_step_s, same.torch_step_s) == (3e-9, 4e-9)  # the steady-state step
+    # Two ranks, warm-up dropped: a step's wall time is the slower rank's, its CPU time the sum.
+    slow = {"pipesim_walls": [9, 7, 2], "torch_walls": [9, 1, 8], "pipesim_cpu": [9, 5, 6]}
+    fast = {"pipesim_walls": [1, 2, 3], "torch_walls": [1, 2, 3], "pipesim_cpu": [1, 1, 2]}
+    first = {"pipesim": {"outputs": {}, "grads": {}}, "torch": {}, "torch_cpu": [4, 4, 4]}
+    steady = _compare(
+        schedule, [{**first, **slow}, {**first, **fast, "torch_cpu": [0, 1, 2]}], warmup=1
+    )
+    assert (steady.pipesim_steps_s, steady.torch_steps_s) == ((7e-9, 3e-9), (2e-9, 8e-9))
+    assert (steady.pipesim_cpu_s, steady.torch_cpu_s) == ((6e-9, 8e-9), (5e-9, 6e-9))
+    assert steady.pipesim_step_s == 5e-9  # the median of 7 and 3
     differs = _compare(schedule, [_result(2.5, 0.25, 4.0 + 2**-20)])
     assert not differs.identical
     assert differs.mismatches == (

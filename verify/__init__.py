@@ -8,6 +8,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo on the CPU);
+- :mod:`verify.timing`: when each unit ran (CUDA events read once per step on GPUs);
 - :mod:`verify.transport`: untagged, ordered, header-checked messages between ranks;
 - :mod:`verify.torchrun`: one rank per process under ``torchrun -m verify`` (NCCL on GPUs);
 - :mod:`verify.crosscheck`: the same run by torch.distributed.pipelining, bit for bit;
@@ -72,6 +73,7 @@ from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_mode
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
 from verify.runtime import SavedBytes, StageRuntime
+from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
 from verify.transport import (
     HEADER_LENGTH,
@@ -86,6 +88,7 @@ __all__ = [
     "MODEL_NAMES",
     "ActionTiming",
     "CrossCheck",
+    "DeviceEvent",
     "ExactnessError",
     "LocalRun",
     "Measurement",
@@ -98,6 +101,7 @@ __all__ = [
     "TorchrunPlace",
     "TransferTiming",
     "TransportError",
+    "UnitClock",
     "VerifyError",
     "VerifyModel",
     "VerifyReport",
@@ -114,6 +118,8 @@ __all__ = [
     "cost_file",
     "crosscheck",
     "crosscheck_all",
+    "cuda_event",
+    "cuda_synchronize",
     "decode_header",
     "encode_header",
     "exact_settings",

@@ -23,8 +23,10 @@ Two ways to start the ranks:
 Every wait has a deadline. A rank that fails, dies or hangs ends the run: the
 launcher stops every rank at once and the error names the rank, what it was
 running or waiting for, and the peer. Each rank times its compute (not its
-waits) with ``time.perf_counter_ns``, a clock shared by the processes of one
-machine, so the ranks' timelines line up.
+waits) with :class:`verify.timing.UnitClock`: ``time.perf_counter_ns`` on the
+CPU, CUDA events read once per step on a GPU, both placed on the host's
+``perf_counter_ns``, a clock shared by the processes of one machine, so the
+ranks' timelines line up.
 
 >>> from pipesim.schedules import generate
 >>> report = verify_distributed(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp")
@@ -68,6 +70,7 @@ from verify.local import ActionTiming, LocalRun, transfer_table
 from verify.models import VerifyModel, load_model
 from verify.report import VerifyReport
 from verify.runtime import StageRuntime
+from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
 __all__ = [
@@ -430,16 +433,18 @@ def run_rank(
     for stage in schedule.stages_of(rank):
         stages[stage].to(device)
     result: dict[str, Any] = {}
-    walls = []
+    walls, cpu = [], []
     with exact_settings(model.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
-            start = time.perf_counter_ns()
+            start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
             step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
             step.report = report
             result = step.run()
             dist.barrier()
             walls.append(time.perf_counter_ns() - start)
+            cpu.append(time.process_time_ns() - start_cpu)
     result["step_wall_ns"] = walls  # each step's wall time, warm-ups first
+    result["step_cpu_ns"] = cpu  # and its CPU time (the process's threads, gloo's too)
     return result
 
 
@@ -512,14 +517,12 @@ class _RankStep:
         if self.report is not None and message is not None:
             self.report(_WAITING, self.index[message], peer)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def run(self) -> dict[str, Any]:
         local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
         outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
-        timings = []
+        timings: list[tuple[str, int, int]] = []
+        # CUDA events around each unit, read once after the step: no synchronize in between.
+        clock = UnitClock([self.device])
         for position, step in enumerate(self.comms.programs[self.rank]):
             if isinstance(step, Comm):
                 message = self.by_comm[step]
@@ -539,16 +542,21 @@ class _RankStep:
                     incoming.append(local.pop(needed))
             if self.report is not None:
                 self.report(_COMPUTING, position, -1)
-            self._sync()
-            start = time.perf_counter_ns()
+            start = clock.mark(self.device)
             for action, value in zip(step.parts, incoming, strict=True):
                 handed = self.runtime.run(action, value)
                 out = self.sent_by.get(action)
                 if out is not None and handed is not None:
                     (outbox if out.crosses_ranks else local)[out] = handed
-            self._sync()
-            timings.append((str(step), start, time.perf_counter_ns()))
+            end = clock.mark(self.device)
+
+            def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
+                # On the host's perf_counter_ns, which the ranks of one machine share.
+                timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
+
+            clock.span(self.device, start, end, done)
         self.transport.finish()
+        clock.finish()
         if self.report is not None:
             self.report(_FINISHED, 0, -1)
         rt = self.runtime

@@ -33,7 +33,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +42,7 @@ from pipesim.comms import Message, global_order, messages
 from pipesim.schedule import Schedule
 from verify.errors import ExactnessError, VerifyError
 from verify.runtime import StageRuntime
+from verify.timing import UnitClock
 
 __all__ = [
     "ActionTiming",
@@ -164,46 +164,6 @@ def execution_order(schedule: Schedule, /) -> tuple[Work, ...]:
     return global_order(schedule)
 
 
-class _Clock:
-    """Nanoseconds since the run started: CUDA events on GPUs, perf_counter_ns on the CPU."""
-
-    def __init__(self, devices: Sequence[torch.device]) -> None:
-        self.cuda = sorted({d.index for d in devices if d.type == "cuda"})
-        for index in self.cuda:
-            torch.cuda.synchronize(index)
-        self.host0 = time.perf_counter_ns()
-        self.origin = {}
-        for index in self.cuda:
-            with torch.cuda.device(index):
-                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                event.record()
-                self.origin[index] = event
-        self.pending: list[tuple[Any, Any, Any, Callable[[int, int], None]]] = []
-
-    def mark(self, device: torch.device) -> Any:
-        if device.type == "cuda":
-            with torch.cuda.device(device.index):
-                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                event.record()
-                return event
-        return time.perf_counter_ns() - self.host0
-
-    def span(
-        self, device: torch.device, start: Any, end: Any, done: Callable[[int, int], None]
-    ) -> None:
-        """Report (start_ns, end_ns) to ``done`` now (CPU) or after the final sync (CUDA)."""
-        if device.type == "cuda":
-            self.pending.append((self.origin[device.index], start, end, done))
-        else:
-            done(start, end)
-
-    def finish(self) -> None:
-        for index in self.cuda:
-            torch.cuda.synchronize(index)
-        for origin, start, end, done in self.pending:
-            done(round(origin.elapsed_time(start) * 1e6), round(origin.elapsed_time(end) * 1e6))
-
-
 def run_schedule(
     schedule: Schedule,
     stages: Sequence[nn.Module],
@@ -254,7 +214,7 @@ def run_schedule(
     inbox: dict[Message, Tensor] = {}
     action_times: list[ActionTiming] = []
     transfer_times: list[TransferTiming] = []
-    clock = _Clock(rank_device)
+    clock = UnitClock(rank_device)  # CUDA events, read once at the end of the step
 
     def hand_over(message: Message, tensor: Tensor) -> None:
         """In one process a message is a copy to the consumer's device."""
