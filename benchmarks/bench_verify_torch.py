@@ -70,7 +70,8 @@ def _summary(name: str, checks: Sequence[CrossCheck]) -> str:
     cpu_ratio = statistics.median(a / b for a, b in zip(*cpus, strict=True))
     return (
         f"{name:<26} wall {_spread(walls[0])} / {_spread(walls[1])} ms = {wall_ratio:5.2f}x   "
-        f"cpu {_spread(cpus[0])} / {_spread(cpus[1])} ms = {cpu_ratio:5.2f}x   ({len(checks)} repeats)"
+        f"cpu {_spread(cpus[0])} / {_spread(cpus[1])} ms = {cpu_ratio:5.2f}x   "
+        f"({len(checks)} repeats)"
     )
 
 
