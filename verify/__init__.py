@@ -13,6 +13,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.torchrun`: one rank per process under ``torchrun -m verify`` (NCCL on GPUs);
 - :mod:`verify.crosscheck`: the same run by torch.distributed.pipelining, bit for bit;
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
+- :mod:`verify.locate`: the action where a wrong gradient arose (a re-run checked per B / W);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
 - :mod:`verify.exactness`: the settings exactness needs, set or refused;
@@ -39,6 +40,7 @@ from verify.compare import (
     Reference,
     build_report,
     build_stages,
+    locate_gradient_mismatch,
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
@@ -68,6 +70,7 @@ from verify.local import (
     run_schedule,
     transfer_table,
 )
+from verify.locate import first_gradient_difference, max_abs_diff
 from verify.measured import as_run_trace, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
@@ -125,11 +128,14 @@ __all__ = [
     "exact_settings",
     "exactness_problems",
     "execution_order",
+    "first_gradient_difference",
     "format_report",
     "from_factory",
     "gpt",
     "launch",
     "load_model",
+    "locate_gradient_mismatch",
+    "max_abs_diff",
     "measure",
     "measured_trace",
     "message_shapes",

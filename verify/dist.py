@@ -36,6 +36,7 @@ ranks' timelines line up.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -60,6 +61,7 @@ from pipesim.sigterm import exit_on_sigterm
 from verify.compare import (
     build_report,
     build_stages,
+    locate_gradient_mismatch,
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
@@ -106,6 +108,8 @@ class RankSpec:
     """Each message's shape and dtype; None: each rank runs the model once to find them."""
     batch: tuple[Tensor, Tensor] | None = None
     """The step's inputs and targets; None: each rank draws them (the same seed)."""
+    trace_grads: bool = False
+    """Keep the gradients after every B and W (to locate a gradient mismatch)."""
 
 
 def verify_distributed(
@@ -205,10 +209,48 @@ def verify_distributed_all(
                 torch.load(Path(workdir) / f"rank{r}-{index}.pt", weights_only=False)
                 for r in range(schedule.n_ranks)
             ]
-            reports.append(
-                report_from_results(schedule, reference_model, stages, spec, results, cpu)
-            )
+            report = report_from_results(schedule, reference_model, stages, spec, results, cpu)
+            if report.grads_equal is False:
+                report = _locate(report, schedule, reference_model, stages, spec, timeout_s)
+            reports.append(report)
     return tuple(reports)
+
+
+def _locate(
+    report: VerifyReport,
+    schedule: Schedule,
+    reference_model: VerifyModel,
+    stages: Sequence[nn.Module],
+    spec: RankSpec,
+    timeout_s: float,
+) -> VerifyReport:
+    """Re-run one step of ``schedule`` in new rank processes that keep the gradients after
+    every B and W, and name the action where they first differ (verify.locate)."""
+    traced = dataclasses.replace(spec, trace_grads=True, warmup=0)
+    with tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir:
+        launch([traced], [schedule], workdir=Path(workdir), timeout_s=timeout_s)
+        results = [
+            torch.load(Path(workdir) / f"rank{r}-0.pt", weights_only=False)
+            for r in range(schedule.n_ranks)
+        ]
+    assert spec.batch is not None
+    n_mb = schedule.n_microbatches
+    ref = reference_run(
+        reference_model.layers,
+        inputs=split_microbatches(spec.batch[0], n_mb),
+        targets=split_microbatches(spec.batch[1], n_mb),
+        loss_fn=reference_model.loss_fn,
+        device=torch.device("cpu"),
+        forward_only=schedule.forward_only,
+    )
+    return locate_gradient_mismatch(
+        report,
+        assemble(schedule, results, stages),
+        model=reference_model,
+        stages=stages,
+        ref=ref,
+        orders=schedule_accumulation_orders(schedule),
+    )
 
 
 def report_from_results(
@@ -494,6 +536,7 @@ class _RankStep:
             inputs=xs,
             targets=ts,
             loss_fn=loss_fn,
+            trace_grads=spec.trace_grads,
         )
         found = messages(schedule)
         self.index = {m: m.index for m in found}
@@ -573,6 +616,7 @@ class _RankStep:
             "transfer_bytes": dict(rt.transfer_bytes),
             "activation_bytes": dict(rt.activation_bytes),
             "accumulated": {s: list(order) for s, order in rt.accumulated.items()},
+            "grad_trace": rt.grad_trace if rt.trace_grads else {},
         }
 
 
@@ -588,7 +632,9 @@ def assemble(
     activation_bytes = [0] * schedule.n_stages
     orders: list[tuple[int, ...]] = [() for _ in range(schedule.n_stages)]
     timings = []
+    traced: dict[int, Any] = {}
     for rank, result in enumerate(results):
+        traced.update(result.get("grad_trace", {}))
         outputs.update(result["outputs"])
         losses.update(result["losses"])
         sizes.update(result["transfer_bytes"])
@@ -617,4 +663,5 @@ def assemble(
         activation_bytes=tuple(activation_bytes),
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
+        grad_trace=tuple(tuple(traced[s]) for s in range(schedule.n_stages)) if traced else (),
     )

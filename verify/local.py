@@ -100,6 +100,9 @@ class LocalRun:
     """Per stage, the micro-batches in the order their parameter gradients were added."""
     wall_ns: int
     """Wall time of the whole run on the host."""
+    grad_trace: tuple[tuple[tuple[str, tuple[Tensor | None, ...]], ...], ...] = ()
+    """Per stage, after each B or W, the action and every parameter's gradient so far
+    (before the final division); empty unless the run was asked to trace them."""
 
 
 def parse_devices(text: str | Sequence[str], /, *, n_ranks: int) -> tuple[torch.device, ...]:
@@ -173,6 +176,7 @@ def run_schedule(
     inputs: Sequence[Tensor],
     targets: Sequence[Tensor] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    trace_grads: bool = False,
 ) -> LocalRun:
     """Run one step of ``schedule`` with ``stages`` (one module per stage) on ``devices``
     (one per rank); ``inputs`` and ``targets`` are the micro-batches.
@@ -180,7 +184,8 @@ def run_schedule(
     Each stage module is moved to its rank's device (in place: stages that
     share modules with a model move that model's modules). Existing ``.grad``
     of the stages' parameters are cleared first, as ``zero_grad(set_to_none=True)``.
-    Training schedules need ``targets`` and ``loss_fn``.
+    Training schedules need ``targets`` and ``loss_fn``. ``trace_grads`` keeps a CPU copy
+    of the gradients after every B and W (``LocalRun.grad_trace``).
     """
     order = execution_order(schedule)
     n_mb = schedule.n_microbatches
@@ -207,6 +212,7 @@ def run_schedule(
         inputs=inputs,
         targets=targets,
         loss_fn=loss_fn,
+        trace_grads=trace_grads,
     )
     hand_overs = messages(schedule)
     sent_by = {m.producer: m for m in hand_overs}
@@ -275,6 +281,9 @@ def run_schedule(
         activation_bytes=tuple(runtime.activation_bytes[s] for s in range(n_stages)),
         accumulation_orders=tuple(tuple(runtime.accumulated[s]) for s in range(n_stages)),
         wall_ns=wall_ns,
+        grad_trace=tuple(tuple(runtime.grad_trace[s]) for s in range(n_stages))
+        if trace_grads
+        else (),
     )
 
 
