@@ -114,3 +114,21 @@ def test_the_multi_process_executor_names_it_too(faulty: str) -> None:
     )
     assert report.grads_equal is False
     assert _first_line(report.mismatches, "1B2") == pytest.approx(0.25, rel=1e-3)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_under_torchrun_rank_0_names_it_and_the_run_exits_1(faulty: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "-m", "verify", "1f1b", "-p", "2", "-m", "4"]
+    command += ["--model", faulty, "--batch-size", "34", "--warmup", "0", "--timeout", "120"]
+    command += ["--json", "--output", str(report)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    mismatches = tuple(json.loads(report.read_text())["mismatches"])
+    assert _first_line(mismatches, "1B2") == pytest.approx(0.25, rel=1e-3)

@@ -80,6 +80,7 @@ __all__ = [
     "as_rank",
     "assemble",
     "launch",
+    "locate_from_results",
     "message_shapes",
     "report_from_results",
     "run_rank",
@@ -233,6 +234,19 @@ def _locate(
             torch.load(Path(workdir) / f"rank{r}-0.pt", weights_only=False)
             for r in range(schedule.n_ranks)
         ]
+    return locate_from_results(report, schedule, reference_model, stages, spec, results)
+
+
+def locate_from_results(
+    report: VerifyReport,
+    schedule: Schedule,
+    reference_model: VerifyModel,
+    stages: Sequence[nn.Module],
+    spec: RankSpec,
+    results: Sequence[dict[str, Any]],
+) -> VerifyReport:
+    """``report`` with the action where the gradients first differ, from the ranks'
+    results of a step run with ``RankSpec.trace_grads`` (verify.locate)."""
     assert spec.batch is not None
     n_mb = schedule.n_microbatches
     ref = reference_run(
