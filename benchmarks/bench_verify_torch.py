@@ -16,8 +16,8 @@ median of the per-repeat ratios. ``--budget-s`` bounds the whole benchmark: a ru
 what is left of it as its timeout, and when it is spent the benchmark says so and
 summarises what it measured.
 
-Run: ``python benchmarks/bench_verify_torch.py [--steps 5] [--warmup 2] [--repeat 3]
-[--model gpt] [--budget-s 900] [--case 1f1b ...]``
+Run: ``python benchmarks/bench_verify_torch.py [--steps 3] [--warmup 1] [--repeat 3]
+[--model mlp|gpt] [--budget-s 1200] [--case 1f1b ...]``
 """
 
 from __future__ import annotations
@@ -77,11 +77,13 @@ def _summary(name: str, checks: Sequence[CrossCheck]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steady steps per run")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--steps", type=int, default=3, help="timed steady steps per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--model", default="gpt", choices=("mlp", "gpt"))
-    parser.add_argument("--budget-s", type=float, default=900.0, help="bound of the whole run")
+    # The small MLP by default: what an executor adds per step shows most beside little
+    # compute; --model gpt (6 blocks, width 128) for a compute-bound step.
+    parser.add_argument("--model", default="mlp", choices=("mlp", "gpt"))
+    parser.add_argument("--budget-s", type=float, default=1200.0, help="bound of the whole run")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="default: all")
     args = parser.parse_args()
     names = args.case or list(CASES)
