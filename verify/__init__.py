@@ -71,7 +71,7 @@ from verify.local import (
     run_schedule,
     transfer_table,
 )
-from verify.locate import first_gradient_difference, max_abs_diff
+from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
@@ -156,6 +156,7 @@ __all__ = [
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",
+    "twin",
     "verify",
     "verify_distributed",
     "verify_distributed_all",

@@ -46,7 +46,7 @@ from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
 from verify.local import LocalRun, parse_devices, run_schedule
-from verify.locate import first_gradient_difference, max_abs_diff
+from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.models import VerifyModel, load_model
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport
@@ -431,10 +431,11 @@ def _compare_grads(
     covered: set[int] = set()
     combined: dict[int, Tensor] = {}  # the step's gradient: the copies' gradients added
     for s, module in enumerate(stages):
-        bases, owns = list(stages[s % per_copy].parameters()), list(module.parameters())
+        bases = list(twin(stages, s, per_copy=per_copy).parameters())
+        owns = list(module.parameters())
         if len(bases) != len(owns):
             equal = False
-            mismatches.append(f"stage {s} does not have the parameters of stage {s % per_copy}")
+            mismatches.append(f"stage {s} does not have the parameters of its copy-0 twin")
             continue
         for base, p in zip(bases, owns, strict=True):
             i = index_of.get(id(base))

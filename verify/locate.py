@@ -28,7 +28,7 @@ from pipesim.actions import Action, parse_action
 from pipesim.comms import global_order
 from verify.local import LocalRun
 
-__all__ = ["first_gradient_difference", "max_abs_diff"]
+__all__ = ["first_gradient_difference", "max_abs_diff", "twin"]
 
 
 def first_gradient_difference(
@@ -55,8 +55,7 @@ def first_gradient_difference(
     index_of = {id(p): i for i, (_, p) in enumerate(named)}
     found: list[tuple[int, str]] = []
     for s, trace in enumerate(run.grad_trace):
-        # A stage of model copy c > 0 matches the model through copy 0's stage (shared modules).
-        model_index = [index_of.get(id(p)) for p in stages[s % per_copy].parameters()]
+        model_index = [index_of.get(id(p)) for p in twin(stages, s, per_copy=per_copy).parameters()]
         totals: dict[int, Tensor] = {}
         for (action, grads), k in zip(trace, orders[s], strict=False):
             difference = _first_difference(grads, model_index, totals, reference_grads[k])
@@ -100,6 +99,18 @@ def _first_difference(
         elif grad.shape != expected.shape or not torch.equal(grad, expected):
             first = (i, max_abs_diff(grad, expected))
     return first
+
+
+def twin(stages: Sequence[nn.Module], stage: int, /, *, per_copy: int) -> nn.Module:
+    """The stage of model copy 0 that ``stage`` matches position by position: itself, or
+    for a stage of copy c > 0 (DualPipe's second copy) the copy-0 stage whose modules the
+    model shares; ``per_copy`` stages make one copy.
+
+    >>> stages = [nn.Linear(2, 2) for _ in range(4)]  # two copies of two stages
+    >>> twin(stages, 3, per_copy=2) is stages[1], twin(stages, 1, per_copy=2) is stages[1]
+    (True, True)
+    """
+    return stages[stage % per_copy]
 
 
 def max_abs_diff(a: Tensor, b: Tensor, /) -> float:
