@@ -257,9 +257,10 @@ def locate_gradient_mismatch(
     ref: Reference,
     orders: Sequence[Sequence[int]],
 ) -> VerifyReport:
-    """``report`` with a first mismatch line naming the action where the gradients first
-    differ, the parameter and its largest difference, found in ``traced``, a re-run that
-    kept the gradients after every B and W (:mod:`verify.locate`)."""
+    """``report`` with a mismatch line (the first after any output or loss) naming the
+    action where the gradients first differ, the parameter and its largest difference,
+    found in ``traced``, a re-run that kept the gradients after every B and W
+    (:mod:`verify.locate`)."""
     where = first_gradient_difference(
         traced, layers=model.layers, stages=stages, reference_grads=ref.grads, orders=orders
     )
@@ -269,7 +270,10 @@ def locate_gradient_mismatch(
             "each partial sum equal: the difference did not reproduce, or arose in the final "
             "division by the micro-batch count"
         )
-    return dataclasses.replace(report, mismatches=(where, *report.mismatches))
+    # After the outputs and losses (their F ran before any B), before the gradients' lines.
+    lines = report.mismatches
+    at = sum(1 for m in lines if m.startswith(("output of ", "loss of ")))
+    return dataclasses.replace(report, mismatches=(*lines[:at], where, *lines[at:]))
 
 
 def build_stages(
