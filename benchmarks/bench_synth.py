@@ -19,6 +19,10 @@ against the zero-bubble repository's table (bubble B/2 and 2B/3 of 1F1B's B, mem
 1F1B on the p-stage cut, ZB-V, V-Half, V-Min and synthesize at limits p, (p+2)//2, p/2,
 (p+4)//3 and p/3.
 
+Last, the time synthesize spends on its greedy candidates at p = 32, m = 256 (p = 16,
+m = 128 with ``--quick``): as it makes them (no re-run where no message queues) against
+every candidate re-run with the exact evaluator, CPU seconds side by side, medians of 3.
+
 Run: ``python benchmarks/bench_synth.py [--quick]`` (``--quick``: p = 8 only).
 """
 
@@ -30,8 +34,11 @@ import time
 from fractions import Fraction
 
 from pipesim import CostModel, Link, StageCost, generate, schedule_names, simulate
+from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec
-from pipesim.synth import synthesize
+from pipesim.synth import make_problem, synthesize
+from pipesim.synth.heuristic import greedy_run, policies
+from pipesim.synth.synthesize import evaluate_candidate, greedy_candidates
 
 
 def realistic_costs(p: int, w_ratio: float) -> CostModel:
@@ -175,6 +182,37 @@ def v_paper_row(p: int, m: int) -> None:
         synth_v(p, m, costs, label, limit)
 
 
+def speed(p: int, m: int, repeats: int = 3) -> None:
+    """Greedy candidates as synthesize makes them (trusted where no message queues) against
+    every candidate re-run with the exact evaluator, side by side, CPU seconds, medians."""
+    problem = make_problem(
+        n_ranks=p, n_microbatches=m, costs=realistic_costs(p, 0.5), memory_limit=p
+    )
+    fast, slow = [], []
+    for _ in range(repeats):
+        start = time.process_time()
+        trusted = greedy_candidates(problem)
+        fast.append(time.process_time() - start)
+        start = time.process_time()
+        evaluated = []
+        for policy in policies(problem):
+            run = greedy_run(problem, policy)
+            if run is not None:
+                schedule = Schedule.from_orders(
+                    run.orders, placement=problem.placement, n_microbatches=m
+                )
+                evaluated.append(evaluate_candidate(problem, schedule, name=policy.name))
+        slow.append(time.process_time() - start)
+    same = [(c.makespan, c.peak_activation_bytes) for c in trusted] == [
+        (c.makespan, c.peak_activation_bytes) for c in evaluated
+    ]
+    f, s = sorted(fast)[len(fast) // 2], sorted(slow)[len(slow) // 2]
+    print(
+        f"speed p={p} m={m}: greedy candidates {f:5.2f} s CPU, each re-run exactly {s:5.2f} s "
+        f"({s / f:4.2f}x), same makespans and peaks: {same}; load {os.getloadavg()[0]:.1f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="p = 8 only")
@@ -190,6 +228,7 @@ def main() -> None:
         v_paper_row(p, 4 * p)
         for w_ratio in (0.5, 0.7):
             v_row(p, 4 * p, w_ratio)
+    speed(16 if args.quick else 32, 128 if args.quick else 256)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

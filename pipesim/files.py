@@ -38,16 +38,14 @@ import math
 import os
 import re
 import secrets
-import signal
 import stat
-import threading
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import LimitError, ParseError, PipesimError, brief
 from pipesim.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH, MAX_NUMBER_DIGITS
+from pipesim.sigterm import exit_on_sigterm
 
 __all__ = [
     "check_writable",
@@ -312,30 +310,8 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-@contextlib.contextmanager
-def _terminate_cleanly() -> Iterator[None]:
-    """While a write is under way, SIGTERM exits through Python's clean-up (the temporary
-    file is removed) instead of killing the process on the spot. Only where nobody else
-    handles SIGTERM, and only in the main thread (where signal handlers live)."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def _replace(target: Path, data: bytes) -> None:
-    with _terminate_cleanly():
+    with exit_on_sigterm():
         _replace_now(target, data)
 
 

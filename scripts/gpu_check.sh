@@ -4,21 +4,36 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: gpu-check-out)
 #
-# Needs a CUDA build of torch and pipesim installed (`pip install -e '.[dev,verify]'`
-# with a CUDA torch). One GPU: the one-process executor with every rank on cuda:0. Two or
-# more: in addition, torchrun with one rank per GPU and NCCL (`torchrun -m verify`). Leaves
-# JSON reports, cost files and JUnit XML in OUT_DIR. Exit status: 0 when every check is
-# bit-identical, 1 when one is not or a check failed, 3 when no GPU is visible.
+# Needs a CUDA build of torch >= 2.4 and pipesim installed in the Python that $PYTHON names
+# (default: python, else python3), e.g. a venv made with --system-site-packages over the
+# Python that has the CUDA torch, then `pip install -e '.[dev,verify]'` in it (as CI does).
+# One GPU: the one-process executor with every rank on cuda:0. Two or more: in addition,
+# torchrun with one rank per GPU and NCCL (`torchrun -m verify`). Leaves in OUT_DIR: the
+# JSON reports, cost files, JUnit XML (the CUDA tests' and gpu-check.xml with one test
+# case per check), each check's output (NAME.log.txt) and gpus.txt. Exit status: 0 when
+# every check is bit-identical, 1 when one is not or a check failed or timed out, 3 when
+# the environment cannot run the check (no torch, a CPU build of torch, no GPU visible).
 set -uo pipefail
 
 OUT=${1:-gpu-check-out}
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3 || echo python)}
 mkdir -p "$OUT"
 # cuBLAS is deterministic only with a fixed workspace (PyTorch reproducibility notes);
 # it must be set before CUDA starts.
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 
-N=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+# One probe: GPU count, CUDA version ("none" for a CPU build), torch version.
+if ! probe=$("$PY" -c 'import torch
+print(torch.cuda.device_count(), torch.version.cuda or "none", torch.__version__)' \
+    2> "$OUT/probe.stderr.txt"); then
+    echo "gpu_check: FAIL $PY cannot import torch; set PYTHON to a Python with a CUDA build of torch >= 2.4 and pipesim installed"
+    exit 3
+fi
+read -r N CUDA TORCH <<< "$probe"
+if [ "$CUDA" = none ]; then
+    echo "gpu_check: FAIL torch $TORCH in $PY is a CPU build; install a CUDA build of torch >= 2.4"
+    exit 3
+fi
 if [ "$N" -lt 1 ]; then
     echo "gpu_check: FAIL no CUDA GPU visible (torch.cuda.device_count() == 0)"
     exit 3
@@ -28,14 +43,19 @@ for i in range(torch.cuda.device_count()):
     print(f"cuda:{i} {torch.cuda.get_device_name(i)}")
 print("torch", torch.__version__, "cuda", torch.version.cuda)' > "$OUT/gpus.txt"
 GPU=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')
-TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
 
+checks=()
 failed=()
-run() {  # run NAME TIMEOUT COMMAND...: note NAME as failed unless the command exits 0
-    local name=$1 limit=$2
+run() {  # run NAME TIMEOUT COMMAND...: note NAME as failed (or timed out) unless it exits 0
+    local name=$1 limit=$2 status
     shift 2
-    if ! timeout "$limit" "$@" 2> "$OUT/$name.stderr.txt"; then
-        failed+=("$name")
+    checks+=("$name")
+    timeout "$limit" "$@" > "$OUT/$name.log.txt" 2>&1
+    status=$?
+    if [ "$status" -eq 124 ]; then
+        failed+=("$name(timed-out-after-${limit}s)")
+    elif [ "$status" -ne 0 ]; then
+        failed+=("$name(exit-$status)")
     fi
 }
 
@@ -57,23 +77,43 @@ if [ "$N" -ge 2 ]; then
         --json --output "$OUT/verify-zbv-nccl.json"
 fi
 
-summary=$("$PY" - "$OUT" <<'PYEOF'
+# The summary line, and gpu-check.xml: one JUnit test case per check (a failed one carries
+# the end of its output), so that CI shows every check, not only the pytest ones.
+summary=$("$PY" - "$OUT" "${checks[*]}" "${failed[*]:-}" <<'PYEOF'
 import glob, json, os, sys
+from xml.etree import ElementTree as ET
+out, checks, failed = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 parts = []
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "verify-*.json"))):
+for path in sorted(glob.glob(os.path.join(out, "verify-*.json"))):
     if path.endswith("-costs.json"):
         continue
-    r = json.load(open(path))
-    name = os.path.basename(path)[len("verify-"):-len(".json")]
-    verdict = "bit-identical" if r["bit_identical"] else "DIFFERS"
-    parts.append(f"{name} {verdict} {r['measured_makespan'] * 1e3:.1f}ms"
-                 f"(pred {r['makespan_error_percent']:+.0f}%)")
+    try:
+        r = json.load(open(path))
+        name = os.path.basename(path)[len("verify-"):-len(".json")]
+        verdict = "bit-identical" if r["bit_identical"] else "DIFFERS"
+        parts.append(f"{name} {verdict} {r['measured_makespan'] * 1e3:.1f}ms"
+                     f"(pred {r['makespan_error_percent']:+.0f}%)")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parts.append(f"{os.path.basename(path)} unreadable ({type(exc).__name__})")
+suite = ET.Element("testsuite", name="gpu_check", tests=str(len(checks)),
+                   failures=str(len(failed)))
+for name in checks:
+    case = ET.SubElement(suite, "testcase", classname="gpu_check", name=name)
+    why = next((f for f in failed if f.split("(")[0] == name), None)
+    if why is not None:
+        try:
+            tail = open(os.path.join(out, f"{name}.log.txt"), errors="replace").read()[-4000:]
+        except OSError:
+            tail = ""
+        ET.SubElement(case, "failure", message=why).text = tail
+ET.ElementTree(suite).write(
+    os.path.join(out, "gpu-check.xml"), encoding="utf-8", xml_declaration=True)
 print("; ".join(parts) or "no reports")
 PYEOF
 )
 if [ ${#failed[@]} -eq 0 ]; then
-    echo "gpu_check: PASS on ${N}x ${GPU} (torch ${TORCH}): ${summary}; outputs in ${OUT}/"
+    echo "gpu_check: PASS on ${N}x ${GPU} (torch ${TORCH}, CUDA ${CUDA}): ${summary}; outputs in ${OUT}/"
     exit 0
 fi
-echo "gpu_check: FAIL ${failed[*]} on ${N}x ${GPU} (torch ${TORCH}): ${summary}; see ${OUT}/*.stderr.txt"
+echo "gpu_check: FAIL ${failed[*]} on ${N}x ${GPU} (torch ${TORCH}, CUDA ${CUDA}): ${summary}; see ${OUT}/*.log.txt"
 exit 1

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -59,6 +61,12 @@ def test_gpu_job_runs_the_gpu_check_on_a_gpu_runner_and_uploads_its_outputs() ->
     runs = _runs(gpu)
     assert any("scripts/gpu_check.sh gpu-check-out" in r for r in runs)
     assert any("pip install -e '.[dev,verify]'" in r for r in runs)
+    # The runner's CUDA torch is kept: a venv that sees it, and gpu_check.sh runs in it.
+    assert any("-m venv .venv-gpu" in r and "runner-site.pth" in r for r in runs)
+    check = next(s for s in gpu["steps"] if "gpu_check.sh" in s.get("run", ""))
+    assert check["env"]["PYTHON"] == ".venv-gpu/bin/python"
+    # No code from forks on a self-hosted runner.
+    assert "head.repo.full_name == github.repository" in gpu["if"]
     upload = next(
         s for s in gpu["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
     )
@@ -77,10 +85,9 @@ def test_gpu_check_script_is_valid_bash_covering_one_and_many_gpus() -> None:
     assert "--junitxml" in text and "--costs-out" in text
 
 
-def test_gpu_check_without_a_gpu_prints_one_summary_line_and_exits_3(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run(
+def _gpu_check(tmp_path: Path, python: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHON=python, CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "out")],
         capture_output=True,
         text=True,
@@ -88,7 +95,85 @@ def test_gpu_check_without_a_gpu_prints_one_summary_line_and_exits_3(tmp_path: P
         cwd=ROOT,
         timeout=120,
     )
+
+
+def _fake_python(tmp_path: Path, probe: str) -> str:
+    """A stand-in for the runner's Python: answers the torch probes as a machine with CUDA
+    torch would, records and fakes the checks (zbv's report differs), and runs the script's
+    summary with the real Python."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(f"""
+        import json, os, sys
+        args = sys.argv[1:]
+        with open({str(tmp_path / "calls.txt")!r}, "a") as calls:
+            calls.write(" ".join(args) + "\\n")
+        if args[0] == "-c":
+            if "version.cuda or" in args[1]:
+                print({probe!r})
+            else:
+                print("cuda:0 Fake GPU" if "range(" in args[1] else "Fake GPU")
+        elif args[:2] == ["-m", "pytest"]:
+            for a in args:
+                if a.startswith("--junitxml="):
+                    open(a.split("=", 1)[1], "w").write("<testsuite/>")
+        elif "verify" in args:
+            out = args[args.index("--output") + 1]
+            same = "zbv" not in args
+            json.dump({{"bit_identical": same, "measured_makespan": 0.0021,
+                       "makespan_error_percent": 4.4}}, open(out, "w"))
+            sys.exit(0 if same else 1)
+        else:
+            os.execv({sys.executable!r}, [{sys.executable!r}, *args])
+        """)
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_gpu_check_says_why_the_environment_cannot_run_it_and_exits_3(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    done = _gpu_check(tmp_path, sys.executable)  # the CPU build of torch CI installs
+    assert done.returncode == 3
+    assert done.stdout.splitlines() == [
+        f"gpu_check: FAIL torch {torch.__version__} in {sys.executable} is a CPU build; "
+        "install a CUDA build of torch >= 2.4"
+    ]
+    done = _gpu_check(tmp_path, "/bin/false")  # no torch at all
+    assert done.returncode == 3
+    assert done.stdout.startswith("gpu_check: FAIL /bin/false cannot import torch; set PYTHON")
+    done = _gpu_check(tmp_path, _fake_python(tmp_path, "0 12.4 2.5.1+cu124"))  # none visible
     assert done.returncode == 3
     assert done.stdout.splitlines() == [
         "gpu_check: FAIL no CUDA GPU visible (torch.cuda.device_count() == 0)"
     ]
+
+
+def test_gpu_check_on_two_gpus_runs_every_check_and_writes_junit(tmp_path: Path) -> None:
+    done = _gpu_check(tmp_path, _fake_python(tmp_path, "2 12.4 2.5.1+cu124"))
+    out = tmp_path / "out"
+    assert done.returncode == 1, done.stderr  # zbv's report differs
+    assert done.stdout.splitlines() == [
+        "gpu_check: FAIL verify-zbv-nccl(exit-1) on 2x Fake GPU (torch 2.5.1+cu124, CUDA "
+        "12.4): gpt-cuda0 bit-identical 2.1ms(pred +4%); mlp-cuda0 bit-identical 2.1ms(pred "
+        "+4%); mlp-nccl bit-identical 2.1ms(pred +4%); zbv-nccl DIFFERS 2.1ms(pred +4%); see "
+        f"{out}/*.log.txt"
+    ]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert sum("--device cuda:0" in c for c in calls) == 2  # the one-process executor
+    torchrun = [c for c in calls if c.startswith("-m torch.distributed.run")]
+    assert len(torchrun) == 2 and all("--nproc-per-node 2 -m verify" in c for c in torchrun)
+    suite = ElementTree.parse(out / "gpu-check.xml").getroot()
+    cases = {c.get("name"): c.find("failure") for c in suite.iter("testcase")}
+    assert set(cases) == {
+        "cuda-tests",
+        "verify-mlp-cuda0",
+        "verify-gpt-cuda0",
+        "verify-mlp-nccl",
+        "verify-zbv-nccl",
+    }
+    assert [n for n, f in cases.items() if f is not None] == ["verify-zbv-nccl"]
+    assert (out / "cuda-tests.xml").exists() and (out / "verify-mlp-cuda0.json").exists()

@@ -49,7 +49,8 @@ NOT_THE_RULE = {
     ("message size", "pipesim/plan/workload.py"): "reads a cost file back into a workload",
     ("message size", "pipesim/plan/measured.py"): "a planner stage grouping file stages "
     "outputs what the last of them outputs",
-    ("dependency (copy boundaries)", "verify/compare.py"): "maps a stage to its copy-0 twin",
+    ("dependency (copy boundaries)", "verify/locate.py"): "maps a stage to its copy-0 twin "
+    "(verify.locate.twin, used by compare and locate)",
     ("deadlock error", "pipesim/comms.py"): "a cycle of blocking sends and receives in a comms "
     "program (issue 12), not the compute step's wait cycle",
 }

@@ -192,6 +192,9 @@ def test_factory_model_and_failed_check_exit_status(models_module: str, capsys) 
         )
         for m in data["mismatches"]
     ), data["mismatches"]
+    # The gradients' first line names the exact action (a re-run checked after each B).
+    located = "gradients first differ after 1B0 (stage 1)"
+    assert any(m.startswith(located) for m in data["mismatches"]), data["mismatches"]
 
 
 @torch_only

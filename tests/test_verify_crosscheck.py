@@ -6,6 +6,13 @@ One launch of two gloo processes runs every schedule (each with both runtimes).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,7 +37,7 @@ TORCH_SHIPS = [
 
 def test_torchs_runtime_gives_the_same_bits_as_pipesims_executor() -> None:
     schedules = [generate(n, n_ranks=2, n_microbatches=4, virtual=v) for n, v in TORCH_SHIPS]
-    checks = crosscheck_all(schedules, model="mlp", steps=1, timeout_s=380)
+    checks = crosscheck_all(schedules, model="mlp", warmup=0, steps=1, timeout_s=380)
     for schedule, check in zip(schedules, checks, strict=True):
         assert check.schedule == schedule.name
         assert check.identical, (schedule.name, check.mismatches)
@@ -56,9 +63,87 @@ def test_the_comparison_names_each_differing_tensor() -> None:
     same = _compare(schedule, [_result(2.0, 0.25, 4.0)])
     assert same.identical and same.mismatches == ()
     assert (same.pipesim_step_s, same.torch_step_s) == (3e-9, 4e-9)  # the steady-state step
+    # Two ranks, warm-up dropped: a step's wall time is the slower rank's, its CPU time the sum.
+    slow = {"pipesim_walls": [9, 7, 2], "torch_walls": [9, 1, 8], "pipesim_cpu": [9, 5, 6]}
+    fast = {"pipesim_walls": [1, 2, 3], "torch_walls": [1, 2, 3], "pipesim_cpu": [1, 1, 2]}
+    first = {"pipesim": {"outputs": {}, "grads": {}}, "torch": {}, "torch_cpu": [4, 4, 4]}
+    steady = _compare(
+        schedule, [{**first, **slow}, {**first, **fast, "torch_cpu": [0, 1, 2]}], warmup=1
+    )
+    assert (steady.pipesim_steps_s, steady.torch_steps_s) == ((7e-9, 3e-9), (2e-9, 8e-9))
+    assert (steady.pipesim_cpu_s, steady.torch_cpu_s) == ((6e-9, 8e-9), (5e-9, 6e-9))
+    assert steady.pipesim_step_s == 5e-9  # the median of 7 and 3
     differs = _compare(schedule, [_result(2.5, 0.25, 4.0 + 2**-20)])
     assert not differs.identical
     assert differs.mismatches == (
         "output (max abs diff 0.5)",
         "gradient 0 of stage 1 (max abs diff 9.54e-07)",
     )
+
+
+_SLEEPY = """
+import multiprocessing
+import time
+from torch import nn
+
+
+class Sleeps(nn.Module):
+    def forward(self, x):
+        if multiprocessing.parent_process() is not None:  # in a rank, not the launcher
+            time.sleep(120)
+        return x
+
+
+def sleepy():  # rank 0 hangs in its first forward
+    return [nn.Linear(4, 4), Sleeps(), nn.Linear(4, 2)]
+"""
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker`` (the launcher and its ranks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over processes")
+def test_sigterm_leaves_no_rank_and_no_folder_behind(tmp_path: Path) -> None:
+    (tmp_path / "cross_models.py").write_text(_SLEEPY)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = f"PIPESIM_TEST_MARK_{os.getpid()}_{time.monotonic_ns()}"
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(tmp_path), **{marker: "1"})
+    script = tmp_path / "run_cross.py"
+    script.write_text(
+        "from pipesim.schedules import generate\n"
+        "from verify.crosscheck import crosscheck\n"
+        "if __name__ == '__main__':\n"
+        "    crosscheck(generate('gpipe', n_ranks=2, n_microbatches=2),\n"
+        "               model='cross_models:sleepy', steps=1, timeout_s=200)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both ranks have joined (each writes its log)
+            logs = list(tmp.glob("pipesim-crosscheck-*/rank*.log"))
+            if len(logs) == 2 and len(_processes_with(marker)) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ranks did not start within 90 s")
+        launcher.send_signal(signal.SIGTERM)
+        status = launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert status == 128 + signal.SIGTERM
+    assert list(tmp.iterdir()) == []  # the rendezvous folder and the rank logs are gone
+    time.sleep(0.5)
+    assert _processes_with(marker) == []
+    assert b"Traceback" not in (launcher.stderr.read() if launcher.stderr else b"")

@@ -120,3 +120,22 @@ def test_torchrun_with_nccl_is_bit_identical(tmp_path) -> None:  # type: ignore[
     data = json.loads(report.read_text())
     assert data["bit_identical"] is True, data["mismatches"]
     assert data["devices"] == ["cuda:0", "cuda:1"]
+
+
+def test_unit_clock_times_queued_work_without_waiting_for_it() -> None:
+    from verify.timing import UnitClock
+
+    device = torch.device("cuda", 0)
+    clock = UnitClock([device])
+    spans: list[tuple[int, int]] = []
+    for _ in range(3):
+        start = clock.mark(device)
+        torch.cuda._sleep(20_000_000)  # type: ignore[attr-defined]  # ~10 ms of GPU cycles
+        end = clock.mark(device)
+        clock.span(device, start, end, lambda s, e: spans.append((s, e)))
+    # The marks queued events and returned: the sleeps have not all run yet, nothing is read.
+    assert not torch.cuda.current_stream(device).query() and spans == []
+    clock.finish()
+    assert len(spans) == 3
+    assert all(0 <= s < e for s, e in spans)
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]  # one stream, in order

@@ -8,10 +8,12 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo on the CPU);
+- :mod:`verify.timing`: when each unit ran (CUDA events read once per step on GPUs);
 - :mod:`verify.transport`: untagged, ordered, header-checked messages between ranks;
 - :mod:`verify.torchrun`: one rank per process under ``torchrun -m verify`` (NCCL on GPUs);
 - :mod:`verify.crosscheck`: the same run by torch.distributed.pipelining, bit for bit;
 - :mod:`verify.compare`: the exact check against the unsplit model (:func:`verify`);
+- :mod:`verify.locate`: the action where a wrong gradient arose (a re-run checked per B / W);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
 - :mod:`verify.exactness`: the settings exactness needs, set or refused;
@@ -38,6 +40,7 @@ from verify.compare import (
     Reference,
     build_report,
     build_stages,
+    locate_gradient_mismatch,
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
@@ -49,6 +52,7 @@ from verify.dist import (
     as_rank,
     assemble,
     launch,
+    locate_from_results,
     message_shapes,
     report_from_results,
     run_rank,
@@ -67,11 +71,13 @@ from verify.local import (
     run_schedule,
     transfer_table,
 )
+from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
 from verify.runtime import SavedBytes, StageRuntime
+from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
 from verify.transport import (
     HEADER_LENGTH,
@@ -86,6 +92,7 @@ __all__ = [
     "MODEL_NAMES",
     "ActionTiming",
     "CrossCheck",
+    "DeviceEvent",
     "ExactnessError",
     "LocalRun",
     "Measurement",
@@ -98,6 +105,7 @@ __all__ = [
     "TorchrunPlace",
     "TransferTiming",
     "TransportError",
+    "UnitClock",
     "VerifyError",
     "VerifyModel",
     "VerifyReport",
@@ -114,16 +122,22 @@ __all__ = [
     "cost_file",
     "crosscheck",
     "crosscheck_all",
+    "cuda_event",
+    "cuda_synchronize",
     "decode_header",
     "encode_header",
     "exact_settings",
     "exactness_problems",
     "execution_order",
+    "first_gradient_difference",
     "format_report",
     "from_factory",
     "gpt",
     "launch",
     "load_model",
+    "locate_from_results",
+    "locate_gradient_mismatch",
+    "max_abs_diff",
     "measure",
     "measured_trace",
     "message_shapes",
@@ -142,6 +156,7 @@ __all__ = [
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",
+    "twin",
     "verify",
     "verify_distributed",
     "verify_distributed_all",

@@ -30,6 +30,7 @@ micro-batch means also weighs rows differently).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
 from verify.local import LocalRun, parse_devices, run_schedule
+from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.models import VerifyModel, load_model
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport
@@ -53,6 +55,7 @@ __all__ = [
     "Reference",
     "build_report",
     "build_stages",
+    "locate_gradient_mismatch",
     "reference_run",
     "schedule_accumulation_orders",
     "split_microbatches",
@@ -157,14 +160,6 @@ def _order_followed(run: LocalRun) -> bool:
     return all(position[d.producer] < position[d.consumer] for d in data_dependencies(schedule))
 
 
-def _max_diff(a: Tensor, b: Tensor) -> float:
-    if a.shape != b.shape:
-        return float("inf")
-    if a.numel() == 0:
-        return 0.0
-    return float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max())
-
-
 def verify(
     schedule: Schedule,
     /,
@@ -225,17 +220,60 @@ def verify(
             schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
         )
 
-    return build_report(
-        schedule,
-        model=model,
-        stages=stages,
-        run=run,
-        ref=ref,
-        devices=rank_devices,
-        microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
-        accumulation_orders=expected_orders,
-        as_run=as_run_schedule(schedule, executed=run.executed, devices=rank_devices),
+        report = build_report(
+            schedule,
+            model=model,
+            stages=stages,
+            run=run,
+            ref=ref,
+            devices=rank_devices,
+            microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
+            accumulation_orders=expected_orders,
+            as_run=as_run_schedule(schedule, executed=run.executed, devices=rank_devices),
+        )
+        if report.grads_equal is False:  # find the action: re-run, checking after each B / W
+            traced = run_schedule(
+                schedule,
+                stages,
+                devices=rank_devices,
+                inputs=xs,
+                targets=ts,
+                loss_fn=model.loss_fn,
+                trace_grads=True,
+            )
+            report = locate_gradient_mismatch(
+                report, traced, model=model, stages=stages, ref=ref, orders=expected_orders
+            )
+    return report
+
+
+def locate_gradient_mismatch(
+    report: VerifyReport,
+    traced: LocalRun,
+    /,
+    *,
+    model: VerifyModel,
+    stages: Sequence[nn.Module],
+    ref: Reference,
+    orders: Sequence[Sequence[int]],
+) -> VerifyReport:
+    """``report`` with a mismatch line (the first after any output or loss) naming the
+    action where the gradients first differ, the parameter and its largest difference,
+    found in ``traced``, a re-run that kept the gradients after every B and W
+    (:mod:`verify.locate`)."""
+    where = first_gradient_difference(
+        traced, layers=model.layers, stages=stages, reference_grads=ref.grads, orders=orders
     )
+    if where is None:
+        where = (
+            "the gradients differ, but a re-run that checked them after every B and W found "
+            "each partial sum equal: the difference did not reproduce, or arose in the final "
+            "division by the micro-batch count"
+        )
+    # After the outputs and losses (their F ran before any B), before the gradients' lines.
+    lines = report.mismatches
+    at = sum(1 for m in lines if m.startswith(("output of ", "loss of ")))
+    return dataclasses.replace(report, mismatches=(*lines[:at], where, *lines[at:]))
 
 
 def build_stages(
@@ -294,17 +332,17 @@ def build_report(
             outputs_equal = False
             mismatches.append(
                 f"output of micro-batch {k} (max abs diff "
-                f"{_max_diff(run.outputs[k], ref.outputs[k]):.3g}, made by {made_by[k]})"
+                f"{max_abs_diff(run.outputs[k], ref.outputs[k]):.3g}, made by {made_by[k]})"
             )
         if not torch.equal(run.losses[k].cpu(), ref.losses[k].cpu()):
             losses_equal = False
             mismatches.append(
                 f"loss of micro-batch {k} (max abs diff "
-                f"{_max_diff(run.losses[k], ref.losses[k]):.3g}, made by {made_by[k]})"
+                f"{max_abs_diff(run.losses[k], ref.losses[k]):.3g}, made by {made_by[k]})"
             )
 
     grads_equal: bool | None = None
-    full_diffs = [_max_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
+    full_diffs = [max_abs_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
     if not schedule.forward_only:
         grads_equal = _compare_grads(
             model.layers,
@@ -397,10 +435,11 @@ def _compare_grads(
     covered: set[int] = set()
     combined: dict[int, Tensor] = {}  # the step's gradient: the copies' gradients added
     for s, module in enumerate(stages):
-        bases, owns = list(stages[s % per_copy].parameters()), list(module.parameters())
+        bases = list(twin(stages, s, per_copy=per_copy).parameters())
+        owns = list(module.parameters())
         if len(bases) != len(owns):
             equal = False
-            mismatches.append(f"stage {s} does not have the parameters of stage {s % per_copy}")
+            mismatches.append(f"stage {s} does not have the parameters of its copy-0 twin")
             continue
         for base, p in zip(bases, owns, strict=True):
             i = index_of.get(id(base))
@@ -425,7 +464,7 @@ def _compare_grads(
                 equal = False
                 mismatches.append(
                     f"gradient of {name} (stage {s}) (max abs diff "
-                    f"{_max_diff(actual, expected):.3g}, added by {added_by[s]})"
+                    f"{max_abs_diff(actual, expected):.3g}, added by {added_by[s]})"
                 )
             total = combined.get(i)
             combined[i] = actual.cpu() if total is None else total + actual.cpu()
@@ -436,7 +475,7 @@ def _compare_grads(
     for i, total in combined.items():
         full = ref.full_grads[i]
         if full is not None:
-            full_diffs.append(_max_diff(total, full))
+            full_diffs.append(max_abs_diff(total, full))
     return equal
 
 

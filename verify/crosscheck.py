@@ -21,10 +21,11 @@ nothing starts:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to_json
+from pipesim.sigterm import exit_on_sigterm
 from verify.compare import build_stages, split_microbatches
 from verify.dist import RankSpec, as_rank, launch, message_shapes, run_rank
 from verify.errors import VerifyError
@@ -53,9 +55,16 @@ class CrossCheck:
     mismatches: tuple[str, ...]
     """One line per tensor that differs, with its largest difference."""
     pipesim_step_s: float
-    """Median wall time of a steady-state step (all steps but the first), slowest rank."""
+    """Median wall time of a steady-state step (the steps after the warm-ups), slowest rank."""
     torch_step_s: float
     """The same for torch's runtime."""
+    pipesim_steps_s: tuple[float, ...] = ()
+    """Wall time of each steady-state step, slowest rank (step and barrier)."""
+    torch_steps_s: tuple[float, ...] = ()
+    pipesim_cpu_s: tuple[float, ...] = ()
+    """CPU time of each steady-state step, all ranks' processes added (their threads too):
+    the work the step costs, which load on the machine stretches less than wall time."""
+    torch_cpu_s: tuple[float, ...] = ()
 
 
 def crosscheck(
@@ -66,18 +75,23 @@ def crosscheck(
     model_options: Mapping[str, int] | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
-    steps: int = 3,
+    warmup: int = 1,
+    steps: int = 2,
     timeout_s: float = 120.0,
+    torch_first: bool = False,
 ) -> CrossCheck:
-    """Run ``schedule`` ``steps`` times with each runtime and compare the last steps."""
+    """Run ``schedule`` with each runtime, ``warmup`` untimed steps then ``steps`` timed
+    ones, and compare the last steps' results."""
     (check,) = crosscheck_all(
         [schedule],
         model=model,
         model_options=model_options,
         seed=seed,
         batch_size=batch_size,
+        warmup=warmup,
         steps=steps,
         timeout_s=timeout_s,
+        torch_first=torch_first,
     )
     return check
 
@@ -90,13 +104,18 @@ def crosscheck_all(
     model_options: Mapping[str, int] | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
-    steps: int = 3,
+    warmup: int = 1,
+    steps: int = 2,
     timeout_s: float = 120.0,
+    torch_first: bool = False,
 ) -> tuple[CrossCheck, ...]:
     """:func:`crosscheck` for several schedules of one rank count in the same processes;
-    ``timeout_s`` bounds the whole run."""
+    ``timeout_s`` bounds the whole run. Each rank runs pipesim's steps and then torch's
+    (``torch_first``: the other way round, so that a benchmark can alternate)."""
     if len({s.n_ranks for s in schedules}) > 1:
         raise VerifyError("cross-check schedules of one rank count at a time")
+    if warmup < 0 or steps < 1:
+        raise VerifyError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
     options = dict(model_options or {})
     specs = []
     for schedule in schedules:
@@ -118,7 +137,7 @@ def crosscheck_all(
                 seed=seed,
                 batch_size=rows,
                 timeout_s=timeout_s,
-                warmup=max(steps - 1, 0),
+                warmup=warmup + steps - 1,  # run_rank's untimed steps before its last
                 n_threads=torch.get_num_threads(),
                 shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
                 batch=(x, target),
@@ -126,8 +145,10 @@ def crosscheck_all(
         )
     if not specs:
         return ()
-    with tempfile.TemporaryDirectory(prefix="pipesim-crosscheck-") as workdir:
-        launch(specs, schedules, workdir=Path(workdir), timeout_s=timeout_s, target=_worker)
+    # SIGTERM exits cleanly as in verify.dist: the ranks stopped, the folder removed.
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="pipesim-crosscheck-") as workdir:
+        worker = functools.partial(_worker, torch_first=torch_first)
+        launch(specs, schedules, workdir=Path(workdir), timeout_s=timeout_s, target=worker)
         return tuple(
             _compare(
                 schedule,
@@ -135,12 +156,15 @@ def crosscheck_all(
                     torch.load(Path(workdir) / f"rank{r}-{i}.pt", weights_only=False)
                     for r in range(schedule.n_ranks)
                 ],
+                warmup=warmup,
             )
             for i, schedule in enumerate(schedules)
         )
 
 
-def _compare(schedule: Schedule, results: Sequence[dict[str, Any]]) -> CrossCheck:
+def _compare(
+    schedule: Schedule, results: Sequence[dict[str, Any]], *, warmup: int = 1
+) -> CrossCheck:
     mismatches: list[str] = []
 
     def check(what: str, ours: Tensor | None, theirs: Tensor | None) -> None:
@@ -165,40 +189,68 @@ def _compare(schedule: Schedule, results: Sequence[dict[str, Any]]) -> CrossChec
             for i, (a, b) in enumerate(zip(grads, theirs["grads"][stage], strict=True)):
                 check(f"gradient {i} of stage {stage}", a, b)
 
-    def step_s(key: str) -> float:
-        walls = [r[key] for r in results]
-        per_step = [max(w[i] for w in walls) for i in range(len(walls[0]))]
-        steady = per_step[1:] or per_step
-        return float(statistics.median(steady)) / 1e9
+    def steady(key: str, combine: Callable[[Sequence[int]], int]) -> tuple[float, ...]:
+        """Per step after the warm-ups, the ranks' nanoseconds combined, in seconds."""
+        per_rank = [r[key] for r in results if key in r]
+        if not per_rank:
+            return ()
+        n_steps = len(per_rank[0])
+        return tuple(combine([t[i] for t in per_rank]) / 1e9 for i in range(warmup, n_steps))
 
+    ours, theirs = steady("pipesim_walls", max), steady("torch_walls", max)
     return CrossCheck(
         schedule=schedule.name,
         identical=not mismatches,
         mismatches=tuple(mismatches),
-        pipesim_step_s=step_s("pipesim_walls"),
-        torch_step_s=step_s("torch_walls"),
+        pipesim_step_s=float(statistics.median(ours)),
+        torch_step_s=float(statistics.median(theirs)),
+        pipesim_steps_s=ours,
+        torch_steps_s=theirs,
+        pipesim_cpu_s=steady("pipesim_cpu", sum),
+        torch_cpu_s=steady("torch_cpu", sum),
     )
 
 
 # -- inside each rank's process ---------------------------------------------------------------
 def _worker(
-    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+    rank: int,
+    world_size: int,
+    specs: Sequence[RankSpec],
+    workdir: str,
+    status: Any,
+    *,
+    torch_first: bool,
 ) -> None:
-    as_rank(rank, world_size, specs, workdir, status, body=_both)
+    body = functools.partial(_both, torch_first=torch_first)
+    as_rank(rank, world_size, specs, workdir, status, body=body)
 
 
-def _both(rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any) -> None:
+def _both(
+    rank: int,
+    world_size: int,
+    specs: Sequence[RankSpec],
+    workdir: str,
+    status: Any,
+    *,
+    torch_first: bool,
+) -> None:
     for index, spec in enumerate(specs):
         if rank == 0:
             status[3 * world_size] = index
+        csv_path = Path(workdir, f"schedule-{index}-rank{rank}.csv")
+        if torch_first:
+            theirs = _torch_steps(rank, spec, csv_path)
         ours = run_rank(rank, spec, device=torch.device("cpu"))
-        theirs = _torch_steps(rank, spec, Path(workdir, f"schedule-{index}-rank{rank}.csv"))
+        if not torch_first:
+            theirs = _torch_steps(rank, spec, csv_path)
         torch.save(
             {
                 "pipesim": ours,
                 "torch": theirs,
                 "pipesim_walls": ours["step_wall_ns"],
                 "torch_walls": theirs["walls"],
+                "pipesim_cpu": ours["step_cpu_ns"],
+                "torch_cpu": theirs["cpu"],
             },
             Path(workdir) / f"rank{rank}-{index}.pt",
         )
@@ -223,7 +275,7 @@ def _torch_steps(rank: int, spec: RankSpec, csv_path: Path) -> dict[str, Any]:
     )
     runtime._load_csv(str(csv_path), format="compute_only")
     first, last = 0 in mine, schedule.n_stages - 1 in mine
-    walls = []
+    walls, cpu = [], []
     output = None
     losses: list[Tensor] = []
     for _ in range(spec.warmup + 1):
@@ -231,11 +283,12 @@ def _torch_steps(rank: int, spec: RankSpec, csv_path: Path) -> dict[str, Any]:
             for p in stages[s].parameters():
                 p.grad = None
         losses = []
-        start = time.perf_counter_ns()
+        start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
         output = runtime.step(*((x,) if first else ()), **kwargs)
         dist.barrier()
         walls.append(time.perf_counter_ns() - start)
+        cpu.append(time.process_time_ns() - start_cpu)
     return {
         "output": output.detach() if isinstance(output, Tensor) and last else None,
         "losses": {k: loss.detach() for k, loss in enumerate(losses)},
@@ -244,4 +297,5 @@ def _torch_steps(rank: int, spec: RankSpec, csv_path: Path) -> dict[str, Any]:
             for s in mine
         },
         "walls": walls,
+        "cpu": cpu,
     }

@@ -23,8 +23,10 @@ Two ways to start the ranks:
 Every wait has a deadline. A rank that fails, dies or hangs ends the run: the
 launcher stops every rank at once and the error names the rank, what it was
 running or waiting for, and the peer. Each rank times its compute (not its
-waits) with ``time.perf_counter_ns``, a clock shared by the processes of one
-machine, so the ranks' timelines line up.
+waits) with :class:`verify.timing.UnitClock`: ``time.perf_counter_ns`` on the
+CPU, CUDA events read once per step on a GPU, both placed on the host's
+``perf_counter_ns``, a clock shared by the processes of one machine, so the
+ranks' timelines line up.
 
 >>> from pipesim.schedules import generate
 >>> report = verify_distributed(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp")
@@ -34,14 +36,13 @@ machine, so the ranks' timelines line up.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -56,9 +57,11 @@ from pipesim.comms import Comm, CommSchedule, Message, lower_comms, messages
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
+from pipesim.sigterm import exit_on_sigterm
 from verify.compare import (
     build_report,
     build_stages,
+    locate_gradient_mismatch,
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
@@ -69,6 +72,7 @@ from verify.local import ActionTiming, LocalRun, transfer_table
 from verify.models import VerifyModel, load_model
 from verify.report import VerifyReport
 from verify.runtime import StageRuntime
+from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
 __all__ = [
@@ -76,6 +80,7 @@ __all__ = [
     "as_rank",
     "assemble",
     "launch",
+    "locate_from_results",
     "message_shapes",
     "report_from_results",
     "run_rank",
@@ -104,6 +109,8 @@ class RankSpec:
     """Each message's shape and dtype; None: each rank runs the model once to find them."""
     batch: tuple[Tensor, Tensor] | None = None
     """The step's inputs and targets; None: each rank draws them (the same seed)."""
+    trace_grads: bool = False
+    """Keep the gradients after every B and W (to locate a gradient mismatch)."""
 
 
 def verify_distributed(
@@ -193,7 +200,7 @@ def verify_distributed_all(
         prepared.append((schedule, reference_model, stages, spec))
     reports = []
     with (
-        _terminate_cleanly(),
+        exit_on_sigterm(),
         tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir,
         exact_settings(prepared[0][1].layers, devices=cpu),
     ):
@@ -203,10 +210,61 @@ def verify_distributed_all(
                 torch.load(Path(workdir) / f"rank{r}-{index}.pt", weights_only=False)
                 for r in range(schedule.n_ranks)
             ]
-            reports.append(
-                report_from_results(schedule, reference_model, stages, spec, results, cpu)
-            )
+            report = report_from_results(schedule, reference_model, stages, spec, results, cpu)
+            if report.grads_equal is False:
+                report = _locate(report, schedule, reference_model, stages, spec, timeout_s)
+            reports.append(report)
     return tuple(reports)
+
+
+def _locate(
+    report: VerifyReport,
+    schedule: Schedule,
+    reference_model: VerifyModel,
+    stages: Sequence[nn.Module],
+    spec: RankSpec,
+    timeout_s: float,
+) -> VerifyReport:
+    """Re-run one step of ``schedule`` in new rank processes that keep the gradients after
+    every B and W, and name the action where they first differ (verify.locate)."""
+    traced = dataclasses.replace(spec, trace_grads=True, warmup=0)
+    with tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir:
+        launch([traced], [schedule], workdir=Path(workdir), timeout_s=timeout_s)
+        results = [
+            torch.load(Path(workdir) / f"rank{r}-0.pt", weights_only=False)
+            for r in range(schedule.n_ranks)
+        ]
+    return locate_from_results(report, schedule, reference_model, stages, spec, results)
+
+
+def locate_from_results(
+    report: VerifyReport,
+    schedule: Schedule,
+    reference_model: VerifyModel,
+    stages: Sequence[nn.Module],
+    spec: RankSpec,
+    results: Sequence[dict[str, Any]],
+) -> VerifyReport:
+    """``report`` with the action where the gradients first differ, from the ranks'
+    results of a step run with ``RankSpec.trace_grads`` (verify.locate)."""
+    assert spec.batch is not None
+    n_mb = schedule.n_microbatches
+    ref = reference_run(
+        reference_model.layers,
+        inputs=split_microbatches(spec.batch[0], n_mb),
+        targets=split_microbatches(spec.batch[1], n_mb),
+        loss_fn=reference_model.loss_fn,
+        device=torch.device("cpu"),
+        forward_only=schedule.forward_only,
+    )
+    return locate_gradient_mismatch(
+        report,
+        assemble(schedule, results, stages),
+        model=reference_model,
+        stages=stages,
+        ref=ref,
+        orders=schedule_accumulation_orders(schedule),
+    )
 
 
 def report_from_results(
@@ -242,24 +300,6 @@ def report_from_results(
         accumulation_orders=schedule_accumulation_orders(schedule),
         as_run=schedule,
     )
-
-
-@contextmanager
-def _terminate_cleanly() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) inside the block, so that temporary files are removed
-    and the ranks are stopped as on any other exit (only the main thread can do this)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def launch(
@@ -449,16 +489,18 @@ def run_rank(
     for stage in schedule.stages_of(rank):
         stages[stage].to(device)
     result: dict[str, Any] = {}
-    walls = []
+    walls, cpu = [], []
     with exact_settings(model.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
-            start = time.perf_counter_ns()
+            start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
             step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
             step.report = report
             result = step.run()
             dist.barrier()
             walls.append(time.perf_counter_ns() - start)
+            cpu.append(time.process_time_ns() - start_cpu)
     result["step_wall_ns"] = walls  # each step's wall time, warm-ups first
+    result["step_cpu_ns"] = cpu  # and its CPU time (the process's threads, gloo's too)
     return result
 
 
@@ -508,6 +550,7 @@ class _RankStep:
             inputs=xs,
             targets=ts,
             loss_fn=loss_fn,
+            trace_grads=spec.trace_grads,
         )
         found = messages(schedule)
         self.index = {m: m.index for m in found}
@@ -531,14 +574,12 @@ class _RankStep:
         if self.report is not None and message is not None:
             self.report(_WAITING, self.index[message], peer)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def run(self) -> dict[str, Any]:
         local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
         outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
-        timings = []
+        timings: list[tuple[str, int, int]] = []
+        # CUDA events around each unit, read once after the step: no synchronize in between.
+        clock = UnitClock([self.device])
         for position, step in enumerate(self.comms.programs[self.rank]):
             if isinstance(step, Comm):
                 message = self.by_comm[step]
@@ -558,16 +599,21 @@ class _RankStep:
                     incoming.append(local.pop(needed))
             if self.report is not None:
                 self.report(_COMPUTING, position, -1)
-            self._sync()
-            start = time.perf_counter_ns()
+            start = clock.mark(self.device)
             for action, value in zip(step.parts, incoming, strict=True):
                 handed = self.runtime.run(action, value)
                 out = self.sent_by.get(action)
                 if out is not None and handed is not None:
                     (outbox if out.crosses_ranks else local)[out] = handed
-            self._sync()
-            timings.append((str(step), start, time.perf_counter_ns()))
+            end = clock.mark(self.device)
+
+            def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
+                # On the host's perf_counter_ns, which the ranks of one machine share.
+                timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
+
+            clock.span(self.device, start, end, done)
         self.transport.finish()
+        clock.finish()
         if self.report is not None:
             self.report(_FINISHED, 0, -1)
         rt = self.runtime
@@ -584,6 +630,7 @@ class _RankStep:
             "transfer_bytes": dict(rt.transfer_bytes),
             "activation_bytes": dict(rt.activation_bytes),
             "accumulated": {s: list(order) for s, order in rt.accumulated.items()},
+            "grad_trace": rt.grad_trace if rt.trace_grads else {},
         }
 
 
@@ -599,7 +646,9 @@ def assemble(
     activation_bytes = [0] * schedule.n_stages
     orders: list[tuple[int, ...]] = [() for _ in range(schedule.n_stages)]
     timings = []
+    traced: dict[int, Any] = {}
     for rank, result in enumerate(results):
+        traced.update(result.get("grad_trace", {}))
         outputs.update(result["outputs"])
         losses.update(result["losses"])
         sizes.update(result["transfer_bytes"])
@@ -628,4 +677,5 @@ def assemble(
         activation_bytes=tuple(activation_bytes),
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
+        grad_trace=tuple(tuple(traced[s]) for s in range(schedule.n_stages)) if traced else (),
     )

@@ -33,7 +33,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +42,7 @@ from pipesim.comms import Message, global_order, messages
 from pipesim.schedule import Schedule
 from verify.errors import ExactnessError, VerifyError
 from verify.runtime import StageRuntime
+from verify.timing import UnitClock
 
 __all__ = [
     "ActionTiming",
@@ -100,6 +100,9 @@ class LocalRun:
     """Per stage, the micro-batches in the order their parameter gradients were added."""
     wall_ns: int
     """Wall time of the whole run on the host."""
+    grad_trace: tuple[tuple[tuple[str, tuple[Tensor | None, ...]], ...], ...] = ()
+    """Per stage, after each B or W, the action and every parameter's gradient so far
+    (before the final division); empty unless the run was asked to trace them."""
 
 
 def parse_devices(text: str | Sequence[str], /, *, n_ranks: int) -> tuple[torch.device, ...]:
@@ -164,46 +167,6 @@ def execution_order(schedule: Schedule, /) -> tuple[Work, ...]:
     return global_order(schedule)
 
 
-class _Clock:
-    """Nanoseconds since the run started: CUDA events on GPUs, perf_counter_ns on the CPU."""
-
-    def __init__(self, devices: Sequence[torch.device]) -> None:
-        self.cuda = sorted({d.index for d in devices if d.type == "cuda"})
-        for index in self.cuda:
-            torch.cuda.synchronize(index)
-        self.host0 = time.perf_counter_ns()
-        self.origin = {}
-        for index in self.cuda:
-            with torch.cuda.device(index):
-                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                event.record()
-                self.origin[index] = event
-        self.pending: list[tuple[Any, Any, Any, Callable[[int, int], None]]] = []
-
-    def mark(self, device: torch.device) -> Any:
-        if device.type == "cuda":
-            with torch.cuda.device(device.index):
-                event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                event.record()
-                return event
-        return time.perf_counter_ns() - self.host0
-
-    def span(
-        self, device: torch.device, start: Any, end: Any, done: Callable[[int, int], None]
-    ) -> None:
-        """Report (start_ns, end_ns) to ``done`` now (CPU) or after the final sync (CUDA)."""
-        if device.type == "cuda":
-            self.pending.append((self.origin[device.index], start, end, done))
-        else:
-            done(start, end)
-
-    def finish(self) -> None:
-        for index in self.cuda:
-            torch.cuda.synchronize(index)
-        for origin, start, end, done in self.pending:
-            done(round(origin.elapsed_time(start) * 1e6), round(origin.elapsed_time(end) * 1e6))
-
-
 def run_schedule(
     schedule: Schedule,
     stages: Sequence[nn.Module],
@@ -213,6 +176,7 @@ def run_schedule(
     inputs: Sequence[Tensor],
     targets: Sequence[Tensor] | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    trace_grads: bool = False,
 ) -> LocalRun:
     """Run one step of ``schedule`` with ``stages`` (one module per stage) on ``devices``
     (one per rank); ``inputs`` and ``targets`` are the micro-batches.
@@ -220,7 +184,8 @@ def run_schedule(
     Each stage module is moved to its rank's device (in place: stages that
     share modules with a model move that model's modules). Existing ``.grad``
     of the stages' parameters are cleared first, as ``zero_grad(set_to_none=True)``.
-    Training schedules need ``targets`` and ``loss_fn``.
+    Training schedules need ``targets`` and ``loss_fn``. ``trace_grads`` keeps a CPU copy
+    of the gradients after every B and W (``LocalRun.grad_trace``).
     """
     order = execution_order(schedule)
     n_mb = schedule.n_microbatches
@@ -247,6 +212,7 @@ def run_schedule(
         inputs=inputs,
         targets=targets,
         loss_fn=loss_fn,
+        trace_grads=trace_grads,
     )
     hand_overs = messages(schedule)
     sent_by = {m.producer: m for m in hand_overs}
@@ -254,7 +220,7 @@ def run_schedule(
     inbox: dict[Message, Tensor] = {}
     action_times: list[ActionTiming] = []
     transfer_times: list[TransferTiming] = []
-    clock = _Clock(rank_device)
+    clock = UnitClock(rank_device)  # CUDA events, read once at the end of the step
 
     def hand_over(message: Message, tensor: Tensor) -> None:
         """In one process a message is a copy to the consumer's device."""
@@ -315,6 +281,9 @@ def run_schedule(
         activation_bytes=tuple(runtime.activation_bytes[s] for s in range(n_stages)),
         accumulation_orders=tuple(tuple(runtime.accumulated[s]) for s in range(n_stages)),
         wall_ns=wall_ns,
+        grad_trace=tuple(tuple(runtime.grad_trace[s]) for s in range(n_stages))
+        if trace_grads
+        else (),
     )
 
 

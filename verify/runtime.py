@@ -89,7 +89,8 @@ class StageRuntime:
     After the step: ``outputs`` and ``losses`` per micro-batch (held by the
     last stages here), ``activation_bytes`` per stage, ``transfer_bytes`` per
     (stage, micro-batch) output handed on, ``accumulated`` per stage the
-    micro-batches in the order their weight gradients were added.
+    micro-batches in the order their weight gradients were added; with
+    ``trace_grads``, ``grad_trace`` per stage the gradients after each B or W.
     """
 
     def __init__(
@@ -102,8 +103,10 @@ class StageRuntime:
         inputs: Sequence[Tensor],
         targets: Sequence[Tensor] | None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+        trace_grads: bool = False,
     ) -> None:
         self.training = not schedule.forward_only
+        self.trace_grads = trace_grads
         if self.training and (targets is None or loss_fn is None):
             raise VerifyError("a training schedule needs targets and a loss function")
         self.stages, self.devices = stages, devices
@@ -128,6 +131,12 @@ class StageRuntime:
         self.activation_bytes: dict[int, int] = {s: 0 for s in stages}
         self.transfer_bytes: dict[tuple[int, int], int] = {}
         self.accumulated: dict[int, list[int]] = {s: [] for s in stages}
+        # With trace_grads: per stage, after each B or W, the action and a CPU copy of every
+        # parameter's .grad so far (before the final division), to find where a wrong
+        # gradient arose (verify.compare.first_gradient_difference).
+        self.grad_trace: dict[int, list[tuple[str, tuple[Tensor | None, ...]]]] = {
+            s: [] for s in stages
+        }
 
     def is_first(self, stage: int) -> bool:
         """A model copy's first stage: reads the input, sends no input gradient."""
@@ -196,7 +205,7 @@ class StageRuntime:
         if root.requires_grad:
             torch.autograd.backward(root, grad_tensors=grad)
         handed = self._input_gradient(s, x, x.grad)
-        self._weights_done(s, mb)
+        self._weights_done(a)
         return handed
 
     def _input_grad(self, a: Action, grad: Tensor | None) -> Tensor | None:
@@ -228,11 +237,18 @@ class StageRuntime:
                     p.grad = g.detach()
                 else:
                     p.grad.add_(g)  # AccumulateGrad's elementwise add: the same bits
-        self._weights_done(s, mb)
+        self._weights_done(a)
 
-    def _weights_done(self, s: int, mb: int) -> None:
+    def _weights_done(self, a: Action) -> None:
+        s = a.stage
         done = self.accumulated[s]
-        done.append(mb)
+        done.append(a.microbatch)
+        if self.trace_grads:
+            grads = tuple(
+                None if p.grad is None else p.grad.detach().cpu().clone()
+                for p in self.stages[s].parameters()
+            )
+            self.grad_trace[s].append((str(a), grads))
         # torch's scale_grads: once, after the stage's last backward, by the step's
         # micro-batch count (each copy's share then adds up to the mean over the step).
         if len(done) == self.mbs_per_copy:

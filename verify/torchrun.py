@@ -14,8 +14,8 @@ end alike.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +25,13 @@ import torch.distributed as dist
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from verify.compare import build_stages, split_microbatches
-from verify.dist import RankSpec, message_shapes, report_from_results, run_rank
+from verify.dist import (
+    RankSpec,
+    locate_from_results,
+    message_shapes,
+    report_from_results,
+    run_rank,
+)
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings
 from verify.models import load_model
@@ -120,12 +126,19 @@ def verify_torchrun(
         gathered: list[Any] | None = [None] * place.world_size if place.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         report = None
-        status = [0]
+        status = [0, False]  # exit status, re-run to locate a gradient mismatch
         if place.rank == 0:
             assert gathered is not None
-            report = _rank0_report(schedule, spec, gathered, device)
-            status = [0 if report.bit_identical else 1]
+            report, located_by = _rank0_report(schedule, spec, gathered, device)
+            status = [0 if report.bit_identical else 1, report.grads_equal is False]
         dist.broadcast_object_list(status, src=0)
+        if status[1]:  # one more step keeping the gradients after each B and W
+            traced = replace(spec, trace_grads=True, warmup=0)
+            result = run_rank(place.rank, traced, device=device)
+            dist.gather_object(result, gathered, dst=0)
+            if place.rank == 0:
+                assert report is not None and gathered is not None
+                report = located_by(report, gathered)
     finally:
         dist.destroy_process_group()
     return int(status[0]), report
@@ -159,7 +172,8 @@ def _same_gpu_model(device: torch.device, world_size: int) -> None:
 
 def _rank0_report(
     schedule: Schedule, spec: RankSpec, results: list[Any], device: torch.device
-) -> VerifyReport:
+) -> tuple[VerifyReport, Callable[[VerifyReport, list[Any]], VerifyReport]]:
+    """The report, and how to add where a gradient mismatch arose from traced results."""
     reference_model = load_model(spec.model, seed=spec.seed, **spec.model_options)
     stages = build_stages(reference_model, schedule)
     x, target = reference_model.make_batch(spec.batch_size)
@@ -176,4 +190,10 @@ def _rank0_report(
     )
     devices = [torch.device(r["device"]) for r in results]
     with exact_settings(reference_model.layers, devices=[device]):
-        return report_from_results(schedule, reference_model, stages, spec, results, devices)
+        report = report_from_results(schedule, reference_model, stages, spec, results, devices)
+
+    def located_by(report: VerifyReport, traced: list[Any]) -> VerifyReport:
+        with exact_settings(reference_model.layers, devices=[device]):
+            return locate_from_results(report, schedule, reference_model, stages, spec, traced)
+
+    return report, located_by

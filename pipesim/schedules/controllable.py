@@ -53,7 +53,10 @@ from pipesim.schedules._common import check_count, refuse_forward_only
 from pipesim.schedules.zbv import require_two_stages_per_rank, v_placement
 from pipesim.step import prerequisites
 
-__all__ = ["block_slots", "v_half", "v_min"]
+__all__ = ["BLOCKS", "block_slots", "repeated_orders", "v_half", "v_min"]
+
+#: The building blocks, by schedule name.
+BLOCKS = ("v-half", "v-min")
 
 #: Slots in one building block: F, I and W of the rank's two chunks.
 _INTERVAL = 6
@@ -92,8 +95,13 @@ def block_slots(kind: str, n_ranks: int, rank: int) -> tuple[int, int, int, int,
     return (passes[0], passes[1], passes[2], passes[3], passes[4], passes[5])
 
 
-def _repeated(kind: str, p: int, m: int) -> list[list[Action]]:
-    """Per rank, the block repeated for every micro-batch, in slot order."""
+def repeated_orders(kind: str, p: int, m: int) -> list[list[Action]]:
+    """Per rank, the block repeated for every micro-batch, in slot order (valid as it
+    stands: every pass comes after the slots of what it waits for).
+
+    >>> [str(a) for a in repeated_orders("v-min", 1, 2)[0]]
+    ['0F0', '1F0', '1I0', '0I0', '1W0', '0W0', '0F1', '1F1', '1I1', '0I1', '1W1', '0W1']
+    """
     ops = (Op.F, Op.F, Op.I, Op.I, Op.W, Op.W)
     orders = []
     for rank in range(p):
@@ -198,7 +206,7 @@ def _build(
     m = check_count("n_microbatches", n_microbatches)
     require_two_stages_per_rank(kind, virtual)
     refuse_forward_only(kind, forward_only)
-    orders = _Squeeze(_repeated(kind, p, m), 2 * p).run()
+    orders = _Squeeze(repeated_orders(kind, p, m), 2 * p).run()
     return Schedule.from_orders(orders, placement=v_placement(p), n_microbatches=m, name=kind)
 
 

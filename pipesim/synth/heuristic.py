@@ -29,6 +29,13 @@ waits for that gradient (the heuristic's "fill a bubble only if it fits").
 With ``pace`` micro-batches enter stage 0 at most one per period, so that
 under a tight memory limit (a V at p/2 or p/3 micro-batches) they flow
 evenly instead of in bursts that wait out a round trip.
+
+With ``block`` (the V placement) a rank follows a controllable-memory building
+block instead (:mod:`pipesim.schedules.controllable`, Qi et al. NeurIPS 2024):
+the block's repeated order, where an idle rank pulls in the first later pass
+that is ready and keeps the order's memory book within the limit, and after
+its last forward runs ready ``I`` before ``W``; that is the V-Half / V-Min
+squeeze with the real durations, messages and byte limit.
 Each policy is one candidate; :func:`pipesim.synth.synthesize` evaluates them
 all with the exact evaluator and keeps the best. Orders come from an
 execution, so they are complete and cannot deadlock; memory peaks depend on
@@ -38,7 +45,9 @@ measures.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
@@ -46,10 +55,22 @@ from fractions import Fraction
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.exact import Time
 from pipesim.memory import microbatch_peak, op_effects
+from pipesim.schedules.controllable import BLOCKS, repeated_orders
 from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem, durations_of
 
-__all__ = ["Policy", "greedy_orders", "policies"]
+__all__ = [
+    "GreedyRun",
+    "Policy",
+    "action_table",
+    "greedy_orders",
+    "greedy_run",
+    "links_never_queue",
+    "policies",
+]
+
+#: How far down its block order an idle rank looks for a pass to pull in.
+_LOOKAHEAD = 96
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +91,8 @@ class Policy:
     pace: Fraction = Fraction(0)
     """Feed micro-batches into stage 0 at most one per ``pace`` times the busiest rank's
     work per micro-batch, so they flow evenly instead of in bursts (tight V memory); 0: off."""
+    block: str = ""
+    """Follow this controllable-memory building block (``v-half``, ``v-min``); "": off."""
     name: str = "greedy"
     """How the candidate is reported."""
 
@@ -84,6 +107,8 @@ _QUICK = (
     "greedy[memory,reserve-none]",
     "greedy[paced-1,reserve-none]",
     "greedy[paced-1,reserve-none,patient-W]",
+    "greedy[block-v-half]",
+    "greedy[block-v-min]",
 )
 
 
@@ -133,14 +158,73 @@ def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:
                     label = f"greedy[paced-{pace},reserve-{reserve}"
                     label += f",patient-{patient}]" if patient else "]"
                     out.append(Policy(pace=pace, reserve=reserve, patient=patient, name=label))
+    if problem.placement_name == "v":
+        out += [Policy(block=block, name=f"greedy[block-{block}]") for block in BLOCKS]
     if quick:
         return tuple(policy for policy in out if policy.name in _QUICK)
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GreedyRun:
+    """What one greedy run built, and when its last action ended in the run."""
+
+    orders: list[list[Action]]
+    makespan: Time
+    """The engine's makespan of these orders whenever no message queues for a link
+    (:func:`links_never_queue`): each action starts when its rank is free and its
+    inputs are there, as in the engine."""
+
+
 def greedy_orders(problem: Problem, policy: Policy) -> list[list[Action]] | None:
     """Per-rank orders built by ``policy``; None if the policy gets stuck (memory)."""
-    return _Greedy(problem, policy).run()
+    run = greedy_run(problem, policy)
+    return None if run is None else run.orders
+
+
+def greedy_run(problem: Problem, policy: Policy) -> GreedyRun | None:
+    """:func:`greedy_orders` with the run's makespan."""
+    greedy = _Greedy(problem, policy)
+    orders = greedy.run()
+    return None if orders is None else GreedyRun(orders=orders, makespan=max(greedy.free_at))
+
+
+def links_never_queue(problem: Problem, /) -> bool:
+    """Whether every cross-rank message holds its link for no time (no bytes, or no
+    bandwidth limit) and communication overlaps compute: then no message waits for a
+    link, and the greedy's times are the engine's.
+
+    >>> from pipesim.synth.problem import make_problem
+    >>> links_never_queue(make_problem(n_ranks=2, n_microbatches=2, memory_limit=2))
+    True
+    """
+    costs, place = problem.costs, problem.placement
+    if not costs.overlap_comm:
+        return False
+    for s in range(problem.n_stages - 1):
+        here, there = place[s], place[s + 1]
+        if here == there:
+            continue
+        out_f = Action(stage=s, op=Op.F, microbatch=0)
+        out_i = Action(stage=s + 1, op=Op.I, microbatch=0)
+        if costs.link_between(here, there).occupancy(message_bytes(costs, out_f)):
+            return False
+        if costs.link_between(there, here).occupancy(message_bytes(costs, out_i)):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def action_table(n_stages: int, n_microbatches: int) -> dict[Op, tuple[tuple[Action, ...], ...]]:
+    """``table[op][stage][microbatch]``, made once for every policy's run (building the
+    actions anew was a fifth of a run at p = 32, m = 256)."""
+    return {
+        op: tuple(
+            tuple(Action(stage=s, op=op, microbatch=k) for k in range(n_microbatches))
+            for s in range(n_stages)
+        )
+        for op in (Op.F, Op.I, Op.W)
+    }
 
 
 class _Greedy:
@@ -169,16 +253,16 @@ class _Greedy:
         self.f_delay: list[Time] = []
         self.i_delay: list[Time] = []
         for s in range(n_stages - 1):
-            same = place[s] == place[s + 1]
+            here, there = place[s], place[s + 1]
             out_f = Action(stage=s, op=Op.F, microbatch=0)
             out_i = Action(stage=s + 1, op=Op.I, microbatch=0)
-            self.f_delay.append(
-                0 if same else costs.link.transfer_time(message_bytes(costs, out_f))
-            )
-            self.i_delay.append(
-                0 if same else costs.link.transfer_time(message_bytes(costs, out_i))
-            )
+            f_link, i_link = costs.link_between(here, there), costs.link_between(there, here)
+            same = here == there
+            self.f_delay.append(0 if same else f_link.transfer_time(message_bytes(costs, out_f)))
+            self.i_delay.append(0 if same else i_link.transfer_time(message_bytes(costs, out_i)))
         self.stages = [problem.stages_of(r) for r in range(problem.n_ranks)]
+        self.last_stage = n_stages - 1
+        self.actions = action_table(n_stages, m)
         self.down = [tuple(sorted(st, reverse=True)) for st in self.stages]
         self.first = [min(st) for st in self.stages]
         self.mb_bytes = [sum(self.peak[s] for s in st) for st in self.stages]
@@ -197,6 +281,17 @@ class _Greedy:
         self.period: Time = max(
             sum((self.f[s] + self.i[s] + self.w[s] for s in st), start=0) for st in self.stages
         )
+        self.block: list[list[Action]] = []
+        if policy.block:
+            self.block = repeated_orders(policy.block, problem.n_ranks, problem.n_microbatches)
+        self.forwards_left = [m * len(st) for st in self.stages]
+        # The book's change per op of a stage (F reserves the micro-batch's peak, I and W
+        # free at their ends), for the building block's look-ahead.
+        self.book: dict[tuple[int, Op], int] = {}
+        for s in range(n_stages):
+            self.book[(s, Op.F)] = self.peak[s]
+            self.book[(s, Op.I)] = self.i_frees[s]
+            self.book[(s, Op.W)] = self.w_frees[s]
 
     # -- arrivals -------------------------------------------------------------------------
     def _f_arrival(self, s: int, k: int) -> Time | None:
@@ -208,7 +303,7 @@ class _Greedy:
     def _i_arrival(self, s: int, k: int) -> Time | None:
         if self.f_end[s][k] is None:
             return None
-        if s == self.pb.n_stages - 1:
+        if s == self.last_stage:
             return self.f_end[s][k]
         end = self.i_end[s + 1][k]
         return None if end is None else end + self.i_delay[s]
@@ -227,6 +322,8 @@ class _Greedy:
 
     def _step(self, r: int, t: Time, heap: list[tuple[Time, int]]) -> Time | None:
         """Run one action on rank ``r`` at ``t`` if the policy allows; the next wake-up."""
+        if self.block:
+            return self._block_step(r, t, heap)
         m = self.pb.n_microbatches
         next_grad: Time | None = None
         for s in self.down[r]:
@@ -235,14 +332,14 @@ class _Greedy:
                 arrival = self._i_arrival(s, k)
                 if arrival is not None:
                     if arrival <= t:
-                        return self._run(r, t, Action(stage=s, op=Op.I, microbatch=k), heap)
+                        return self._run(r, t, self.actions[Op.I][s][k], heap)
                     next_grad = arrival if next_grad is None else min(next_grad, arrival)
         patient_f = next_grad is not None and "F" in self.policy.patient
         patient_w = next_grad is not None and "W" in self.policy.patient
         defer = self.policy.defer
         if defer is not None and len(self.pending_w[r]) > defer[r]:
             s, k = self.pending_w[r].popleft()
-            return self._run(r, t, Action(stage=s, op=Op.W, microbatch=k), heap)
+            return self._run(r, t, self.actions[Op.W][s][k], heap)
         next_input: Time | None = None
         blocked_by_memory = False
         for s in self.down[r]:
@@ -262,14 +359,66 @@ class _Greedy:
                 continue
             if patient_f and t + self.f[s] > next_grad:  # type: ignore[operator]
                 continue
-            return self._run(r, t, Action(stage=s, op=Op.F, microbatch=k), heap)
+            return self._run(r, t, self.actions[Op.F][s][k], heap)
         if self.pending_w[r]:
             s, k = self.pending_w[r][0]
             if not patient_w or blocked_by_memory or t + self.w[s] <= next_grad:  # type: ignore[operator]
                 self.pending_w[r].popleft()
-                return self._run(r, t, Action(stage=s, op=Op.W, microbatch=k), heap)
+                return self._run(r, t, self.actions[Op.W][s][k], heap)
         wakes = [x for x in (next_grad, next_input) if x is not None and x > t]
         return min(wakes) if wakes else None
+
+    def _ready_at(self, action: Action) -> Time | None:
+        """When ``action``'s inputs are (or will be) there; None while unknown."""
+        s, k = action.stage, action.microbatch
+        if action.op is Op.F:
+            return self._f_arrival(s, k)
+        if action.op is Op.I:
+            return self._i_arrival(s, k)
+        return self.i_end[s][k]
+
+    def _block_step(self, r: int, t: Time, heap: list[tuple[Time, int]]) -> Time | None:
+        """The building block's rule (see the module): its next pass, else a later ready
+        one that keeps the book within the limit; after the last forward, I before W."""
+        order = self.block[r]
+        wake: Time | None = None
+        if not self.forwards_left[r]:
+            for op in (Op.I, Op.W):
+                seen: set[int] = set()
+                for index, action in enumerate(order):
+                    if action.op is op and action.stage not in seen:
+                        seen.add(action.stage)
+                        at = self._ready_at(action)
+                        if at is not None and at <= t:
+                            return self._block_run(r, t, index, heap)
+                        if at is not None and (wake is None or at < wake):
+                            wake = at
+            return wake
+        held = highest = self.held[r]
+        limit = self.pb.limit_bytes[r]
+        seen_keys: set[tuple[int, Op]] = set()
+        for index, action in enumerate(itertools.islice(order, _LOOKAHEAD)):
+            key = (action.stage, action.op)
+            change = self.book[key]
+            if key not in seen_keys:
+                seen_keys.add(key)
+                at = self._ready_at(action)
+                # Moved here, it raises the book at every pass before its old place.
+                if at is not None and at <= t and (change <= 0 or highest + change <= limit):
+                    return self._block_run(r, t, index, heap)
+                if at is not None and at > t and (wake is None or at < wake):
+                    wake = at
+            held += change
+            highest = max(highest, held)
+        return wake
+
+    def _block_run(self, r: int, t: Time, index: int, heap: list[tuple[Time, int]]) -> Time:
+        action = self.block[r].pop(index)
+        if action.op is Op.F:
+            self.forwards_left[r] -= 1
+        elif action.op is Op.W:
+            self.pending_w[r].remove((action.stage, action.microbatch))
+        return self._run(r, t, action, heap)
 
     def _admits(self, r: int, s: int) -> bool:
         limit = self.pb.limit_bytes[r]
@@ -303,9 +452,9 @@ class _Greedy:
                 self.reserved[r] += self.mb_bytes[r] - self.peak[s]
             else:
                 self.reserved[r] -= self.peak[s]
-            if s + 1 < pb.n_stages and pb.placement[s + 1] != r:
+            if s < self.last_stage and pb.placement[s + 1] != r:
                 heapq.heappush(heap, (end + self.f_delay[s], pb.placement[s + 1]))
-            sent = end + self.f_delay[s] if s + 1 < pb.n_stages else end
+            sent = end + self.f_delay[s] if s < self.last_stage else end
         elif op is Op.I:
             end = t + self.i[s]
             self.i_end[s][k] = end
