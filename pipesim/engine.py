@@ -80,7 +80,7 @@ from pipesim.trace import (
     TransferRecord,
 )
 
-__all__ = ["Simulation", "run_trace", "simulate"]
+__all__ = ["Simulation", "run_compiled", "run_trace", "simulate"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +153,13 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     """Run the SimPy model and return the raw :class:`Trace` (no validation)."""
     with paused_gc():
         return _run(compile_step(schedule, costs))
+
+
+def run_compiled(step: CompiledStep, /) -> Trace:
+    """Run the SimPy model on an already compiled step (no validation): for callers that
+    set per-node durations themselves (:func:`pipesim.calibration.replay`)."""
+    with paused_gc():
+        return _run(step)
 
 
 def _run(step: CompiledStep) -> Trace:
