@@ -20,6 +20,7 @@ count); DualPipe's two model copies reuse the one-copy cut
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -118,16 +119,22 @@ def measure_all(
     with threads_per_rank(threads):
         for round_ in range(max(repeats, 1)):
             start = time.perf_counter()
+            # Each round in its own order (seeded): a slow start or end of the processes
+            # falls on different schedules each round instead of always on the same ones.
+            order = list(range(len(schedules)))
+            if round_:
+                random.Random(round_).shuffle(order)
             reports = verify_distributed_all(
-                schedules,
+                [schedules[k] for k in order],
                 model=model,
                 model_options=dict(model_options or {}),
-                batch_size=[b * s.n_microbatches for b, s in zip(sizes, schedules, strict=True)],
+                batch_size=[sizes[k] * schedules[k].n_microbatches for k in order],
                 timeout_s=timeout_s * len(schedules),
                 wait_timeout_s=timeout_s,
                 warmup=warmup,
             )
-            for k, (schedule, report) in enumerate(zip(schedules, reports, strict=True)):
+            for k, report in sorted(zip(order, reports, strict=True), key=lambda kr: kr[0]):
+                schedule = schedules[k]
                 if not report.bit_identical:
                     raise VerifyError(
                         f"the run of {schedule.name!r} is not bit-identical to the unsplit "
