@@ -3,38 +3,50 @@
 Goal (issue 11): <= 3% mean and <= 8% max error out of sample, at micro-batch
 counts up to 4x the calibration's and for schedules not used in calibration.
 
-1. Calibrate (``verify.fidelity.calibrate_cut``): for each model size, the
-   mixed-backward calibration schedule (1F1B with odd micro-batches' backward
-   split into I + W; no registered family) at p=2, m=4, once per cut (2
-   stages, and 4 for the schedules with two stages per rank), ``--repeats``
-   runs of ``verify --dist`` (one process per rank, gloo, ``--threads`` intra-op
-   threads per rank, one warm-up step each). Out comes one cost file per cut.
-2. Predict every registered family that applies at p=2, for m in ``--microbatches``
-   (default 4, 8, 16: up to 4x), from the cost files alone
+For each model size (``--sizes``, default GPT 6x256 and 6x512), every schedule below
+runs ``--repeats`` times (default 3) with ``verify --dist`` (one process per rank,
+gloo, ``--threads`` intra-op threads per rank, one warm-up step each), in rounds
+(``verify.fidelity.measure_all``): a round runs all of them, one after the other, in
+one fresh pair of rank processes, each round in its own seeded order, so every
+configuration is measured once per process pair and the process start-up is paid
+once per round, not once per run.
+
+1. Calibration: the mixed-backward calibration schedule (1F1B with odd
+   micro-batches' backward split into I + W; no registered family) at p=2, m=4,
+   once per cut (2 stages, and 4 for the schedules with two stages per rank).
+   ``verify.fidelity.fit_cut`` makes one cost file per cut.
+2. Grid: every registered family at p=2, for m in ``--microbatches`` (default 4
+   and 16: up to 4x), predicted from the cost files alone
    (``pipesim.calibration.predict``: the simulated step as the executor times it).
-3. Measure each with ``verify --dist`` (``--repeats`` runs in fresh processes,
-   median) and print per configuration the prediction, the median, the
-   run-to-run spread ((slowest - fastest) / median) and the error.
-4. Micro-batch size (not with ``--quick``): calibrate the 2-stage cut at 4 and
-   8 rows, predict 1F1B and ZB-H1 at 2 and 16 rows from the affine fit
-   (``pipesim.scaling``: a fixed cost plus a cost per row) and measure them.
+3. Micro-batch size (``--scale-sizes``, default 4,8; ``none`` skips it): the
+   2-stage cut also calibrated at 4 rows, 1F1B and ZB-H1 predicted at 2 and 16
+   rows from the affine fit (``pipesim.scaling``: a fixed cost plus a cost per row).
+4. ``--effects`` (off by default): 1F1B m=8 without a warm-up step, and with twice
+   the intra-op threads per rank.
 
-5. Effects the calibration controls for (not with ``--quick``): 1F1B m=8 measured
-   without a warm-up step, and with twice the intra-op threads per rank.
+Each line prints the prediction, the median measured step, the run-to-run spread
+((slowest - fastest) / median, which no model can beat), the ``error`` (prediction
+against the median), the ``excess`` (error beyond half the spread) and the
+``model`` error: the median over the runs of ``pipesim.calibration.replay``'s
+error, the step pipesim predicts when every action takes the compute time that run
+measured for it (calibrated overheads, messages and dependencies as in the
+prediction). It separates the model's own error from the run-to-run variation of
+compute speed between process pairs, which dominates the prediction error on a
+shared or virtual machine (measured: 0.8-1.2x per pair). The calibration schedule
+is also predicted from its own file (in sample) to show the floor.
 
-Model error and run-to-run spread are printed apart: ``error`` is the
-prediction against the median; ``spread`` is how far the same configuration
-moves between runs, which no model can beat; ``excess`` is the error beyond
-half the spread. The calibration schedule is also predicted from its own file
-(in sample) to show the floor.
+The machine's load (``os.getloadavg``, 1 min) is recorded; lines measured above
+``--max-load`` are flagged BUSY and the summary is refused when any is
+(``--allow-busy`` prints it anyway, marked). ``--steps-out`` writes every measured
+step (each action's rank, start, end) to refit or replay offline.
 
-The machine's load (``os.getloadavg``, 1 min) is recorded before every
-configuration; a line measured above ``--max-load`` is flagged BUSY, and the
-summary is refused when any is (``--allow-busy`` prints it anyway, marked).
-
-Run: ``python benchmarks/bench_fidelity.py [--quick] [--json-out FILE]``
-(the full run is about 260 runs of ``verify --dist``, an estimated 30-40 minutes on
-a quiet 2-core machine; ``--quick`` is 14 runs, a few minutes).
+Run (the final benchmark, quiet machine):
+``python benchmarks/bench_fidelity.py --json-out fidelity.json --steps-out steps.json``
+It prints a line per round (with the time left for the model size) and then one
+per configuration. Measured on a quiet 2-core machine, a round of the 6x256 grid
+(24 schedules) takes 60-75 s, so the default run (both sizes, scaling included) is
+an estimated 15-18 minutes; ``--sizes 6x256 --scale-sizes none`` about 4 minutes;
+``--quick`` (4 families at m=8, 2 rounds) about 1 minute.
 """
 
 from __future__ import annotations
