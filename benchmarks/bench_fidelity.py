@@ -3,38 +3,50 @@
 Goal (issue 11): <= 3% mean and <= 8% max error out of sample, at micro-batch
 counts up to 4x the calibration's and for schedules not used in calibration.
 
-1. Calibrate (``verify.fidelity.calibrate_cut``): for each model size, the
-   mixed-backward calibration schedule (1F1B with odd micro-batches' backward
-   split into I + W; no registered family) at p=2, m=4, once per cut (2
-   stages, and 4 for the schedules with two stages per rank), ``--repeats``
-   runs of ``verify --dist`` (one process per rank, gloo, ``--threads`` intra-op
-   threads per rank, one warm-up step each). Out comes one cost file per cut.
-2. Predict every registered family that applies at p=2, for m in ``--microbatches``
-   (default 4, 8, 16: up to 4x), from the cost files alone
+For each model size (``--sizes``, default GPT 6x256 and 6x512), every schedule below
+runs ``--repeats`` times (default 3) with ``verify --dist`` (one process per rank,
+gloo, ``--threads`` intra-op threads per rank, one warm-up step each), in rounds
+(``verify.fidelity.measure_all``): a round runs all of them, one after the other, in
+one fresh pair of rank processes, each round in its own seeded order, so every
+configuration is measured once per process pair and the process start-up is paid
+once per round, not once per run.
+
+1. Calibration: the mixed-backward calibration schedule (1F1B with odd
+   micro-batches' backward split into I + W; no registered family) at p=2, m=4,
+   once per cut (2 stages, and 4 for the schedules with two stages per rank).
+   ``verify.fidelity.fit_cut`` makes one cost file per cut.
+2. Grid: every registered family at p=2, for m in ``--microbatches`` (default 4
+   and 16: up to 4x), predicted from the cost files alone
    (``pipesim.calibration.predict``: the simulated step as the executor times it).
-3. Measure each with ``verify --dist`` (``--repeats`` runs in fresh processes,
-   median) and print per configuration the prediction, the median, the
-   run-to-run spread ((slowest - fastest) / median) and the error.
-4. Micro-batch size (not with ``--quick``): calibrate the 2-stage cut at 4 and
-   8 rows, predict 1F1B and ZB-H1 at 2 and 16 rows from the affine fit
-   (``pipesim.scaling``: a fixed cost plus a cost per row) and measure them.
+3. Micro-batch size (``--scale-sizes``, default 4,8; ``none`` skips it): the
+   2-stage cut also calibrated at 4 rows, 1F1B and ZB-H1 predicted at 2 and 16
+   rows from the affine fit (``pipesim.scaling``: a fixed cost plus a cost per row).
+4. ``--effects`` (off by default): 1F1B m=8 without a warm-up step, and with twice
+   the intra-op threads per rank.
 
-5. Effects the calibration controls for (not with ``--quick``): 1F1B m=8 measured
-   without a warm-up step, and with twice the intra-op threads per rank.
+Each line prints the prediction, the median measured step, the run-to-run spread
+((slowest - fastest) / median, which no model can beat), the ``error`` (prediction
+against the median), the ``excess`` (error beyond half the spread) and the
+``model`` error: the median over the runs of ``pipesim.calibration.replay``'s
+error, the step pipesim predicts when every action takes the compute time that run
+measured for it (calibrated overheads, messages and dependencies as in the
+prediction). It separates the model's own error from the run-to-run variation of
+compute speed between process pairs, which dominates the prediction error on a
+shared or virtual machine (measured: 0.8-1.2x per pair). The calibration schedule
+is also predicted from its own file (in sample) to show the floor.
 
-Model error and run-to-run spread are printed apart: ``error`` is the
-prediction against the median; ``spread`` is how far the same configuration
-moves between runs, which no model can beat; ``excess`` is the error beyond
-half the spread. The calibration schedule is also predicted from its own file
-(in sample) to show the floor.
+The machine's load (``os.getloadavg``, 1 min) is recorded; lines measured above
+``--max-load`` are flagged BUSY and the summary is refused when any is
+(``--allow-busy`` prints it anyway, marked). ``--steps-out`` writes every measured
+step (each action's rank, start, end) to refit or replay offline.
 
-The machine's load (``os.getloadavg``, 1 min) is recorded before every
-configuration; a line measured above ``--max-load`` is flagged BUSY, and the
-summary is refused when any is (``--allow-busy`` prints it anyway, marked).
-
-Run: ``python benchmarks/bench_fidelity.py [--quick] [--json-out FILE]``
-(the full run is about 260 runs of ``verify --dist``, an estimated 30-40 minutes on
-a quiet 2-core machine; ``--quick`` is 14 runs, a few minutes).
+Run (the final benchmark, quiet machine):
+``python benchmarks/bench_fidelity.py --json-out fidelity.json --steps-out steps.json``
+It prints a line per round (with the time left for the model size) and then one
+per configuration. Measured on a quiet 2-core machine, a round of the 6x256 grid
+(24 schedules) takes 60-75 s, so the default run (both sizes, scaling included) is
+an estimated 15-18 minutes; ``--sizes 6x256 --scale-sizes none`` about 4 minutes;
+``--quick`` (4 families at m=8, 2 rounds) about 1 minute.
 """
 
 from __future__ import annotations
@@ -42,16 +54,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any
 
-from pipesim.calibration import calibration_schedule, costs_for, predict
+from pipesim.calibration import calibration_schedule, costs_for, predict, replay
 from pipesim.costs import CostModel, costs_to_dict
 from pipesim.errors import PipesimError
 from pipesim.scaling import AffineCosts
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import schedule_to_json
 from pipesim.schedules import generate, get_spec, schedule_names
-from verify.fidelity import Measurement, calibrate_cut, measure
+from verify.fidelity import Measurement, fit_cut, measure, measure_all
 
 _QUICK_FAMILIES = ("gpipe", "zb-h1", "interleaved-1f1b", "zbv")
 
@@ -73,8 +88,8 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['model']:>7} {row['schedule']:<18} v={row['virtual']} m={row['m']:<3} "
         f"predicted {row['predicted_ms']:9.2f} ms  measured {row['measured_ms']:9.2f} ms "
         f"(spread {row['spread_pct']:5.1f}%)  error {row['error_pct']:+6.1f}%  "
-        f"excess {row['excess_pct']:5.1f}%  load {row['load']:.1f}"
-        + ("  BUSY" if row["busy"] else "")
+        f"excess {row['excess_pct']:5.1f}%  model {row['model_error_pct']:+5.1f}%  "
+        f"load {row['load']:.1f}" + ("  BUSY" if row["busy"] else "")
     )
 
 
@@ -107,52 +122,31 @@ def _row(
     }
 
 
-def _calibrate(
-    args: argparse.Namespace,
-    options: dict[str, int],
-    *,
-    virtuals: tuple[int, ...] = (1, 2),
-    microbatch_size: int | None = None,
-) -> dict[int, CostModel]:
-    cuts = {}
-    rows = microbatch_size or args.microbatch_size
-    for virtual in virtuals:
-        load = _load()
-        start = time.perf_counter()
-        costs, meta = calibrate_cut(
-            model="gpt",
-            model_options=options,
-            n_ranks=2,
-            virtual=virtual,
-            n_microbatches=args.calibration_microbatches,
-            microbatch_size=rows,
-            repeats=args.repeats,
-            threads=args.threads,
-            timeout_s=args.timeout,
-        )
-        cuts[2 * virtual] = costs
-        link = costs.link
-        print(
-            f"  calibrated {2 * virtual} stages, {rows} rows, in "
-            f"{time.perf_counter() - start:.0f} s "
-            f"(load {load:.1f}): F {[s.forward // 1000 for s in costs.stages]} us, "
-            f"B {[s.backward // 1000 for s in costs.stages]} us, "
-            f"I {[s.input_grad // 1000 for s in costs.stages]} us, "
-            f"W {[s.weight_grad // 1000 for s in costs.stages]} us; send "
-            f"{link.send_overhead / 1000:.0f} us, receive {link.receive_overhead / 1000:.0f} us, "
-            f"latency {link.latency / 1000:.0f} us, dispatch "
-            f"{costs.dispatch_overhead / 1000:.0f} us per message / action",
-            flush=True,
-        )
-        if args.costs_dir:
-            os.makedirs(args.costs_dir, exist_ok=True)
-            tag = "x".join(str(options[k]) for k in ("n_layers", "width"))
-            name = f"gpt{tag}-{2 * virtual}stages-b{rows}.json"
-            path = os.path.join(args.costs_dir, name)
-            data = costs_to_dict(costs) | {"meta": meta}
-            with open(path, "w", encoding="utf-8") as out:
-                json.dump(data, out, indent=2)
-    return cuts
+def _print_cut(virtual: int, rows: int, costs: CostModel) -> None:
+    link = costs.link
+    print(
+        f"  calibrated {2 * virtual} stages, {rows} rows: "
+        f"F {[s.forward // 1000 for s in costs.stages]} us, "
+        f"B {[s.backward // 1000 for s in costs.stages]} us, "
+        f"I {[s.input_grad // 1000 for s in costs.stages]} us, "
+        f"W {[s.weight_grad // 1000 for s in costs.stages]} us; send "
+        f"{link.send_overhead / 1000:.0f} us, receive {link.receive_overhead / 1000:.0f} us, "
+        f"latency {link.latency / 1000:.0f} us, dispatch "
+        f"{costs.dispatch_overhead / 1000:.0f} us per message / action",
+        flush=True,
+    )
+
+
+def _save_cut(
+    args: argparse.Namespace, options: dict[str, int], costs: CostModel, meta: Any
+) -> None:
+    if not args.costs_dir:
+        return
+    os.makedirs(args.costs_dir, exist_ok=True)
+    tag = "x".join(str(options[k]) for k in ("n_layers", "width"))
+    name = f"gpt{tag}-{meta['n_stages']}stages-b{meta['microbatch_size']}.json"
+    with open(os.path.join(args.costs_dir, name), "w", encoding="utf-8") as out:
+        json.dump(costs_to_dict(costs) | {"meta": meta}, out, indent=2)
 
 
 def _families(args: argparse.Namespace) -> list[str]:
@@ -161,27 +155,75 @@ def _families(args: argparse.Namespace) -> list[str]:
     return list(_QUICK_FAMILIES) if args.quick else list(schedule_names())
 
 
-def _measure(
-    args: argparse.Namespace,
-    options: dict[str, int],
-    schedule: Any,
-    *,
-    microbatch_size: int | None = None,
-    threads: int | None = None,
-    warmup: int = 1,
-) -> Measurement:
-    """``verify.fidelity.measure`` of ``schedule`` on the GPT ``options`` with the run's
-    settings (rows per micro-batch, repeats, threads, timeout) unless overridden."""
-    return measure(
-        schedule,
+def _plan(args: argparse.Namespace) -> list[tuple[str, Schedule, int]]:
+    """Everything one model size runs: (role, schedule, rows per micro-batch). Roles:
+    ``cal:V`` the calibration of the cut into 2V stages, ``cal-b:B`` the 2-stage
+    calibration at B rows, ``grid`` a configuration predicted from the cuts, ``scale:B``
+    one predicted from the two-size fit."""
+    m_cal = args.calibration_microbatches
+    plan = [
+        (
+            f"cal:{v}",
+            calibration_schedule(n_ranks=2, n_microbatches=m_cal, virtual=v),
+            args.microbatch_size,
+        )
+        for v in (1, 2)
+    ]
+    for name in _families(args):
+        virtual = get_spec(name).default_virtual
+        for m in args.microbatches:
+            try:
+                schedule = generate(name, n_ranks=2, n_microbatches=m, virtual=virtual)
+            except PipesimError as exc:
+                print(f"  {name} m={m}: not run ({exc})", flush=True)
+                continue
+            plan.append(("grid", schedule, args.microbatch_size))
+    if args.scale_sizes:
+        for b in args.scale_sizes:
+            if b != args.microbatch_size:
+                plan.append(
+                    (f"cal-b:{b}", calibration_schedule(n_ranks=2, n_microbatches=m_cal), b)
+                )
+        for b in args.scale_targets:
+            for name in ("1f1b", "zb-h1"):
+                plan.append((f"scale:{b}", generate(name, n_ranks=2, n_microbatches=2 * m_cal), b))
+    return plan
+
+
+def _measure_size(
+    args: argparse.Namespace, options: dict[str, int], plan: list[tuple[str, Schedule, int]]
+) -> tuple[Measurement, ...]:
+    """Every schedule of ``plan`` in ``args.repeats`` rounds (fresh rank processes each)."""
+    started = time.perf_counter()
+
+    def on_round(done: int, seconds: float) -> None:
+        left = (args.repeats - done - 1) * (time.perf_counter() - started) / (done + 1)
+        print(
+            f"  round {done + 1}/{args.repeats}: {len(plan)} schedules in {seconds:.0f} s "
+            f"(load {_load():.1f}); about {left:.0f} s left for this size",
+            flush=True,
+        )
+
+    return measure_all(
+        [s for _, s, _ in plan],
         model="gpt",
         model_options=options,
-        microbatch_size=args.microbatch_size if microbatch_size is None else microbatch_size,
+        microbatch_size=[b for _, _, b in plan],
         repeats=args.repeats,
-        threads=args.threads if threads is None else threads,
-        warmup=warmup,
+        threads=args.threads,
         timeout_s=args.timeout,
+        on_round=on_round,
     )
+
+
+def _model_error(got: Measurement, costs: CostModel) -> float:
+    """Median over the runs of the replay's error (:func:`pipesim.calibration.replay`: each
+    action its measured compute, the calibrated overheads): the model's own error."""
+    errors = [
+        float((replay(step, costs) - span) / span) * 100
+        for step, span in zip(got.steps, got.makespans_ns, strict=True)
+    ]
+    return float(statistics.median(errors))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"fidelity: p=2, calibration m={args.calibration_microbatches}, "
         f"{args.microbatch_size} rows per micro-batch, {args.threads} thread(s) per rank, "
-        f"{args.repeats} runs per configuration; {os.cpu_count()} CPUs, load "
+        f"{args.repeats} rounds (fresh rank processes each); {os.cpu_count()} CPUs, load "
         f"{os.getloadavg()} (BUSY above {max_load:.1f})",
         flush=True,
     )
@@ -204,45 +246,83 @@ def run(args: argparse.Namespace) -> int:
         )
     rows: list[dict[str, Any]] = []
     floor: list[dict[str, Any]] = []
+    steps_out: list[dict[str, Any]] = []
     for layers, width in sizes:
         options = {"n_layers": layers, "width": width}
         model = f"{layers}x{width}"
-        print(f"model gpt {model}:", flush=True)
-        cuts = _calibrate(args, options)
-        in_sample = calibration_schedule(n_ranks=2, n_microbatches=args.calibration_microbatches)
+        plan = _plan(args)
+        print(f"model gpt {model}: {len(plan)} schedules x {args.repeats} rounds", flush=True)
         load = _load()
-        got = _measure(args, options, in_sample)
-        row = _row(
-            model,
-            "(calibration)",
-            1,
-            in_sample.n_microbatches,
-            int(predict(in_sample, cuts[2])),
-            got,
-            load,
-            max_load,
+        measured = _measure_size(args, options, plan)
+        load = max(load, _load())
+        got = dict(zip(range(len(plan)), measured, strict=True))
+        steps_out.append(
+            {
+                "model": model,
+                "runs": [
+                    _plain(role, b, m) for (role, _, b), m in zip(plan, measured, strict=True)
+                ],
+            }
         )
-        floor.append(row)
-        print("  in sample: " + _line(row), flush=True)
-        for name in _families(args):
-            virtual = get_spec(name).default_virtual
-            for m in args.microbatches:
-                try:
-                    schedule = generate(name, n_ranks=2, n_microbatches=m, virtual=virtual)
-                except PipesimError as exc:
-                    print(f"  {name} m={m}: not run ({exc})", flush=True)
-                    continue
-                predicted = int(predict(schedule, costs_for(schedule, cuts)))
-                load = _load()
-                got = _measure(args, options, schedule)
-                row = _row(model, name, virtual, m, predicted, got, load, max_load)
-                rows.append(row)
-                print("  " + _line(row), flush=True)
+        fits = {}
+        for k, (role, _, b) in enumerate(plan):
+            if role.startswith("cal"):
+                costs, meta = fit_cut(
+                    got[k],
+                    model="gpt",
+                    model_options=options,
+                    microbatch_size=b,
+                    threads=args.threads,
+                )
+                fits[role] = costs
+                _print_cut(meta["virtual"], b, costs)
+                _save_cut(args, options, costs, meta)
+        cuts = {2: fits["cal:1"], 4: fits["cal:2"]}
+        fit = None
         if args.scale_sizes:
-            rows += _scaling(args, options, model, max_load)
+            b1, b2 = args.scale_sizes
+            pick = {
+                b: fits["cal:1"] if b == args.microbatch_size else fits[f"cal-b:{b}"]
+                for b in (b1, b2)
+            }
+            fit = AffineCosts.fit(pick[b1], pick[b2], sizes=(b1, b2))
+        for k, (role, schedule, b) in enumerate(plan):
+            if role == "cal:1":
+                costs, name, target = cuts[2], "(calibration)", floor
+            elif role == "grid":
+                costs, name, target = costs_for(schedule, cuts), schedule.name, rows
+            elif role.startswith("scale:") and fit is not None:
+                costs, name, target = fit.at(b), f"{schedule.name} b={b}", rows
+            else:
+                continue
+            predicted = int(predict(schedule, costs))
+            virtual = schedule.n_stages // schedule.n_ranks
+            row = _row(
+                model, name, virtual, schedule.n_microbatches, predicted, got[k], load, max_load
+            )
+            row["model_error_pct"] = _model_error(got[k], costs)
+            target.append(row)
+            print(("  in sample: " if target is floor else "  ") + _line(row), flush=True)
         if args.effects and (layers, width) == sizes[0]:
             _effects(args, options)
+        if args.steps_out:
+            with open(args.steps_out, "w", encoding="utf-8") as out:
+                json.dump(steps_out, out)
     return _summary(args, rows, floor)
+
+
+def _plain(role: str, rows: int, got: Measurement) -> dict[str, Any]:
+    """One schedule's measured steps as JSON: the schedule and, per run, each unit of
+    work's rank, name, compute start and end (ns), to refit and replay offline."""
+    return {
+        "role": role,
+        "rows": rows,
+        "schedule": json.loads(schedule_to_json(got.schedule)),
+        "steps": [
+            [[r.rank, str(r.work), int(r.start), int(r.end)] for r in step.trace.actions]
+            for step in got.steps
+        ],
+    }
 
 
 def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
@@ -250,13 +330,22 @@ def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
     (no warm-up) and two intra-op threads per rank instead of one, on 1F1B m=8."""
     schedule = generate("1f1b", n_ranks=2, n_microbatches=8)
 
-    def run(warmup: int, threads: int) -> Measurement:
-        return _measure(args, options, schedule, threads=threads, warmup=warmup)
+    def once(warmup: int, threads: int) -> Measurement:
+        return measure(
+            schedule,
+            model="gpt",
+            model_options=options,
+            microbatch_size=args.microbatch_size,
+            repeats=args.repeats,
+            threads=threads,
+            warmup=warmup,
+            timeout_s=args.timeout,
+        )
 
-    base = run(1, args.threads)
+    base = once(1, args.threads)
     for label, got in (
-        ("no warm-up step", run(0, args.threads)),
-        (f"{2 * args.threads} threads per rank", run(1, 2 * args.threads)),
+        ("no warm-up step", once(0, args.threads)),
+        (f"{2 * args.threads} threads per rank", once(1, 2 * args.threads)),
     ):
         ratio = float(got.median_ns / base.median_ns)
         print(
@@ -266,30 +355,6 @@ def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
         )
 
 
-def _scaling(
-    args: argparse.Namespace, options: dict[str, int], model: str, max_load: float
-) -> list[dict[str, Any]]:
-    """Calibrate the 2-stage cut at two micro-batch sizes; predict other sizes from the
-    affine fit (pipesim.scaling) and measure them."""
-    b1, b2 = args.scale_sizes
-    first = _calibrate(args, options, virtuals=(1,), microbatch_size=b1)[2]
-    second = _calibrate(args, options, virtuals=(1,), microbatch_size=b2)[2]
-    fit = AffineCosts.fit(first, second, sizes=(b1, b2))
-    rows = []
-    for b in args.scale_targets:
-        for name in ("1f1b", "zb-h1"):
-            schedule = generate(name, n_ranks=2, n_microbatches=args.calibration_microbatches * 2)
-            predicted = int(predict(schedule, fit.at(b)))
-            load = _load()
-            got = _measure(args, options, schedule, microbatch_size=b)
-            row = _row(
-                model, f"{name} b={b}", 1, schedule.n_microbatches, predicted, got, load, max_load
-            )
-            rows.append(row)
-            print("  " + _line(row), flush=True)
-    return rows
-
-
 def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[Any]) -> int:
     if not rows:
         print("no configuration was measured")
@@ -297,6 +362,7 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
     errors = [abs(r["error_pct"]) for r in rows]
     spreads = [r["spread_pct"] for r in rows]
     excess = [r["excess_pct"] for r in rows]
+    model = [abs(r["model_error_pct"]) for r in rows]
     busy = [r for r in rows + floor if r["busy"]]
     summary = {
         "configurations": len(rows),
@@ -307,6 +373,9 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         "max_spread_pct": max(spreads),
         "mean_excess_pct": sum(excess) / len(excess),
         "max_excess_pct": max(excess),
+        "mean_abs_model_error_pct": sum(model) / len(model),
+        "max_abs_model_error_pct": max(model),
+        "mean_signed_model_error_pct": sum(r["model_error_pct"] for r in rows) / len(rows),
         "in_sample_error_pct": [r["error_pct"] for r in floor],
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
@@ -328,7 +397,10 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         f"{summary['mean_signed_error_pct']:+.1f}%); run-to-run spread mean "
         f"{summary['mean_spread_pct']:.1f}% max {summary['max_spread_pct']:.1f}%; error beyond "
         f"half the spread mean {summary['mean_excess_pct']:.1f}% max "
-        f"{summary['max_excess_pct']:.1f}%"
+        f"{summary['max_excess_pct']:.1f}%; model error (replay with each run's own compute "
+        f"times) mean {summary['mean_abs_model_error_pct']:.1f}% max "
+        f"{summary['max_abs_model_error_pct']:.1f}% (signed mean "
+        f"{summary['mean_signed_model_error_pct']:+.1f}%)"
     )
     print(
         "in sample (calibration schedule from its own file): "
@@ -342,10 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one model, 4 families, m=8, 2 runs")
     parser.add_argument("--sizes", default=None, help="GPT sizes LAYERSxWIDTH,... (6x256,6x512)")
     parser.add_argument("--families", default=None, help="schedules to predict (all registered)")
-    parser.add_argument("--microbatches", default=None, help="m values to predict (4,8,16)")
+    parser.add_argument("--microbatches", default=None, help="m values to predict (4,16)")
     parser.add_argument("--calibration-microbatches", type=int, default=4)
     parser.add_argument("--microbatch-size", type=int, default=8, help="rows per micro-batch")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (3)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="rounds: runs per configuration (3)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--max-load", type=float, default=None, help="BUSY above (3 + CPUs / 2)")
@@ -359,20 +433,21 @@ def main(argv: list[str] | None = None) -> int:
         "--effects",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="measure warm-up and threads effects (default: on, off with --quick)",
+        help="also measure the warm-up and threads effects on 1F1B m=8 (default: off)",
     )
     parser.add_argument("--scale-targets", default="2,16", help="sizes predicted from them")
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
+    parser.add_argument("--steps-out", default=None, help="write every measured step (JSON)")
     args = parser.parse_args(argv)
     args.sizes = args.sizes or ("6x256" if args.quick else "6x256,6x512")
-    m_text = args.microbatches or ("8" if args.quick else "4,8,16")
+    m_text = args.microbatches or ("8" if args.quick else "4,16")
     args.microbatches = [int(v) for v in m_text.split(",")]
     args.repeats = args.repeats or (2 if args.quick else 3)
     scale = args.scale_sizes or ("none" if args.quick else "4,8")
     args.scale_sizes = None if scale == "none" else [int(v) for v in scale.split(",")]
     args.scale_targets = [int(v) for v in args.scale_targets.split(",")]
-    args.effects = (not args.quick) if args.effects is None else args.effects
+    args.effects = bool(args.effects)
     return run(args)
 
 

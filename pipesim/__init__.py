@@ -19,7 +19,7 @@ from pipesim.costs import (
     costs_to_dict,
     load_costs,
 )
-from pipesim.engine import Simulation, run_trace, simulate
+from pipesim.engine import Simulation, run_compiled, run_trace, simulate
 from pipesim.errors import (
     CostError,
     DeadlockError,
@@ -156,6 +156,7 @@ __all__ = [
     "parse_action",
     "per_chunk_costs",
     "register",
+    "run_compiled",
     "run_trace",
     "save_schedule",
     "save_trace",

@@ -83,7 +83,7 @@ from pipesim.trace import (
     TransferRecord,
 )
 
-__all__ = ["Simulation", "run_trace", "simulate"]
+__all__ = ["Simulation", "run_compiled", "run_trace", "simulate"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +156,13 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     """Run the SimPy model and return the raw :class:`Trace` (no validation)."""
     with paused_gc():
         return _run(compile_step(schedule, costs))
+
+
+def run_compiled(step: CompiledStep, /) -> Trace:
+    """Run the SimPy model on an already compiled step (no validation): for callers that
+    set per-node durations themselves (:func:`pipesim.calibration.replay`)."""
+    with paused_gc():
+        return _run(step)
 
 
 def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
@@ -280,8 +287,9 @@ def _time_column(step: CompiledStep) -> MutableSequence[Time]:
     """A zeroed start or end per node: 8 bytes each when every time is an integer that
     fits (no time exceeds the sum of every duration and every message time), else a list."""
     n_nodes = step.structure.n_steps
-    small = [*step.tables.durations, *(link.latency for link in step.pair_links)]
-    small += set(step.occupancy)
+    # The node durations themselves, not the tables: a caller may have set its own
+    # (pipesim.calibration.replay, through run_compiled).
+    small = {*step.durations, *step.occupancy, *(link.latency for link in step.pair_links)}
     if all(type(t) is int for t in small):
         bound = sum(step.durations) + sum(step.occupancy) + sum(step.latency)
         if bound < 2**62:

@@ -83,3 +83,38 @@ def test_a_check_on_another_cut_is_refused_before_running(
     assert status == 1
     assert "does not run on a cut into 2 stages" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_measure_all_runs_each_schedule_once_per_round_at_its_own_size() -> None:
+    """Two schedules, two rounds (fresh rank processes each), 2 and 3 rows per
+    micro-batch: every schedule has one step per round, with its own actions, bit-identical
+    (else measure_all raises), and the message sizes of its own rows (the MLP's 96-wide
+    hidden in float32); the replay of a step with its own fit is a positive span."""
+    from pipesim.calibration import fit_costs, measured_makespan, replay
+    from pipesim.schedules import generate
+    from verify.fidelity import measure_all
+
+    rounds: list[int] = []
+    schedules = [
+        generate("gpipe", n_ranks=2, n_microbatches=2),
+        calibration_schedule(n_ranks=2, n_microbatches=4),
+    ]
+    got = measure_all(
+        schedules,
+        model="mlp",
+        microbatch_size=[2, 3],
+        repeats=2,
+        warmup=0,
+        timeout_s=120,
+        on_round=lambda k, seconds: rounds.append(k),
+    )
+    assert rounds == [0, 1]
+    for schedule, found, rows in zip(schedules, got, (2, 3), strict=True):
+        assert found.schedule is schedule and len(found.steps) == 2
+        names = sorted(str(w) for order in schedule.orders for w in order)
+        for step in found.steps:
+            assert sorted(str(r.work) for r in step.trace.actions) == names
+        assert found.makespans_ns == tuple(measured_makespan(s.trace) for s in found.steps)
+        assert found.stage_bytes[0].output_bytes == rows * 96 * 4
+    fit = fit_costs(got[1].steps)
+    assert replay(got[1].steps[0], fit.costs) > 0

@@ -20,9 +20,11 @@ from pipesim.calibration import (
     compute_only,
     costs_for,
     fit_costs,
+    mean,
     measured_makespan,
     median,
     predict,
+    replay,
 )
 from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
 from pipesim.engine import simulate
@@ -93,6 +95,55 @@ def test_medians_keep_an_outlier_out() -> None:
     assert fit.costs.stage(0).forward == 10 and fit.costs.stage(1).forward == 7
     assert fit.samples["0F"] == 4
     assert median([10, 11, 10, 50]) == Fraction(21, 2)
+
+
+def test_overheads_are_means_because_a_step_adds_them_up() -> None:
+    """One rank, gpipe m=4 (no messages): F 10, B 20 each; the 7 gaps are 1 six times and
+    8 once (a delivery that came late). The dispatch is their mean 14 / 7 = 2, not the
+    median 1, and the step predicted from the fit is then the measured one: 4*10 + 4*20 +
+    14 = 134 (a median would predict 127)."""
+    schedule = generate("gpipe", n_ranks=1, n_microbatches=4)
+    gaps = [1, 1, 1, 8, 1, 1, 1]
+    records, clock = [], 0
+    for k, work in enumerate(schedule.orders[0]):
+        d = 10 if work.parts[0].op.value == "F" else 20
+        records.append(ActionRecord(rank=0, work=work, start=clock, end=clock + d))
+        clock += d + (gaps[k] if k < len(gaps) else 0)
+    step = MeasuredStep(schedule=schedule, trace=Trace(n_ranks=1, actions=tuple(records)))
+    fit = fit_costs([step])
+    assert fit.costs.dispatch_overhead == 2 == mean(gaps) and median(gaps) == 1
+    assert fit.samples["dispatch"] == 7
+    assert measured_makespan(step.trace) == 134 == predict(schedule, fit.costs)
+
+
+def test_mean_by_hand() -> None:
+    assert mean([1, 2, 4]) == Fraction(7, 3) and mean([2, 4]) == 3
+    with pytest.raises(ValueError, match="mean of no values"):
+        mean([])
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "dualpipev"])
+def test_replay_of_a_synthetic_run_is_its_makespan(name: str) -> None:
+    """Replaying a synthetic run with its own compute times and the true overheads gives
+    exactly its measured span, for any schedule (each node's duration is what it was)."""
+    spec = get_spec(name)
+    target = generate(name, n_ranks=2, n_microbatches=8, virtual=spec.default_virtual or 1)
+    truth = costs_for(target, {2: _truth(2), 4: _truth(4)})
+    step = _synthetic(target, truth)
+    assert replay(step, truth) == measured_makespan(step.trace)
+
+
+def test_replay_follows_each_measured_duration() -> None:
+    """gpipe, 1 rank, free overheads: the replay is the sum of the measured durations
+    whatever the cost file says about compute (F 10, B 20 in the file; 3..10 measured)."""
+    schedule = generate("gpipe", n_ranks=1, n_microbatches=4)
+    records, clock = [], 0
+    for k, work in enumerate(schedule.orders[0]):
+        records.append(ActionRecord(rank=0, work=work, start=clock, end=clock + 3 + k))
+        clock += 3 + k + 5  # gaps the model does not have: the replay leaves them out
+    step = MeasuredStep(schedule=schedule, trace=Trace(n_ranks=1, actions=tuple(records)))
+    costs = CostModel.uniform(forward=10, backward=20)
+    assert replay(step, costs) == sum(3 + k for k in range(8)) == 52
 
 
 def test_calibration_recovers_every_figure_exactly() -> None:

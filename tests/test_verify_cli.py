@@ -133,7 +133,8 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: i
     assert meta["microbatch_size"] == data["microbatch_sizes"][0] == data["batch_size"] // 2
     # the file pipesim calibrate writes: its fit, units and provenance
     assert meta["time_unit"] == "ns" and meta["source"] == "pipesim verify"
-    assert meta["statistic"].startswith("median") and meta["samples"]["0I"] == 2
+    assert meta["statistic"].startswith("compute: median") and meta["samples"]["0I"] == 2
+    assert "overheads: mean" in meta["statistic"]
     assert load_costs(costs_path) == load_costs_dict(data["costs"])
 
 

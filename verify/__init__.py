@@ -61,7 +61,14 @@ from verify.dist import (
 )
 from verify.errors import ExactnessError, RunFailedError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
-from verify.fidelity import Measurement, calibrate_cut, measure, threads_per_rank
+from verify.fidelity import (
+    Measurement,
+    calibrate_cut,
+    fit_cut,
+    measure,
+    measure_all,
+    threads_per_rank,
+)
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -130,6 +137,7 @@ __all__ = [
     "exactness_problems",
     "execution_order",
     "first_gradient_difference",
+    "fit_cut",
     "format_report",
     "from_factory",
     "gpt",
@@ -139,6 +147,7 @@ __all__ = [
     "locate_gradient_mismatch",
     "max_abs_diff",
     "measure",
+    "measure_all",
     "measured_trace",
     "message_shapes",
     "mlp",

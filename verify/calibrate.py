@@ -139,7 +139,8 @@ def calibration_meta(fit: CalibrationFit, /, **provenance: Any) -> dict[str, Any
     return {
         "time_unit": "ns",
         **provenance,
-        "statistic": "median over every micro-batch of every measured step",
+        "statistic": "compute: median over every micro-batch of every measured step; "
+        "overheads: mean over every transition of every measured step",
         "assumed": list(fit.assumed),
         "samples": dict(fit.samples),
         "links_by_direction": {

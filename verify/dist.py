@@ -156,15 +156,19 @@ def verify_distributed_all(
     model: str = "mlp",
     model_options: Mapping[str, int] | None = None,
     seed: int | None = None,
-    batch_size: int | None = None,
+    batch_size: int | Sequence[int] | None = None,
     timeout_s: float = 120.0,
     wait_timeout_s: float | None = None,
     warmup: int = 1,
 ) -> tuple[VerifyReport, ...]:
     """:func:`verify_distributed` for several schedules of one rank count, one after the
-    other in the same rank processes (started once); ``timeout_s`` bounds the whole run."""
+    other in the same rank processes (started once); ``timeout_s`` bounds the whole run.
+    ``batch_size`` is one for all or one per schedule."""
     if not schedules:
         return ()
+    sizes = list(batch_size) if isinstance(batch_size, Sequence) else [batch_size] * len(schedules)
+    if len(sizes) != len(schedules):
+        raise VerifyError(f"{len(sizes)} batch sizes for {len(schedules)} schedules; give one each")
     for schedule in schedules:
         validate(schedule)
     n_ranks = {s.n_ranks for s in schedules}
@@ -178,10 +182,10 @@ def verify_distributed_all(
     options = dict(model_options or {})
     cpu = [torch.device("cpu")] * schedules[0].n_ranks
     prepared = []
-    for schedule in schedules:
+    for schedule, size in zip(schedules, sizes, strict=True):
         reference_model = load_model(model, seed=seed, **options)
         n_mb = schedule.n_microbatches
-        rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+        rows = -(-32 // n_mb) * n_mb if size is None else size
         x, target = reference_model.make_batch(rows)
         xs = split_microbatches(x, n_mb)
         stages = build_stages(reference_model, schedule)

@@ -20,7 +20,9 @@ count); DualPipe's two model copies reuse the one-copy cut
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +40,15 @@ from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from verify.calibrate import calibration_meta
-from verify.dist import verify_distributed
+from verify.dist import verify_distributed_all
 from verify.errors import VerifyError
 
 __all__ = [
     "Measurement",
     "calibrate_cut",
+    "fit_cut",
     "measure",
+    "measure_all",
     "threads_per_rank",
 ]
 
@@ -84,6 +88,73 @@ class Measurement:
         return float((max(self.makespans_ns) - min(self.makespans_ns)) / self.median_ns)
 
 
+def measure_all(
+    schedules: Sequence[Schedule],
+    /,
+    *,
+    model: str = "gpt",
+    model_options: Mapping[str, int] | None = None,
+    microbatch_size: int | Sequence[int] = 8,
+    repeats: int = 3,
+    threads: int = 1,
+    warmup: int = 1,
+    timeout_s: float = 300.0,
+    on_round: Callable[[int, float], None] | None = None,
+) -> tuple[Measurement, ...]:
+    """Run every schedule of ``schedules`` (one rank count) ``repeats`` times: each round
+    runs them all, one after the other, in one fresh set of rank processes (each after
+    ``warmup`` untimed steps, ``threads`` intra-op threads per rank), so every schedule
+    is measured once in each of ``repeats`` process sets, at interleaved times.
+    ``microbatch_size`` is rows per micro-batch, one for all or one per schedule;
+    ``timeout_s`` bounds each schedule's run; ``on_round(round, seconds)`` hears each
+    round's end. A run that is not bit-identical is an error: it measured something else
+    than the schedule."""
+    sizes = (
+        list(microbatch_size)
+        if isinstance(microbatch_size, Sequence)
+        else [microbatch_size] * len(schedules)
+    )
+    steps: list[list[MeasuredStep]] = [[] for _ in schedules]
+    stage_bytes: list[tuple[Any, ...]] = [() for _ in schedules]
+    with threads_per_rank(threads):
+        for round_ in range(max(repeats, 1)):
+            start = time.perf_counter()
+            # Each round in its own order (seeded): a slow start or end of the processes
+            # falls on different schedules each round instead of always on the same ones.
+            order = list(range(len(schedules)))
+            if round_:
+                random.Random(round_).shuffle(order)
+            reports = verify_distributed_all(
+                [schedules[k] for k in order],
+                model=model,
+                model_options=dict(model_options or {}),
+                batch_size=[sizes[k] * schedules[k].n_microbatches for k in order],
+                timeout_s=timeout_s * len(schedules),
+                wait_timeout_s=timeout_s,
+                warmup=warmup,
+            )
+            for k, report in sorted(zip(order, reports, strict=True), key=lambda kr: kr[0]):
+                schedule = schedules[k]
+                if not report.bit_identical:
+                    raise VerifyError(
+                        f"the run of {schedule.name!r} is not bit-identical to the unsplit "
+                        "model: " + "; ".join(report.mismatches[:3])
+                    )
+                steps[k].append(MeasuredStep(schedule=schedule, trace=report.trace))
+                stage_bytes[k] = report.costs.stages
+            if on_round is not None:
+                on_round(round_, time.perf_counter() - start)
+    return tuple(
+        Measurement(
+            schedule=schedule,
+            steps=tuple(found),
+            makespans_ns=tuple(measured_makespan(s.trace) for s in found),
+            stage_bytes=sb,
+        )
+        for schedule, found, sb in zip(schedules, steps, stage_bytes, strict=True)
+    )
+
+
 def measure(
     schedule: Schedule,
     /,
@@ -96,36 +167,18 @@ def measure(
     warmup: int = 1,
     timeout_s: float = 300.0,
 ) -> Measurement:
-    """Run ``schedule`` ``repeats`` times with one process per rank (each run after
-    ``warmup`` untimed steps, ``threads`` intra-op threads per rank) and keep every
-    measured step. A run that is not bit-identical is an error: it measured something
-    else than the schedule."""
-    steps, spans = [], []
-    stage_bytes: tuple[Any, ...] = ()
-    with threads_per_rank(threads):
-        for _ in range(max(repeats, 1)):
-            report = verify_distributed(
-                schedule,
-                model=model,
-                model_options=dict(model_options or {}),
-                batch_size=microbatch_size * schedule.n_microbatches,
-                timeout_s=timeout_s,
-                warmup=warmup,
-            )
-            if not report.bit_identical:
-                raise VerifyError(
-                    f"the run of {schedule.name!r} is not bit-identical to the unsplit model: "
-                    + "; ".join(report.mismatches[:3])
-                )
-            steps.append(MeasuredStep(schedule=schedule, trace=report.trace))
-            spans.append(measured_makespan(report.trace))
-            stage_bytes = report.costs.stages
-    return Measurement(
-        schedule=schedule,
-        steps=tuple(steps),
-        makespans_ns=tuple(spans),
-        stage_bytes=stage_bytes,
+    """:func:`measure_all` of one schedule: ``repeats`` runs, each in fresh rank processes."""
+    (found,) = measure_all(
+        [schedule],
+        model=model,
+        model_options=model_options,
+        microbatch_size=microbatch_size,
+        repeats=repeats,
+        threads=threads,
+        warmup=warmup,
+        timeout_s=timeout_s,
     )
+    return found
 
 
 def calibrate_cut(
@@ -154,6 +207,30 @@ def calibrate_cut(
         warmup=warmup,
         timeout_s=timeout_s,
     )
+    return fit_cut(
+        measured,
+        model=model,
+        model_options=model_options,
+        microbatch_size=microbatch_size,
+        threads=threads,
+        warmup=warmup,
+    )
+
+
+def fit_cut(
+    measured: Measurement,
+    /,
+    *,
+    model: str = "gpt",
+    model_options: Mapping[str, int] | None = None,
+    microbatch_size: int = 8,
+    threads: int = 1,
+    warmup: int = 1,
+) -> tuple[CostModel, dict[str, Any]]:
+    """The cost model of the measured calibration schedule's cut (time unit: ns) and the
+    ``meta`` a cost file keeps with it (provenance): :func:`calibrate_cut`'s fit, for
+    calibration runs measured along with other schedules (:func:`measure_all`)."""
+    schedule = measured.schedule
     fit = fit_costs(measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns")
     meta = calibration_meta(
         fit,
@@ -161,10 +238,10 @@ def calibrate_cut(
         schedule=schedule.name,
         model=model,
         model_options=dict(model_options or {}),
-        n_ranks=n_ranks,
-        virtual=virtual,
+        n_ranks=schedule.n_ranks,
+        virtual=schedule.n_stages // schedule.n_ranks,
         n_stages=schedule.n_stages,
-        n_microbatches=n_microbatches,
+        n_microbatches=schedule.n_microbatches,
         microbatch_size=microbatch_size,
         threads_per_rank=threads,
         repeats=len(measured.steps),
