@@ -407,8 +407,12 @@ def test_static_images(suffix: str, tmp_path: Path, chromium: str) -> None:
         assert data.startswith(b"%PDF") and len(data) > 5_000
 
 
-def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
-    """``plot --measured``: both sides drawn, one bar per action each, no script error."""
+@pytest.mark.parametrize("container", ["trace", "verify report"])
+def test_measured_overlay_renders(container: str, chromium: str, tmp_path: Path) -> None:
+    """``plot --measured``: both sides drawn, one bar per action each, no script error;
+    from a trace file or from a verify JSON report that embeds it (``measured_trace``)."""
+    import json
+
     from pipesim import CostModel, generate, save_trace, simulate
 
     schedule = generate("1f1b", n_ranks=2, n_microbatches=4)
@@ -419,6 +423,10 @@ def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
         schedule=schedule,
         costs=CostModel.uniform(forward=4, backward=8, time_unit="ms"),
     )
+    if container == "verify report":  # the keys `pipesim verify --json` writes around it
+        report = {"bit_identical": True, "measured_trace": json.loads(trace.read_text())}
+        trace = tmp_path / "report.json"
+        trace.write_text(json.dumps(report))
     html = tmp_path / "overlay.html"
     assert main(["plot", "--measured", str(trace), "-o", str(html)]) == 0
     dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))

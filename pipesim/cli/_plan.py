@@ -97,7 +97,9 @@ def register(subparsers: Any) -> None:
         "--global-batch", type=positive_int, metavar="B", help="sequences per optimizer step"
     )
     hardware.add_argument(
-        "--memory-capacity", metavar="BYTES", help="override device memory (e.g. 80e9)"
+        "--memory-capacity",
+        metavar="BYTES",
+        help="override device memory, in bytes (e.g. 85899345920 for 80 GiB)",
     )
     hardware.add_argument(
         "--memory-headroom",
@@ -331,6 +333,7 @@ class _Progress:
 def _list() -> str:
     from pipesim.plan.hardware import accelerator_names, get_accelerator
     from pipesim.plan.model import get_model, model_names
+    from pipesim.units import format_bytes
 
     lines = ["models:"]
     for name in model_names():
@@ -341,7 +344,7 @@ def _list() -> str:
         acc = get_accelerator(name)
         lines.append(
             f"  {name:12s} {acc.peak_flops / 1e12:5.0f} TFLOP/s bf16, "
-            f"{acc.memory_bytes / 1e9:4.0f} GB, {acc.gpus_per_node}/node  {acc.description}"
+            f"{format_bytes(acc.memory_bytes):>9s}, {acc.gpus_per_node}/node  {acc.description}"
         )
     return "\n".join(lines)
 

@@ -14,7 +14,8 @@ schedules hold different numbers of stages per rank, the cost flags describe
 one rank's layer block and each schedule's stages get their share
 (:mod:`pipesim.fair`), so the same model is compared.
 
-With ``--measured FILE`` (a trace from ``pipesim verify --trace-out``) the
+With ``--measured FILE`` (the JSON report of ``pipesim verify --json -o FILE``,
+which embeds the measured trace, or a trace from ``pipesim verify --trace-out``) the
 measured step is drawn under the predicted one, rank by rank, with the error
 per action kind (:mod:`pipesim.plot.overlay`).
 """
@@ -88,7 +89,8 @@ def register(subparsers: Any) -> None:
             "With --compare, stack several schedules on one time axis; each source may carry "
             "its own settings as NAME:key=value:..., e.g. "
             "`pipesim plot 1f1b:m=4 1f1b:m=16 --compare -p 4`. With --measured, draw a "
-            "measured step (pipesim verify --trace-out) under its prediction."
+            "measured step (a pipesim verify --json report or --trace-out file) under its "
+            "prediction."
         ),
     )
     sources = parser.add_argument(
@@ -128,8 +130,9 @@ def register(subparsers: Any) -> None:
     out.add_argument(
         "--measured",
         metavar="FILE",
-        help="a measured trace (pipesim verify --trace-out FILE): draw it under the "
-        "prediction, rank by rank, with the error per action kind",
+        help="a measured step: the JSON report of `pipesim verify --json -o FILE` or a "
+        "trace from `pipesim verify --trace-out FILE`; draw it under the prediction, rank by "
+        "rank, with the error per action kind",
     )
     out.add_argument(
         "--cdn",

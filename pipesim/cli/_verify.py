@@ -147,7 +147,12 @@ def register(subparsers: Any) -> None:
         "refuse when they are not already exact",
     )
     out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object; it embeds the measured step (measured_trace), so "
+        "`pipesim plot --measured REPORT.json` draws it against the prediction",
+    )
     out.add_argument(
         "-o",
         "--output",

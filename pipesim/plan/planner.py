@@ -53,6 +53,7 @@ from pipesim.plan.sweep import (
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec, schedule_names
+from pipesim.units import format_bytes
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
@@ -507,10 +508,10 @@ def _plan_point(
     reason = None
     if not fits:
         reason = (
-            f"needs {evaluation.peak_memory_bytes / 1e9:.1f} GB per device "
-            f"({evaluation.static_bytes / 1e9:.1f} GB params, grads and optimizer + "
-            f"{evaluation.activation_bytes / 1e9:.1f} GB activations) > "
-            f"{usable / 1e9:.1f} GB usable"
+            f"needs {format_bytes(evaluation.peak_memory_bytes)} per device "
+            f"({format_bytes(evaluation.static_bytes)} params, grads and optimizer + "
+            f"{format_bytes(evaluation.activation_bytes)} activations) > "
+            f"{format_bytes(usable)} usable"
         )
     return replace(
         base,
