@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import (
+    LAYERS,
     add_require_fit_argument,
     positive_int,
     print_json,
@@ -31,7 +32,7 @@ from pipesim.cli._common import (
 )
 from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
-from pipesim.limits import MAX_DEVICES, MAX_LAYERS
+from pipesim.limits import MAX_DEVICES
 
 _EPILOG = """\
 exit status:
@@ -74,7 +75,7 @@ def register(subparsers: Any) -> None:
         ("--seq-length", "seq_length", "sequence length in tokens"),
         ("--vocab", "vocab_size", "vocabulary size"),
     ):
-        kind = whole_number(maximum=MAX_LAYERS, limit="MAX_LAYERS") if dest == "n_layers" else None
+        kind = LAYERS if dest == "n_layers" else None
         model.add_argument(flag, dest=dest, type=kind or positive_int, metavar="N", help=text)
     model.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training dtype")
     model.add_argument(

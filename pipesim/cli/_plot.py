@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import (
+    COUNT_TYPES,
     add_comms_arguments,
     add_cost_arguments,
     add_schedule_arguments,
@@ -34,8 +35,8 @@ from pipesim.cli._common import (
     comms_from_args,
     costs_from_args,
     describe_comms,
-    positive_int,
     schedule_from_args,
+    usage_error,
 )
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.errors import PipesimError
@@ -69,7 +70,7 @@ _COST_KEYS = {
     "param_bytes": "text",
     "link_latency": "text",
     "link_bandwidth": "text",
-    "link_concurrency": "text",
+    "link_concurrency": "count",
     "memory_capacity": "text",
     "no_overlap_comm": "switch",
     "time_unit": "text",
@@ -298,7 +299,7 @@ def split_settings(source: str) -> tuple[str, dict[str, str]]:
         if _dest(key) not in _SETTING_KEYS:
             names = [k.replace("_", "-") for k in _SETTING_KEYS]
             valid = ", ".join(sorted([*names, *_ALIASES]))
-            raise PipesimError(
+            raise usage_error(
                 f"unknown setting {key!r} in {source!r}{did_you_mean(key, names)}; write "
                 f"NAME:key=value with key one of {valid}"
             )
@@ -317,19 +318,19 @@ def apply_settings(
         kind = _SETTING_KEYS[dest]
         if kind == "count":
             try:
-                setattr(local, dest, positive_int(value))
+                setattr(local, dest, COUNT_TYPES[dest](value))
             except argparse.ArgumentTypeError as exc:
-                raise PipesimError(f"setting {key} of {source!r}: {exc}") from None
+                raise usage_error(f"setting {key} of {source!r}: {exc}") from None
         elif kind == "switch":
             if value.lower() not in {"", "true", "yes", "1", "false", "no", "0"}:
-                raise PipesimError(
+                raise usage_error(
                     f"setting {key} of {source!r} is on or off: write {key}, {key}=true or "
                     f"{key}=false, not {key}={value}"
                 )
             setattr(local, dest, value.lower() in {"", "true", "yes", "1"})
         else:
             if not value:
-                raise PipesimError(f"setting {key} of {source!r} needs a value: {key}=X")
+                raise usage_error(f"setting {key} of {source!r} needs a value: {key}=X")
             setattr(local, dest, value)
     return local
 
