@@ -333,6 +333,7 @@ def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
     best = result.best
     assert best is not None
     schedule, costs = configuration(result, best, model=SMALL)
+    assert costs.time_unit == "ns"  # what --costs-out writes and simulate then prints
     metrics = simulate(schedule, costs=costs).metrics
     assert metrics.makespan == best.pipeline_time_ns
     assert metrics.bubble_ratio == best.bubble

@@ -328,6 +328,7 @@ def test_output_format_follows_the_suffix(
     assert main(["simulate", *command, "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     assert simulated["makespan"] == best["pipeline_time_ns"]
+    assert simulated["time_unit"] == "ns"  # the file says its unit; no bare "units"
     assert main([*base, "-o", str(tmp_path / "plan.csv")]) == 0
     assert (tmp_path / "plan.csv").read_text().startswith("rank,schedule,")
 

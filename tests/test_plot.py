@@ -535,7 +535,7 @@ def test_cli_short_keys_and_did_you_mean(
     assert main([*argv, "-o", str(tmp_path / "k.html")]) == 0
     out = capsys.readouterr().out
     assert "1f1b p=2 m=4: makespan 15" in out and "1f1b p=2 m=8: makespan 27" in out
-    assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 1
+    assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 2  # usage, as a bad flag
     assert "(did you mean 'microbatches'?)" in capsys.readouterr().err
 
 
