@@ -293,23 +293,25 @@ def plan_figure(result: PlanResult, /) -> Any:
         annotation_position="top left",
     )
     hidden = len(simulated) - len(shown)
+    # added, not set through update_layout(annotations=...): that would overwrite the
+    # vertical line's own label ("usable ...") and inherit its anchors
+    fig.add_annotation(
+        text=f"{hidden} configurations slower than {ceiling:.3g} s or over "
+        f"{format_bytes(2 * result.usable_memory_bytes)} are not drawn",
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=-0.16,
+        xanchor="left",
+        yanchor="top",
+        showarrow=False,
+        font={"size": 11, "color": "#666"},
+    )
     fig.update_layout(
         title=(
             f"{result.model}, {result.devices} x {result.accelerator.name}: step time vs "
             "memory (x: does not fit; ringed: Pareto front)"
         ),
-        annotations=[
-            {
-                "text": f"{hidden} configurations slower than {ceiling:.3g} s or over "
-                f"{format_bytes(2 * result.usable_memory_bytes)} are not drawn",
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0,
-                "y": -0.16,
-                "showarrow": False,
-                "font": {"size": 11, "color": "#666"},
-            }
-        ],
         xaxis_title=f"peak memory per device ({unit})",
         yaxis_title="step time (s, log scale)",
         yaxis_type="log",
