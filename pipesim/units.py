@@ -144,11 +144,13 @@ def binary_scale(largest: int, /) -> tuple[int, str]:
     return largest_divisor, largest_unit
 
 
-def format_bytes(n_bytes: int, /) -> str:
-    """Bytes in binary units, exact below 1 KiB, 3 significant digits above.
+def format_bytes(n_bytes: int, /, *, digits: int = 3) -> str:
+    """Bytes in binary units, exact below 1 KiB, ``digits`` significant digits above.
 
     >>> format_bytes(0), format_bytes(1000), format_bytes(1536), format_bytes(15 * 10**9)
     ('0 B', '1000 B', '1.5 KiB', '14 GiB')
+    >>> format_bytes(77_000_000_000, digits=4)
+    '71.71 GiB'
     """
     divisor, unit = binary_scale(n_bytes)
-    return f"{n_bytes} B" if unit == "B" else f"{n_bytes / divisor:.3g} {unit}"
+    return f"{n_bytes} B" if unit == "B" else f"{n_bytes / divisor:.{digits}g} {unit}"

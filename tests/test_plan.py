@@ -439,3 +439,18 @@ def test_schedules_meet_only_the_virtual_values_they_take() -> None:
             schedules=["1f1b"],
             workers=1,
         )
+
+
+def test_a_refusal_never_reads_as_equal_memory() -> None:
+    from pipesim.plan.planner import _digits_apart
+    from pipesim.units import format_bytes
+
+    # 77e9 and 76,968,728,985 bytes (an H100's usable 90%) are 71.71 and 71.68 GiB
+    need, usable = 77 * 10**9, 76_968_728_985
+    assert format_bytes(need) == format_bytes(usable) == "71.7 GiB"
+    digits = _digits_apart(need, usable)
+    assert digits == 4 and (format_bytes(need, digits=4), format_bytes(usable, digits=4)) == (
+        f"{need / 2**30:.2f} GiB",
+        f"{usable / 2**30:.2f} GiB",
+    )
+    assert _digits_apart(2 * usable, usable) == 3

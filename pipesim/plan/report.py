@@ -142,15 +142,16 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
     )
     shown = list(fitting[:top]) if fitting else simulated[:top]
     pareto_more = [p for p in result.pareto if p not in shown][:top]
-    scale = _memory_unit([*shown, *pareto_more])
+    # one table in two parts: the same unit and column widths
+    header, *rows = _table([*shown, *pareto_more], _memory_unit([*shown, *pareto_more]))
     lines = [head, ""]
     if shown:
-        lines += _table(shown, scale)
+        lines += [header, *rows[: len(shown)]]
         if not fitting:
             lines.append("(none fits: the least memory first)")
     if pareto_more:
         lines += ["", "more of the Pareto front (step time vs memory):"]
-        lines += _table(pareto_more, scale)[1:]
+        lines += rows[len(shown) :]
     groups: dict[str, list[str]] = {}
     for point in infeasible:
         text = (point.reason or "?").split(";")[0]
