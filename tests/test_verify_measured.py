@@ -75,12 +75,14 @@ def test_plot_measured_reads_the_verify_json_report(
     assert sorted(row[1] for row in rows) == sorted(
         f"{s}{op}{k}" for s in (0, 1) for op in "FB" for k in range(2)
     )
+    ns_per = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}  # the unit the line picks
     for kind in "FB":
         spans = [row[3] - row[2] for row in rows if row[1][1] == kind]
-        mean_ms = sum(spans) / len(spans) / 1e6
         line = next(x for x in lines if x.strip().startswith(f"{kind}: predicted"))
-        shown = float(re.search(r"measured ([0-9.]+) ms", line).group(1))  # type: ignore[union-attr]
-        assert shown == pytest.approx(mean_ms, rel=1e-5), line
+        found = re.search(r"measured ([0-9.]+) (s|ms|us|ns)\b", line)
+        assert found is not None, line
+        shown_ns = float(found.group(1)) * ns_per[found.group(2)]
+        assert shown_ns == pytest.approx(sum(spans) / len(spans), rel=1e-5), line
     # the prediction drawn is the one verify reported its makespan error against
     error = next(x for x in lines if "makespan error" in x)
     assert f"{report['makespan_error_percent']:+.1f}%" in error
