@@ -1,7 +1,8 @@
 """Trace files: one step (schedule, costs, trace) as JSON, simulated or measured.
 
-``pipesim verify --trace-out FILE`` writes the measured step in this format and
-``pipesim plot --measured FILE`` reads it (see :mod:`pipesim.views`): the same
+``pipesim verify --trace-out FILE`` writes the measured step in this format (and
+``pipesim verify --json`` embeds it in its report as ``measured_trace``);
+``pipesim plot --measured FILE`` reads either (see :mod:`pipesim.views`): the same
 views draw it as a simulated step. The format::
 
     {"format": "pipesim-trace", "version": 1, "time_unit": "ns",
@@ -124,7 +125,8 @@ def step_from_dict(data: object, /, *, source: str = "trace") -> Simulation:
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise ParseError(
             f'{source}: not a pipesim trace file (expected a JSON object with "format": '
-            f'"{_FORMAT}", as `pipesim verify --trace-out` writes)'
+            f'"{_FORMAT}", as `pipesim verify --trace-out` writes, or the JSON report of '
+            "`pipesim verify --json -o FILE`)"
         )
     schedule = schedule_from_dict(data.get("schedule"), source=f"{source}: schedule")
     unit = data.get("time_unit", "unit")
@@ -147,8 +149,17 @@ def step_from_dict(data: object, /, *, source: str = "trace") -> Simulation:
 
 
 def load_trace(path: str | Path, /) -> Simulation:
-    """Read a trace file (see the module docstring)."""
-    return step_from_dict(read_json(path, what="trace"), source=str(path))
+    """Read a trace file (see the module docstring), or the measured step of a
+    ``pipesim verify --json`` report, which embeds one as ``measured_trace``."""
+    data = read_json(path, what="trace")
+    if isinstance(data, dict) and data.get("format") != _FORMAT and "measured_trace" in data:
+        if data["measured_trace"] is None:
+            raise ParseError(
+                f"{path}: this verify report holds no measured trace (it does not say how the "
+                "schedule ran); rerun `pipesim verify ... --json -o FILE` or use --trace-out FILE"
+            )
+        return step_from_dict(data["measured_trace"], source=f"{path}: measured_trace")
+    return step_from_dict(data, source=str(path))
 
 
 def _t(value: object) -> Time:

@@ -9,10 +9,13 @@ for abstract slots (the default: a forward of 1, a backward of 2), or ``"s"``,
 **Bytes.** One convention everywhere: binary prefixes, labelled as such
 (KiB = 1024 B, MiB, GiB, TiB), as ``nvidia-smi`` and PyTorch's memory summary
 report device memory. A number of bytes is never written with an SI suffix
-("15B" is 15 billion bytes to plotly, and looks like 15 bytes to a reader).
+("15B" is 15 billion bytes to plotly, and looks like 15 bytes to a reader). Where
+numbers line up (a table column, an axis) they share the unit :func:`binary_scale`
+picks for the largest. Rates stay as datasheets write them
+(a link of 450 GB/s moves 450 * 10**9 bytes a second): only amounts are binary.
 
->>> format_bytes(80 * 2**30), format_duration(378809301, "ns")
-('80 GiB', '378.809 ms')
+>>> format_bytes(80 * 2**30), format_bytes(80 * 10**9), format_duration(378809301, "ns")
+('80 GiB', '74.5 GiB', '378.809 ms')
 >>> display_scale("ns", 378809301)
 (Fraction(1, 1000000), 'ms')
 """
@@ -27,6 +30,7 @@ from pipesim.errors import UnknownNameError
 from pipesim.exact import Time, as_number
 
 __all__ = [
+    "BYTES_PER_UNIT",
     "SECONDS_PER_UNIT",
     "TIME_UNITS",
     "binary_scale",
@@ -52,7 +56,10 @@ SECONDS_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
 #: Every time unit a cost model may name: ``unit`` (abstract slots) first.
 TIME_UNITS = ("unit", *SECONDS_PER_UNIT)
 
-_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+#: Bytes per binary unit (IEC 80000-13 prefixes), smallest first.
+BYTES_PER_UNIT: Mapping[str, int] = MappingProxyType(
+    {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+)
 
 
 def check_time_unit(unit: object, /) -> str:
@@ -130,19 +137,20 @@ def binary_scale(largest: int, /) -> tuple[int, str]:
     >>> binary_scale(500), binary_scale(15 * 10**9)
     ((1, 'B'), (1073741824, 'GiB'))
     """
-    divisor = 1
-    for unit in _BINARY:
-        if abs(largest) < 1024 * divisor or unit == _BINARY[-1]:
+    *smaller, (largest_unit, largest_divisor) = BYTES_PER_UNIT.items()
+    for unit, divisor in smaller:
+        if abs(largest) < 1024 * divisor:
             return divisor, unit
-        divisor *= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return largest_divisor, largest_unit
 
 
-def format_bytes(n_bytes: int, /) -> str:
-    """Bytes in binary units, exact below 1 KiB, 3 significant digits above.
+def format_bytes(n_bytes: int, /, *, digits: int = 3) -> str:
+    """Bytes in binary units, exact below 1 KiB, ``digits`` significant digits above.
 
     >>> format_bytes(0), format_bytes(1000), format_bytes(1536), format_bytes(15 * 10**9)
     ('0 B', '1000 B', '1.5 KiB', '14 GiB')
+    >>> format_bytes(77_000_000_000, digits=4)
+    '71.71 GiB'
     """
     divisor, unit = binary_scale(n_bytes)
-    return f"{n_bytes} B" if unit == "B" else f"{n_bytes / divisor:.3g} {unit}"
+    return f"{n_bytes} B" if unit == "B" else f"{n_bytes / divisor:.{digits}g} {unit}"

@@ -274,7 +274,7 @@ SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
         ((*SIM, "--activation-bytes", "1.5"), ("activation_bytes must be a whole number",)),
         ((*SIM, "--link-bandwidth", "0"), ("link bandwidth must be positive",)),
         ((*SIM, "--link-latency", "NaN"), ("link latency must be finite",)),
-        ((*SIM, "--link-concurrency", "0"), ("max_concurrent must be at least 1",)),
+        ((*SIM, "--link-concurrency", "0"), ("--link-concurrency", "got 0")),
         (("simulate", "gpipe", "-p", "0", "-m", "4"), ("--stages", "0")),
         (("simulate", "gpipe", "-p", "2", "-m", "-3"), ("--microbatches", "-3")),
         (("simulate", "gpipe", "-p", "1.5", "-m", "4"), ("--stages", "1.5")),

@@ -111,6 +111,18 @@ CASES = [
     (("verify", "1f1b", "-p", "2", "-m", "2", "--warmup", "-3"), 2, ("--warmup", "'-3'")),
     (("verify", "1f1b", "-p", "2", "-m", "2", "--timeout", "0"), 2, ("--timeout", "'0'")),
     (("schedule", "1f1b", "-p", "2", "-m", "2", "-o", "no/such/s.json"), 1, ("cannot write",)),
+    # counts are usage errors (2) bounded by the same pipesim.limits entry in every verb
+    (("simulate", "1f1b", "-p", "2", "-m", "2", "--ranks-per-node", "0"), 2, ("--ranks-per-node",)),
+    (("simulate", "1f1b", "-p", "2", "-m", "2", "--ranks-per-node", "5000"), 2, ("MAX_RANKS",)),
+    (("simulate", "1f1b", "-p", "2", "-m", "2", "--link-concurrency", "0"), 2, ("got 0",)),
+    (("calibrate", "-p", "5000", "-o", "c.json"), 2, ("--stages", "MAX_RANKS")),
+    (("calibrate", "-m", "2000000", "-o", "c.json"), 2, ("MAX_MICROBATCHES",)),
+    (("calibrate", "--virtual", "70000", "-o", "c.json"), 2, ("MAX_STAGES",)),
+    (("calibrate", "--gpt-layers", "99999999", "-o", "c.json"), 2, ("MAX_LAYERS",)),
+    (("calibrate", "--warmup", "-1", "-o", "c.json"), 2, ("--warmup", "'-1'")),
+    (("calibrate", "--timeout", "-1", "-o", "c.json"), 2, ("--timeout", "'-1'")),
+    (("verify", "1f1b", "-p", "2", "-m", "2", "--gpt-layers", "99999999"), 2, ("MAX_LAYERS",)),
+    (("plot", "1f1b:p=5000", "-p", "2", "-m", "2"), 2, ("setting p", "MAX_RANKS")),
 ]
 
 

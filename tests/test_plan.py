@@ -100,7 +100,9 @@ def test_gpipe_is_never_recommended_when_only_1f1b_memory_fits() -> None:
     tight = plan(spec, memory_capacity_bytes=capacity, **kwargs)  # type: ignore[arg-type]
     assert tight.best is not None and tight.best.schedule == "1f1b"
     gpipe = next(p for p in tight.points if p.schedule == "gpipe")
-    assert gpipe.fits is False and gpipe.rank is None and "GB" in (gpipe.reason or "")
+    assert gpipe.fits is False and gpipe.rank is None
+    usable = tight.usable_memory_bytes / 2**30  # tens of GiB: named in binary units
+    assert 1 <= usable < 1024 and f"{usable:.3g} GiB usable" in (gpipe.reason or "")
     assert tight.best.peak_memory_bytes <= capacity  # type: ignore[operator]
     # GPipe alone: nothing fits, so nothing is recommended
     alone = plan(spec, memory_capacity_bytes=capacity, **(kwargs | {"schedules": ["gpipe"]}))  # type: ignore[arg-type]
@@ -331,6 +333,7 @@ def test_the_winner_rebuilt_and_simulated_by_the_simpy_engine() -> None:
     best = result.best
     assert best is not None
     schedule, costs = configuration(result, best, model=SMALL)
+    assert costs.time_unit == "ns"  # what --costs-out writes and simulate then prints
     metrics = simulate(schedule, costs=costs).metrics
     assert metrics.makespan == best.pipeline_time_ns
     assert metrics.bubble_ratio == best.bubble
@@ -436,3 +439,18 @@ def test_schedules_meet_only_the_virtual_values_they_take() -> None:
             schedules=["1f1b"],
             workers=1,
         )
+
+
+def test_a_refusal_never_reads_as_equal_memory() -> None:
+    from pipesim.plan.planner import _digits_apart
+    from pipesim.units import format_bytes
+
+    # 77e9 and 76,968,728,985 bytes (an H100's usable 90%) are 71.71 and 71.68 GiB
+    need, usable = 77 * 10**9, 76_968_728_985
+    assert format_bytes(need) == format_bytes(usable) == "71.7 GiB"
+    digits = _digits_apart(need, usable)
+    assert digits == 4 and (format_bytes(need, digits=4), format_bytes(usable, digits=4)) == (
+        f"{need / 2**30:.2f} GiB",
+        f"{usable / 2**30:.2f} GiB",
+    )
+    assert _digits_apart(2 * usable, usable) == 3

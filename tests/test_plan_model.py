@@ -154,9 +154,13 @@ def test_every_preset_number_carries_a_source() -> None:
 def test_accelerator_presets() -> None:
     h100 = get_accelerator("h100-sxm")
     assert h100.peak_flops == 989e12
-    assert h100.memory_bytes == 80 * 10**9
+    # Capacity as the driver reports it (NVML total in MiB, published per GPU in the
+    # preset's source), not the datasheet's round "80GB" read as 10**9 bytes.
+    assert h100.memory_bytes == 81_559 * 2**20 != 80 * 10**9
     assert h100.link(inter_node=True).bandwidth_bytes_per_s == 50e9
-    assert get_accelerator("h200").memory_bytes == 141 * 10**9
+    assert get_accelerator("h200").memory_bytes == 143_771 * 2**20
+    assert get_accelerator("a100-80gb").memory_bytes == 80 * 2**30
+    assert get_accelerator("a100-40gb").memory_bytes == 40 * 2**30
 
 
 def test_custom_accelerator_file(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -298,7 +299,8 @@ def test_nothing_fits_exits_non_zero_with_require_fit(
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "nothing fits in 0.9 GB per device" in out
+    # usable: 1e9 less 10% headroom = 9e8 bytes = 858.3 MiB (binary, as every byte count)
+    assert f"nothing fits in {9 * 10**8 / 2**20:.0f} MiB per device" in out
     assert "(none fits: the least memory first)" in out  # the nearest misses
     assert main([*args, "--require-fit"]) == 1
     assert "--require-fit: no configuration fits" in capsys.readouterr().err
@@ -327,6 +329,7 @@ def test_output_format_follows_the_suffix(
     assert main(["simulate", *command, "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     assert simulated["makespan"] == best["pipeline_time_ns"]
+    assert simulated["time_unit"] == "ns"  # the file says its unit; no bare "units"
     assert main([*base, "-o", str(tmp_path / "plan.csv")]) == 0
     assert (tmp_path / "plan.csv").read_text().startswith("rank,schedule,")
 
@@ -428,7 +431,17 @@ def test_html_report_has_the_winner_table_front_refusals_and_key(tmp_path: Path)
     # refused: schedule rules and memory, each kind once with its count
     assert "Why configurations were refused" in page
     assert any((p.reason or "").startswith("needs") for p in result.points)
-    assert "GB usable" in page
+    # 24.41 KiB usable: binary, no headroom (with a 4th digit where the need is as close)
+    assert re.search(rf"&gt; {25_000 / 1024:.1f}[0-9]? KiB usable", page)
+    assert "GB" not in page.replace("GB/s", "")
+    # one binary unit per column and axis, picked for the largest value (41 kB: KiB)
+    from pipesim.plan.report import format_table, plan_figure
+
+    assert "<th>memory KiB</th>" in page
+    assert plan_figure(result).layout.xaxis.title.text == "peak memory per device (KiB)"
+    header, row = format_table(result).splitlines()[2:4]  # columns are right-aligned
+    end = header.index("memory KiB") + len("memory KiB")
+    assert row[:end].split()[-1] == f"{best.peak_memory_bytes / 1024:.1f}"  # type: ignore[operator]
     for column, _ in COLUMN_KEY:
         assert f"<td>{column}</td>" in page
 

@@ -370,6 +370,7 @@ def test_cli_compare_with_per_source_settings(
         (["plot", "1f1b", "gpipe", "-p", "2", "-m", "2"], "add --compare"),
         (["plot", "1f1b:color=red", "-p", "2", "-m", "2"], "unknown setting 'color'"),
         (["plot", "1f1b:microbatches=0", "-p", "2", "-m", "2"], "setting microbatches"),
+        (["plot", "1f1b:p=5000", "-p", "2", "-m", "2"], "from 1 to 4096 (MAX_RANKS"),
         (["plot", "1f1b", "-p", "2", "-m", "2", "-o", "x.csv"], "ending in .html or .htm or .png"),
         (["plot", "1fb1", "-p", "2", "-m", "2"], "(did you mean '1f1b'?)"),
         (["plot", "1f1b:mb=2", "-p", "2"], "unknown setting 'mb'"),
@@ -384,7 +385,8 @@ def test_cli_plot_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(argv) == 1
+    # a bad NAME:key=value setting is a usage error (2), as the same flag's value would be
+    assert main(argv) == (2 if "setting" in message or "MAX_RANKS" in message else 1)
     err = capsys.readouterr().err
     assert err.startswith("pipesim: error: ") and message in err
     assert "Traceback" not in err
@@ -533,7 +535,7 @@ def test_cli_short_keys_and_did_you_mean(
     assert main([*argv, "-o", str(tmp_path / "k.html")]) == 0
     out = capsys.readouterr().out
     assert "1f1b p=2 m=4: makespan 15" in out and "1f1b p=2 m=8: makespan 27" in out
-    assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 1
+    assert main(["plot", "1f1b:microbatch=4", "-p", "2"]) == 2  # usage, as a bad flag
     assert "(did you mean 'microbatches'?)" in capsys.readouterr().err
 
 

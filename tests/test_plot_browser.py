@@ -407,8 +407,12 @@ def test_static_images(suffix: str, tmp_path: Path, chromium: str) -> None:
         assert data.startswith(b"%PDF") and len(data) > 5_000
 
 
-def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
-    """``plot --measured``: both sides drawn, one bar per action each, no script error."""
+@pytest.mark.parametrize("container", ["trace", "verify report"])
+def test_measured_overlay_renders(container: str, chromium: str, tmp_path: Path) -> None:
+    """``plot --measured``: both sides drawn, one bar per action each, no script error;
+    from a trace file or from a verify JSON report that embeds it (``measured_trace``)."""
+    import json
+
     from pipesim import CostModel, generate, save_trace, simulate
 
     schedule = generate("1f1b", n_ranks=2, n_microbatches=4)
@@ -419,6 +423,10 @@ def test_measured_overlay_renders(chromium: str, tmp_path: Path) -> None:
         schedule=schedule,
         costs=CostModel.uniform(forward=4, backward=8, time_unit="ms"),
     )
+    if container == "verify report":  # the keys `pipesim verify --json` writes around it
+        report = {"bit_identical": True, "measured_trace": json.loads(trace.read_text())}
+        trace = tmp_path / "report.json"
+        trace.write_text(json.dumps(report))
     html = tmp_path / "overlay.html"
     assert main(["plot", "--measured", str(trace), "-o", str(html)]) == 0
     dom, console = _dump(chromium, tmp_path, _with_collector(html, tmp_path / "page.html"))
@@ -450,3 +458,38 @@ def test_comms_schedule_draws_its_sends_and_receives(
     sim = simulate(comms, costs=CostModel.uniform(link=Link(latency="0.5")))
     n_idle = sum(len(idle_intervals(sim.trace, r)) for r in range(4))
     assert dom.count('<g class="point"') == 64 + 48 + n_idle
+
+
+def test_plan_report_renders_with_binary_units(chromium: str, tmp_path: Path) -> None:
+    """``plan -o plan.html``: the chart draws, no script error, every amount of memory in
+    binary units (the axis in GiB for an 80 GB H100, whose usable 71.7 GiB it marks)."""
+    import json
+
+    tiny = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--seq-length", "128"]
+    tiny += ["--vocab", "1000", "--devices", "2", "--accelerator", "h100-sxm"]
+    tiny += ["--global-batch", "4", "--workers", "1", "--min-mfu", "0", "--no-progress"]
+    assert main([*tiny, "-o", str(tmp_path / "plan.json")]) == 0
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert main([*tiny, "-o", str(tmp_path / "plan.html")]) == 0
+    page = _with_collector(tmp_path / "plan.html", tmp_path / "page.html")
+    dom, console = _dump(chromium, tmp_path, page)
+    assert _js_errors(dom) == "[]" and console == []
+    # oracle: 81,559 MiB (the driver's H100 figure) less 10% headroom, in GiB
+    usable = 81_559 * 2**20 * 0.9 / 2**30
+    assert data["usable_memory_bytes"] == int(81_559 * 2**20 * 0.9)
+    assert "peak memory per device (GiB)" in dom and f"usable {usable:.3g} GiB" in dom
+    # drawn: every simulated point up to 4x the fastest that fits and 2x the usable memory
+    simulated = [p for p in data["points"] if p["step_time_s"] is not None]
+    ceiling = 4 * min(p["step_time_s"] for p in simulated if p["fits"])
+    limit = 2 * data["usable_memory_bytes"]
+    shown = [
+        p for p in simulated if p["step_time_s"] <= ceiling and p["peak_memory_bytes"] <= limit
+    ]
+    assert dom.count('class="point"') == len(shown) > 0
+    # the note under the chart, beside the line's label (not in place of it)
+    assert f"{len(simulated) - len(shown)} configurations slower than" in dom
+    # the table's unit: the largest peak shown is under 1 GiB, so MiB or KiB, never GB
+    peaks = [p["peak_memory_bytes"] for p in data["points"] if p["fits"]]
+    unit = "MiB" if max(peaks) >= 2**20 else "KiB"
+    assert f"<th>memory {unit}</th>" in dom
+    assert not re.search(r"[0-9] ?GB\b(?!/s)", dom)  # no amount of bytes in SI units

@@ -55,6 +55,20 @@ def test_bad_files(data: object, message: str) -> None:
         step_from_dict(data, source="x.json")
 
 
+def test_a_verify_report_is_read_for_its_measured_trace(tmp_path: Path) -> None:
+    sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2))
+    embedded = step_to_dict(sim.trace, schedule=sim.schedule, costs=sim.costs)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"bit_identical": True, "measured_trace": embedded}))
+    assert load_trace(report).trace == sim.trace
+    report.write_text(json.dumps({"bit_identical": True, "measured_trace": None}))
+    with pytest.raises(ParseError, match="holds no measured trace"):
+        load_trace(report)
+    report.write_text(json.dumps({"bit_identical": True}))  # neither a trace nor a report
+    with pytest.raises(ParseError, match=r"not a pipesim trace file .* verify --json -o FILE"):
+        load_trace(report)
+
+
 def test_malformed_record_is_named() -> None:
     sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2))
     data = step_to_dict(sim.trace, schedule=sim.schedule)

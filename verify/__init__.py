@@ -79,7 +79,7 @@ from verify.local import (
     transfer_table,
 )
 from verify.locate import first_gradient_difference, max_abs_diff, twin
-from verify.measured import as_run_trace, write_measured_trace
+from verify.measured import as_run_trace, measured_step_dict, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
@@ -148,6 +148,7 @@ __all__ = [
     "max_abs_diff",
     "measure",
     "measure_all",
+    "measured_step_dict",
     "measured_trace",
     "message_shapes",
     "mlp",

@@ -7,18 +7,23 @@ one host thread runs every rank, so they are one rank here), with that
 schedule and the calibrated costs. Simulating that schedule with those costs
 is the prediction ``verify`` reports its makespan error against, so
 ``pipesim plot --measured FILE`` draws the same comparison, rank by rank.
+
+The JSON report (``pipesim verify --json [-o FILE]``) embeds the same object as
+``measured_trace`` (:func:`measured_step_dict`), so ``pipesim plot --measured``
+reads the report as well: one file keeps the verdict and the timeline together.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, Trace, TransferRecord
-from pipesim.trace_io import save_trace
+from pipesim.trace_io import save_trace, step_to_dict
 from verify.report import VerifyReport
 
-__all__ = ["as_run_trace", "write_measured_trace"]
+__all__ = ["as_run_trace", "measured_step_dict", "write_measured_trace"]
 
 
 def as_run_trace(report: VerifyReport, /) -> tuple[Schedule, Trace]:
@@ -50,10 +55,8 @@ def as_run_trace(report: VerifyReport, /) -> tuple[Schedule, Trace]:
     )
 
 
-def write_measured_trace(report: VerifyReport, path: str | Path, /) -> Path:
-    """Write the measured step of ``report`` as a pipesim trace file (times in ns)."""
-    schedule, trace = as_run_trace(report)
-    meta = {
+def _meta(report: VerifyReport) -> dict[str, Any]:
+    return {
         "source": "pipesim verify",
         "schedule": report.schedule,
         "model": report.model,
@@ -61,4 +64,16 @@ def write_measured_trace(report: VerifyReport, path: str | Path, /) -> Path:
         "bit_identical": report.bit_identical,
         "makespan_error_percent": report.makespan_error_percent,
     }
-    return save_trace(trace, path, schedule=schedule, costs=report.costs, meta=meta)
+
+
+def measured_step_dict(report: VerifyReport, /) -> dict[str, Any]:
+    """The trace file's object (:func:`pipesim.trace_io.step_to_dict`) of the measured
+    step: what ``pipesim verify --json`` embeds as ``measured_trace``."""
+    schedule, trace = as_run_trace(report)
+    return step_to_dict(trace, schedule=schedule, costs=report.costs, meta=_meta(report))
+
+
+def write_measured_trace(report: VerifyReport, path: str | Path, /) -> Path:
+    """Write the measured step of ``report`` as a pipesim trace file (times in ns)."""
+    schedule, trace = as_run_trace(report)
+    return save_trace(trace, path, schedule=schedule, costs=report.costs, meta=_meta(report))

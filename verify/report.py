@@ -5,7 +5,9 @@
 ``max_abs_diff_full_batch``, ``param_bytes`` (per stage), ``transfer_bytes``
 (per stage boundary, per micro-batch), ``measured_makespan`` and
 ``predicted_makespan`` (seconds). ``grads_equal`` is null for a forward-only
-schedule (no gradients to compare).
+schedule (no gradients to compare). ``measured_trace`` is the measured step as a
+pipesim trace file's object (times in ns, :mod:`verify.measured`), which
+``pipesim plot --measured REPORT.json`` draws against its prediction.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class VerifyReport:
         data["time_unit"] = "s"
         data["costs"] = costs_to_dict(self.costs)
         data["costs"]["meta"] = {"time_unit": "ns"}
+        from verify.measured import measured_step_dict  # it builds on this module
+
+        data["measured_trace"] = None if self.as_run is None else measured_step_dict(self)
         return data
 
 

@@ -19,7 +19,7 @@ import importlib
 import warnings
 from typing import Any
 
-from pipesim.cli._common import positive_int
+from pipesim.cli._common import LAYERS, MICROBATCHES, RANKS, VIRTUAL, WARMUP, positive_int, seconds
 from pipesim.errors import PipesimError
 
 _INSTALL = "pip install 'pipesim[verify]'"
@@ -46,14 +46,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "-p",
         "--stages",
-        type=positive_int,
+        type=RANKS,
         default=2,
         metavar="P",
         help="ranks (pipeline depth), default 2",
     )
     parser.add_argument(
         "--virtual",
-        type=positive_int,
+        type=VIRTUAL,
         default=1,
         metavar="V",
         help="stages per rank of the cut to calibrate (1 or 2), default 1",
@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "-m",
         "--microbatches",
-        type=positive_int,
+        type=MICROBATCHES,
         default=4,
         metavar="M",
         help="micro-batches of the calibration runs, default 4",
@@ -77,7 +77,7 @@ def register(subparsers: Any) -> None:
         "--model", default="gpt", metavar="gpt|mlp|MODULE:FACTORY", help="the model (default gpt)"
     )
     parser.add_argument(
-        "--gpt-layers", type=positive_int, default=6, metavar="N", help="GPT blocks (default 6)"
+        "--gpt-layers", type=LAYERS, default=6, metavar="N", help="GPT blocks (default 6)"
     )
     parser.add_argument(
         "--gpt-width", type=positive_int, default=256, metavar="D", help="GPT width (default 256)"
@@ -98,14 +98,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--warmup",
-        type=int,
+        type=WARMUP,
         default=1,
         metavar="W",
         help="untimed steps before each measured one (default 1)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=300.0,
         metavar="S",
         help="stop a run after S seconds (default 300)",

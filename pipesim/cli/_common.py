@@ -22,7 +22,7 @@ from pipesim.actions import Comm
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.costs import CostModel, Link, Links, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
-from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
+from pipesim.limits import MAX_LAYERS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import load_schedule
 from pipesim.schedules import generate, schedule_names
@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from pipesim.comms import CommSchedule
 
 __all__ = [
+    "COUNT_TYPES",
+    "LAYERS",
+    "MICROBATCHES",
+    "RANKS",
+    "VIRTUAL",
+    "WARMUP",
     "add_cost_arguments",
     "add_require_fit_argument",
     "add_schedule_arguments",
@@ -45,6 +51,7 @@ __all__ = [
     "schedule_from_args",
     "schedule_from_source",
     "seconds",
+    "usage_error",
     "whole_number",
 ]
 
@@ -83,12 +90,38 @@ pipesim.limits), got 5000
     return parse
 
 
+def usage_error(message: str) -> PipesimError:
+    """A PipesimError that exits with status 2, as argparse's usage errors do: for a bad
+    option value the CLI reads itself (plot's ``NAME:key=value`` settings)."""
+    error = PipesimError(message)
+    error.exit_status = 2  # type: ignore[attr-defined]  # read by pipesim.cli.main
+    return error
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number from 1 to 10**9, with a message naming the value."""
     return _POSITIVE(text)
 
 
 _POSITIVE = whole_number()
+
+# The counts the verbs share, each bounded once by its pipesim.limits entry (a usage
+# error, exit status 2, above it); plot's NAME:key=value settings parse with the same.
+RANKS = whole_number(maximum=MAX_RANKS, limit="MAX_RANKS")
+MICROBATCHES = whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES")
+VIRTUAL = whole_number(maximum=MAX_STAGES, limit="MAX_STAGES")
+LAYERS = whole_number(maximum=MAX_LAYERS, limit="MAX_LAYERS")
+#: Untimed runs before a measured one (verify, calibrate).
+WARMUP = whole_number(minimum=0, maximum=1000)
+#: argparse type of each count flag, by dest.
+COUNT_TYPES: dict[str, Callable[[str], int]] = {
+    "stages": RANKS,
+    "microbatches": MICROBATCHES,
+    "virtual": VIRTUAL,
+    "group_size": MICROBATCHES,
+    "ranks_per_node": RANKS,
+    "link_concurrency": _POSITIVE,
+}
 
 
 def seconds(text: str) -> float:
@@ -119,7 +152,7 @@ def add_size_arguments(
     group.add_argument(
         "--stages",
         "-p",
-        type=whole_number(maximum=MAX_RANKS, limit="MAX_RANKS"),
+        type=RANKS,
         required=required,
         metavar="P",
         help="pipeline depth p: ranks (devices), one per pipeline stage",
@@ -127,7 +160,7 @@ def add_size_arguments(
     group.add_argument(
         "--microbatches",
         "-m",
-        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
+        type=MICROBATCHES,
         required=required,
         metavar="M",
         help="micro-batches per step",
@@ -135,7 +168,7 @@ def add_size_arguments(
     group.add_argument(
         "--virtual",
         "-v",
-        type=whole_number(maximum=MAX_STAGES, limit="MAX_STAGES"),
+        type=VIRTUAL,
         metavar="V",
         help=virtual_help,
     )
@@ -162,7 +195,7 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, *, source: bool = Tr
     )
     group.add_argument(
         "--group-size",
-        type=whole_number(maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"),
+        type=MICROBATCHES,
         metavar="N",
         help="interleaved-1f1b: micro-batches per group (Megatron; default P)",
     )
@@ -316,10 +349,14 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "--link-bandwidth", metavar="BYTES_PER_T", help="link bandwidth (default: unlimited)"
     )
     group.add_argument(
-        "--link-concurrency", metavar="K", help="messages one link direction carries at once (1)"
+        "--link-concurrency",
+        type=positive_int,
+        metavar="K",
+        help="messages one link direction carries at once (1)",
     )
     group.add_argument(
         "--ranks-per-node",
+        type=RANKS,
         metavar="N",
         help="ranks k*N .. k*N+N-1 share node k: the --link-* flags describe links inside a "
         "node, the --inter-node-* flags links between nodes",

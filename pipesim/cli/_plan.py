@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import (
+    LAYERS,
     add_require_fit_argument,
     positive_int,
     print_json,
@@ -31,7 +32,7 @@ from pipesim.cli._common import (
 )
 from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
-from pipesim.limits import MAX_DEVICES, MAX_LAYERS
+from pipesim.limits import MAX_DEVICES
 
 _EPILOG = """\
 exit status:
@@ -74,7 +75,7 @@ def register(subparsers: Any) -> None:
         ("--seq-length", "seq_length", "sequence length in tokens"),
         ("--vocab", "vocab_size", "vocabulary size"),
     ):
-        kind = whole_number(maximum=MAX_LAYERS, limit="MAX_LAYERS") if dest == "n_layers" else None
+        kind = LAYERS if dest == "n_layers" else None
         model.add_argument(flag, dest=dest, type=kind or positive_int, metavar="N", help=text)
     model.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training dtype")
     model.add_argument(
@@ -97,7 +98,9 @@ def register(subparsers: Any) -> None:
         "--global-batch", type=positive_int, metavar="B", help="sequences per optimizer step"
     )
     hardware.add_argument(
-        "--memory-capacity", metavar="BYTES", help="override device memory (e.g. 80e9)"
+        "--memory-capacity",
+        metavar="BYTES",
+        help="override device memory, in bytes (e.g. 85899345920 for 80 GiB)",
     )
     hardware.add_argument(
         "--memory-headroom",
@@ -331,6 +334,7 @@ class _Progress:
 def _list() -> str:
     from pipesim.plan.hardware import accelerator_names, get_accelerator
     from pipesim.plan.model import get_model, model_names
+    from pipesim.units import format_bytes
 
     lines = ["models:"]
     for name in model_names():
@@ -341,7 +345,7 @@ def _list() -> str:
         acc = get_accelerator(name)
         lines.append(
             f"  {name:12s} {acc.peak_flops / 1e12:5.0f} TFLOP/s bf16, "
-            f"{acc.memory_bytes / 1e9:4.0f} GB, {acc.gpus_per_node}/node  {acc.description}"
+            f"{format_bytes(acc.memory_bytes):>9s}, {acc.gpus_per_node}/node  {acc.description}"
         )
     return "\n".join(lines)
 

@@ -14,7 +14,8 @@ schedules hold different numbers of stages per rank, the cost flags describe
 one rank's layer block and each schedule's stages get their share
 (:mod:`pipesim.fair`), so the same model is compared.
 
-With ``--measured FILE`` (a trace from ``pipesim verify --trace-out``) the
+With ``--measured FILE`` (the JSON report of ``pipesim verify --json -o FILE``,
+which embeds the measured trace, or a trace from ``pipesim verify --trace-out``) the
 measured step is drawn under the predicted one, rank by rank, with the error
 per action kind (:mod:`pipesim.plot.overlay`).
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.cli._common import (
+    COUNT_TYPES,
     add_comms_arguments,
     add_cost_arguments,
     add_schedule_arguments,
@@ -33,8 +35,8 @@ from pipesim.cli._common import (
     comms_from_args,
     costs_from_args,
     describe_comms,
-    positive_int,
     schedule_from_args,
+    usage_error,
 )
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.errors import PipesimError
@@ -68,7 +70,7 @@ _COST_KEYS = {
     "param_bytes": "text",
     "link_latency": "text",
     "link_bandwidth": "text",
-    "link_concurrency": "text",
+    "link_concurrency": "count",
     "memory_capacity": "text",
     "no_overlap_comm": "switch",
     "time_unit": "text",
@@ -88,7 +90,8 @@ def register(subparsers: Any) -> None:
             "With --compare, stack several schedules on one time axis; each source may carry "
             "its own settings as NAME:key=value:..., e.g. "
             "`pipesim plot 1f1b:m=4 1f1b:m=16 --compare -p 4`. With --measured, draw a "
-            "measured step (pipesim verify --trace-out) under its prediction."
+            "measured step (a pipesim verify --json report or --trace-out file) under its "
+            "prediction."
         ),
     )
     sources = parser.add_argument(
@@ -128,8 +131,9 @@ def register(subparsers: Any) -> None:
     out.add_argument(
         "--measured",
         metavar="FILE",
-        help="a measured trace (pipesim verify --trace-out FILE): draw it under the "
-        "prediction, rank by rank, with the error per action kind",
+        help="a measured step: the JSON report of `pipesim verify --json -o FILE` or a "
+        "trace from `pipesim verify --trace-out FILE`; draw it under the prediction, rank by "
+        "rank, with the error per action kind",
     )
     out.add_argument(
         "--cdn",
@@ -295,7 +299,7 @@ def split_settings(source: str) -> tuple[str, dict[str, str]]:
         if _dest(key) not in _SETTING_KEYS:
             names = [k.replace("_", "-") for k in _SETTING_KEYS]
             valid = ", ".join(sorted([*names, *_ALIASES]))
-            raise PipesimError(
+            raise usage_error(
                 f"unknown setting {key!r} in {source!r}{did_you_mean(key, names)}; write "
                 f"NAME:key=value with key one of {valid}"
             )
@@ -314,19 +318,19 @@ def apply_settings(
         kind = _SETTING_KEYS[dest]
         if kind == "count":
             try:
-                setattr(local, dest, positive_int(value))
+                setattr(local, dest, COUNT_TYPES[dest](value))
             except argparse.ArgumentTypeError as exc:
-                raise PipesimError(f"setting {key} of {source!r}: {exc}") from None
+                raise usage_error(f"setting {key} of {source!r}: {exc}") from None
         elif kind == "switch":
             if value.lower() not in {"", "true", "yes", "1", "false", "no", "0"}:
-                raise PipesimError(
+                raise usage_error(
                     f"setting {key} of {source!r} is on or off: write {key}, {key}=true or "
                     f"{key}=false, not {key}={value}"
                 )
             setattr(local, dest, value.lower() in {"", "true", "yes", "1"})
         else:
             if not value:
-                raise PipesimError(f"setting {key} of {source!r} needs a value: {key}=X")
+                raise usage_error(f"setting {key} of {source!r} needs a value: {key}=X")
             setattr(local, dest, value)
     return local
 

@@ -19,6 +19,8 @@ import warnings
 from typing import Any
 
 from pipesim.cli._common import (
+    LAYERS,
+    WARMUP,
     add_schedule_arguments,
     positive_int,
     print_json,
@@ -75,7 +77,7 @@ def register(subparsers: Any) -> None:
     )
     group.add_argument(
         "--gpt-layers",
-        type=positive_int,
+        type=LAYERS,
         default=4,
         metavar="N",
         help="transformer blocks of --model gpt (default 4; N+2 entries to cut)",
@@ -121,7 +123,7 @@ def register(subparsers: Any) -> None:
     )
     group.add_argument(
         "--warmup",
-        type=whole_number(minimum=0, maximum=1000),
+        type=WARMUP,
         default=1,
         metavar="K",
         help="untimed runs before the measured one (default 1)",
@@ -147,7 +149,12 @@ def register(subparsers: Any) -> None:
         "refuse when they are not already exact",
     )
     out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object; it embeds the measured step (measured_trace), so "
+        "`pipesim plot --measured REPORT.json` draws it against the prediction",
+    )
     out.add_argument(
         "-o",
         "--output",

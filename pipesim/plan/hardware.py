@@ -5,7 +5,7 @@ public source; :func:`accelerator_from_dict` builds a custom one.
 
 >>> h100 = get_accelerator("h100-sxm")
 >>> h100.peak_flops, h100.memory_bytes, h100.gpus_per_node
-(989000000000000.0, 80000000000, 8)
+(989000000000000.0, 85520809984, 8)
 >>> h100.link(inter_node=False).bandwidth_bytes_per_s
 450000000000.0
 """

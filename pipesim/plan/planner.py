@@ -53,6 +53,7 @@ from pipesim.plan.sweep import (
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec, schedule_names
+from pipesim.units import format_bytes
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
@@ -467,6 +468,15 @@ def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[Plan
     return kept, len(dropped)
 
 
+def _digits_apart(need: int, usable: int) -> int:
+    """Significant digits (3 to 6) at which ``need`` and ``usable`` bytes read apart, so a
+    refusal never says "needs 71.7 GiB > 71.7 GiB usable"."""
+    for digits in range(3, 6):
+        if format_bytes(need, digits=digits) != format_bytes(usable, digits=digits):
+            return digits
+    return 6
+
+
 def _plan_point(
     point: Point,
     evaluation: Evaluation,
@@ -506,11 +516,13 @@ def _plan_point(
         )
     reason = None
     if not fits:
+        peak = evaluation.peak_memory_bytes
+        digits = _digits_apart(peak, usable)
         reason = (
-            f"needs {evaluation.peak_memory_bytes / 1e9:.1f} GB per device "
-            f"({evaluation.static_bytes / 1e9:.1f} GB params, grads and optimizer + "
-            f"{evaluation.activation_bytes / 1e9:.1f} GB activations) > "
-            f"{usable / 1e9:.1f} GB usable"
+            f"needs {format_bytes(peak, digits=digits)} per device "
+            f"({format_bytes(evaluation.static_bytes)} params, grads and optimizer + "
+            f"{format_bytes(evaluation.activation_bytes)} activations) > "
+            f"{format_bytes(usable, digits=digits)} usable"
         )
     return replace(
         base,

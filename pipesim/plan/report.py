@@ -19,6 +19,7 @@ from typing import Any
 
 from pipesim.files import write_text
 from pipesim.plan.result import PlanPoint, PlanResult, explain
+from pipesim.units import binary_scale, format_bytes
 
 __all__ = [
     "COLUMN_KEY",
@@ -46,7 +47,7 @@ _HEADERS = (
     "tokens/s",
     "MFU",
     "bubble",
-    "memory GB",
+    "memory",
     "fits",
     "pareto",
 )
@@ -69,18 +70,31 @@ COLUMN_KEY = (
     ("tokens/s", "tokens per second, all devices"),
     ("MFU", "model FLOPs (no recomputation) / (step time x devices x peak FLOP/s)"),
     ("bubble", "idle share of the pipeline's ranks x pipeline time"),
-    ("memory GB", "peak per device, 10^9 bytes: weights + grads + optimizer + activations"),
+    (
+        "memory",
+        "peak per device in the binary unit the header names (GiB = 2^30 bytes): "
+        "weights + grads + optimizer + activations",
+    ),
     ("fits", "peak within the usable memory (capacity less the headroom)"),
     ("pareto", "* on the step-time / memory Pareto front"),
 )
 
 
-def _row(point: PlanPoint) -> tuple[str, ...]:
+def _memory_unit(points: Sequence[PlanPoint]) -> tuple[int, str]:
+    """``(divisor, unit)``: one binary unit for the memory of every row (they line up)."""
+    return binary_scale(max((p.peak_memory_bytes or 0 for p in points), default=0))
+
+
+def _headers(unit: str) -> tuple[str, ...]:
+    return tuple(f"memory {unit}" if h == "memory" else h for h in _HEADERS)
+
+
+def _row(point: PlanPoint, divisor: int) -> tuple[str, ...]:
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
     bubble = None if point.bubble is None else float(point.bubble)
-    memory = None if point.peak_memory_bytes is None else point.peak_memory_bytes / 1e9
+    memory = None if point.peak_memory_bytes is None else point.peak_memory_bytes / divisor
     return (
         "-" if point.rank is None else str(point.rank),
         point.schedule,
@@ -104,9 +118,12 @@ def _row(point: PlanPoint) -> tuple[str, ...]:
     )
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(_HEADERS, *rows, strict=True)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(_HEADERS, widths, strict=True))]
+def _table(points: Sequence[PlanPoint], scale: tuple[int, str]) -> list[str]:
+    divisor, unit = scale
+    headers = _headers(unit)
+    rows = [_row(p, divisor) for p in points]
+    widths = [max(len(x) for x in col) for col in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in rows]
     return lines
 
@@ -119,20 +136,22 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
     infeasible = [p for p in result.points if not p.feasible]
     head = (
         f"{result.model} on {result.devices} x {result.accelerator.name} "
-        f"({result.memory_capacity_bytes / 1e9:.1f} GB each), global batch "
+        f"({format_bytes(result.memory_capacity_bytes)} each), global batch "
         f"{result.global_batch}: {len(result.points)} configurations, {len(simulated)} "
         f"simulated, {len(fitting)} fit"
     )
     shown = list(fitting[:top]) if fitting else simulated[:top]
+    pareto_more = [p for p in result.pareto if p not in shown][:top]
+    # one table in two parts: the same unit and column widths
+    header, *rows = _table([*shown, *pareto_more], _memory_unit([*shown, *pareto_more]))
     lines = [head, ""]
     if shown:
-        lines += _table([_row(p) for p in shown])
+        lines += [header, *rows[: len(shown)]]
         if not fitting:
             lines.append("(none fits: the least memory first)")
-    pareto_more = [p for p in result.pareto if p not in shown]
     if pareto_more:
         lines += ["", "more of the Pareto front (step time vs memory):"]
-        lines += _table([_row(p) for p in pareto_more[:top]])[1:]
+        lines += rows[len(shown) :]
     groups: dict[str, list[str]] = {}
     for point in infeasible:
         text = (point.reason or "?").split(";")[0]
@@ -226,8 +245,9 @@ def plan_figure(result: PlanResult, /) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    usable = result.usable_memory_bytes / 1e9
     simulated = [p for p in result.points if p.feasible]
+    divisor, unit = binary_scale(result.usable_memory_bytes)
+    usable = result.usable_memory_bytes / divisor
     fastest = min((p.step_time_s or 0 for p in simulated if p.fits), default=None)
     if fastest is None:
         fastest = min((p.step_time_s or 0 for p in simulated), default=1.0)
@@ -235,13 +255,13 @@ def plan_figure(result: PlanResult, /) -> Any:
     shown = [
         p
         for p in simulated
-        if (p.step_time_s or 0) <= ceiling and (p.peak_memory_bytes or 0) / 1e9 <= 2 * usable
+        if (p.step_time_s or 0) <= ceiling and (p.peak_memory_bytes or 0) / divisor <= 2 * usable
     ]
     for name in sorted({p.schedule for p in shown}):
         mine = [p for p in shown if p.schedule == name]
         fig.add_trace(
             go.Scatter(
-                x=[(p.peak_memory_bytes or 0) / 1e9 for p in mine],
+                x=[(p.peak_memory_bytes or 0) / divisor for p in mine],
                 y=[p.step_time_s for p in mine],
                 mode="markers",
                 name=name,
@@ -259,7 +279,7 @@ def plan_figure(result: PlanResult, /) -> Any:
         ordered = sorted(front, key=lambda p: p.peak_memory_bytes or 0)
         fig.add_trace(
             go.Scatter(
-                x=[(p.peak_memory_bytes or 0) / 1e9 for p in ordered],
+                x=[(p.peak_memory_bytes or 0) / divisor for p in ordered],
                 y=[p.step_time_s for p in ordered],
                 mode="lines",
                 name="Pareto front",
@@ -270,28 +290,30 @@ def plan_figure(result: PlanResult, /) -> Any:
     fig.add_vline(
         x=usable,
         line={"color": "red", "dash": "dash"},
-        annotation_text=f"usable {usable:.0f} GB",
+        annotation_text=f"usable {format_bytes(result.usable_memory_bytes)}",
         annotation_position="top left",
     )
     hidden = len(simulated) - len(shown)
+    # added, not set through update_layout(annotations=...): that would overwrite the
+    # vertical line's own label ("usable ...") and inherit its anchors
+    fig.add_annotation(
+        text=f"{hidden} configurations slower than {ceiling:.3g} s or over "
+        f"{format_bytes(2 * result.usable_memory_bytes)} are not drawn",
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=-0.16,
+        xanchor="left",
+        yanchor="top",
+        showarrow=False,
+        font={"size": 11, "color": "#666"},
+    )
     fig.update_layout(
         title=(
             f"{result.model}, {result.devices} x {result.accelerator.name}: step time vs "
             "memory (x: does not fit; ringed: Pareto front)"
         ),
-        annotations=[
-            {
-                "text": f"{hidden} configurations slower than {ceiling:.3g} s or over "
-                f"{2 * usable:.0f} GB are not drawn",
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0,
-                "y": -0.16,
-                "showarrow": False,
-                "font": {"size": 11, "color": "#666"},
-            }
-        ],
-        xaxis_title="peak memory per device (GB)",
+        xaxis_title=f"peak memory per device ({unit})",
         yaxis_title="step time (s, log scale)",
         yaxis_type="log",
         legend_title="schedule",
@@ -307,9 +329,9 @@ def _hover(point: PlanPoint) -> str:
         f"<b>{point.schedule}</b> rank {point.rank if point.rank is not None else '-'}",
         point.label(),
         f"step {point.step_time_s:.4g} s, MFU {mfu}, bubble {bubble}",
-        f"memory {(point.peak_memory_bytes or 0) / 1e9:.1f} GB "
-        f"(static {(point.static_memory_bytes or 0) / 1e9:.1f} + activations "
-        f"{(point.peak_activation_bytes or 0) / 1e9:.1f})",
+        f"memory {format_bytes(point.peak_memory_bytes or 0)} "
+        f"(static {format_bytes(point.static_memory_bytes or 0)} + activations "
+        f"{format_bytes(point.peak_activation_bytes or 0)})",
         "layers per stage: " + " ".join(str(n) for n in point.layers_per_stage),
     ]
     if point.reason:
@@ -371,8 +393,8 @@ def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> s
     parts = [f"<h1>{html.escape(title)}</h1>"]
     parts.append(
         f"<p>{len(result.points)} configurations, {sum(p.feasible for p in result.points)} "
-        f"simulated, {len(result.fitting)} fit in {result.usable_memory_bytes / 1e9:.1f} GB "
-        f"per device ({result.memory_capacity_bytes / 1e9:.1f} GB less "
+        f"simulated, {len(result.fitting)} fit in {format_bytes(result.usable_memory_bytes)} "
+        f"per device ({format_bytes(result.memory_capacity_bytes)} less "
         f"{result.memory_headroom:.0%} headroom); engine {html.escape(result.engine)}.</p>"
     )
     css = "winner" if best is not None else "winner warn"
@@ -402,7 +424,8 @@ def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> s
         )
     shown = list(result.fitting[:top]) or [p for p in result.points if p.feasible][:top]
     parts.append(f"<h2>Top {len(shown)} configurations</h2>")
-    parts.append(_html_table(_HEADERS, [_row(p) for p in shown]))
+    divisor, unit = _memory_unit(shown)
+    parts.append(_html_table(_headers(unit), [_row(p, divisor) for p in shown]))
     parts.append("<h2>Step time against memory</h2>" + figure)
     refusals = _refusals(result)
     if refusals:

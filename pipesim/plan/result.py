@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from pipesim.plan.hardware import Accelerator
+from pipesim.units import format_bytes
 
 __all__ = ["PlanPoint", "PlanResult", "alternatives", "explain", "rank_points"]
 
@@ -306,8 +307,8 @@ class PlanResult:
         }
 
 
-def _gb(n_bytes: int | None) -> str:
-    return "?" if n_bytes is None else f"{n_bytes / 1e9:.1f} GB"
+def _bytes(n_bytes: int | None) -> str:
+    return "?" if n_bytes is None else format_bytes(n_bytes)
 
 
 _DIMENSIONS = (
@@ -346,7 +347,7 @@ def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
 def explain(result: PlanResult, /) -> str:
     """One line: why the winner wins (or why nothing is recommended)."""
     best = result.best
-    usable = _gb(result.usable_memory_bytes)
+    usable = _bytes(result.usable_memory_bytes)
     prefix = ""
     if result.stopped is not None:
         done = sum(p.evaluated for p in result.points)
@@ -359,9 +360,9 @@ def explain(result: PlanResult, /) -> str:
             )
         least = min(feasible, key=lambda p: p.peak_memory_bytes or 0)
         return prefix + (
-            f"nothing fits in {usable} per device ({_gb(result.memory_capacity_bytes)} less "
+            f"nothing fits in {usable} per device ({_bytes(result.memory_capacity_bytes)} less "
             f"{result.memory_headroom:.0%} headroom); the least memory is "
-            f"{_gb(least.peak_memory_bytes)} ({least.label()}): add devices, use tensor "
+            f"{_bytes(least.peak_memory_bytes)} ({least.label()}): add devices, use tensor "
             "parallelism, recomputation or the distributed optimizer, lower the micro-batch "
             "size, or use an accelerator with more memory"
         )
@@ -376,7 +377,7 @@ def explain(result: PlanResult, /) -> str:
     mfu = "" if best.mfu is None else f", MFU {best.mfu:.1%}"
     parts = [
         f"{best.label()} is the fastest configuration that fits: "
-        f"{best.step_time_ns / 1e9:.3g} s/step{mfu}, {_gb(best.peak_memory_bytes)} of "
+        f"{best.step_time_ns / 1e9:.3g} s/step{mfu}, {_bytes(best.peak_memory_bytes)} of "
         f"{usable} usable, bubble {float(best.bubble):.1%}"
     ]
     for what, other in alternatives(result)[:2]:

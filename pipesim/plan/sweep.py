@@ -378,6 +378,7 @@ def _stage_costs(
         link=intra,
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
+        time_unit="ns",  # the planner's durations are whole nanoseconds
     )
     found = _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
     _COSTS[key] = found
@@ -422,6 +423,7 @@ def _measured_costs(
         links=links,
         dispatch_overhead=dispatch,
         memory_capacity_bytes=context.memory_capacity_bytes,
+        time_unit="ns",  # a cost file's times, as plan reads them
     )
     n = len(sizes) * n_copies
     return _StageTable(costs, params * n_copies, [0] * n, [0] * n)

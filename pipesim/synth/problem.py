@@ -48,22 +48,20 @@ from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_action
 from pipesim.memory import microbatch_peak
 from pipesim.schedules.zbv import v_placement
 from pipesim.step import cost_tables
+from pipesim.units import BYTES_PER_UNIT
 
 __all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
 
 #: Stage -> rank layouts the synthesizer knows (``--placement``).
 PLACEMENTS = ("looped", "v")
 
+# SI units mean what they say when read (20GB = 20 * 10**9 bytes); pipesim writes binary.
 _UNITS = {
-    "b": 1,
     "kb": 10**3,
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    **{unit.lower(): n_bytes for unit, n_bytes in BYTES_PER_UNIT.items()},
 }
 _LIMIT = re.compile(r"\s*([0-9.eE+/_]+)\s*([A-Za-z]*)\s*")
 
