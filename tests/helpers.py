@@ -3,6 +3,13 @@ on the path of the modules it collects here)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
 from pipesim.plan.workload import Workload
@@ -46,3 +53,39 @@ def evaluate_one_point(workload: Workload, /, **kwargs: object) -> Evaluation:
     context, point = one_point(workload, **kwargs)  # type: ignore[arg-type]
     (evaluation,) = evaluate_points(context, [point], workers=1)
     return evaluation
+
+
+def processes_with(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker``: those a test started (a launcher
+    and its workers), found in /proc so that a leftover is seen whoever its parent is."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def sigterm_once_ranks_joined(
+    launcher: subprocess.Popen[bytes], logs: str, tmp: Path, marker: str
+) -> tuple[int, bytes]:
+    """Wait (90 s at most) until two rank logs match the glob ``logs`` under ``tmp`` and
+    the launcher and both ranks run, then SIGTERM the launcher; its exit status and
+    stderr. The launcher is killed if it outlives the call."""
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both ranks have joined (each writes its log)
+            if len(list(tmp.glob(logs))) == 2 and len(processes_with(marker)) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ranks did not start within 90 s")
+        launcher.send_signal(signal.SIGTERM)
+        status = launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    return status, launcher.stderr.read() if launcher.stderr else b""

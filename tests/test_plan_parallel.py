@@ -15,6 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from helpers import processes_with
 
 from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
@@ -352,19 +353,6 @@ BIG = [
 _MAIN = "import sys; from pipesim.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _ours(marker: str) -> list[int]:
-    """Processes whose environment carries ``marker``: those a test started."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def _start(extra: list[str], marker: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PIPESIM_TEST_MARKER=marker)
     return subprocess.Popen(
@@ -386,7 +374,7 @@ def test_timeout_stops_every_worker_and_prints_the_partial_ranking() -> None:
     assert proc.returncode == 1, err
     assert elapsed < 4 + 10  # start-up, the sweep's 4 s, stopping within ~2 s
     assert "partial plan" in out and "rank" in out
-    assert _ours(marker) == []
+    assert processes_with(marker) == []
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
@@ -394,9 +382,9 @@ def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     marker = uuid.uuid4().hex
     proc = _start([], marker)
     deadline = time.monotonic() + 30
-    while len(_ours(marker)) < 3 and time.monotonic() < deadline:  # parent + 2 workers
+    while len(processes_with(marker)) < 3 and time.monotonic() < deadline:  # parent + 2 workers
         time.sleep(0.1)
-    assert len(_ours(marker)) >= 3
+    assert len(processes_with(marker)) >= 3
     time.sleep(1.0)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground group)
@@ -405,7 +393,7 @@ def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     assert proc.returncode == 130, err
     assert "partial plan (the sweep was interrupted" in out
     assert "Traceback" not in err
-    assert _ours(marker) == []
+    assert processes_with(marker) == []
 
 
 def test_html_report_has_the_winner_table_front_refusals_and_key(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import processes_with, sigterm_once_ranks_joined  # noqa: E402
+
 from pipesim.schedules import generate  # noqa: E402
 from verify.crosscheck import _compare, crosscheck_all  # noqa: E402
 
@@ -99,19 +101,6 @@ def sleepy():  # rank 0 hangs in its first forward
 """
 
 
-def _processes_with(marker: str) -> list[int]:
-    """The processes whose environment holds ``marker`` (the launcher and its ranks)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over processes")
 def test_sigterm_leaves_no_rank_and_no_folder_behind(tmp_path: Path) -> None:
     (tmp_path / "cross_models.py").write_text(_SLEEPY)
@@ -128,22 +117,11 @@ def test_sigterm_leaves_no_rank_and_no_folder_behind(tmp_path: Path) -> None:
         "               model='cross_models:sleepy', steps=1, timeout_s=200)\n"
     )
     launcher = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # both ranks have joined (each writes its log)
-            logs = list(tmp.glob("pipesim-crosscheck-*/rank*.log"))
-            if len(logs) == 2 and len(_processes_with(marker)) >= 3:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the ranks did not start within 90 s")
-        launcher.send_signal(signal.SIGTERM)
-        status = launcher.wait(timeout=30)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    status, stderr = sigterm_once_ranks_joined(
+        launcher, "pipesim-crosscheck-*/rank*.log", tmp, marker
+    )
     assert status == 128 + signal.SIGTERM
     assert list(tmp.iterdir()) == []  # the rendezvous folder and the rank logs are gone
     time.sleep(0.5)
-    assert _processes_with(marker) == []
-    assert b"Traceback" not in (launcher.stderr.read() if launcher.stderr else b"")
+    assert processes_with(marker) == []
+    assert b"Traceback" not in stderr

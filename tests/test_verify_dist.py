@@ -21,6 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import processes_with, sigterm_once_ranks_joined  # noqa: E402
+
 from pipesim.calibration import MeasuredStep, fit_costs  # noqa: E402
 from pipesim.cli import main  # noqa: E402
 from pipesim.costs import costs_from_dict  # noqa: E402
@@ -229,19 +231,6 @@ def test_a_failing_rank_is_reported(models: str) -> None:
     _no_children_left()
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find left-over processes")
 def test_sigterm_removes_the_temporary_folder_and_every_rank(models: str, tmp_path: Path) -> None:
     tmp = tmp_path / "tmp"
@@ -258,23 +247,9 @@ def test_sigterm_removes_the_temporary_folder_and_every_rank(models: str, tmp_pa
     script = tmp_path / "run_sleepy.py"
     script.write_text(code)
     launcher = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 90
-        # Wait until both ranks have joined (each writes its log in the run's folder).
-        while time.monotonic() < deadline:
-            logs = list(tmp.glob("pipesim-dist-*/rank*.log"))
-            if len(logs) == 2 and len(_processes_with(marker)) >= 3:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the ranks did not start within 90 s")
-        launcher.send_signal(signal.SIGTERM)
-        status = launcher.wait(timeout=30)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    status, stderr = sigterm_once_ranks_joined(launcher, "pipesim-dist-*/rank*.log", tmp, marker)
     assert status == 128 + signal.SIGTERM
     assert list(tmp.iterdir()) == []  # the rendezvous folder and its logs are gone
     time.sleep(0.5)
-    assert _processes_with(marker) == []
-    assert b"Traceback" not in (launcher.stderr.read() if launcher.stderr else b"")
+    assert processes_with(marker) == []
+    assert b"Traceback" not in stderr
