@@ -6,10 +6,19 @@ needs (activations from the previous stage, gradients from the next,
 ``happens_before`` signals), then holds the rank for the work's duration. When
 work ends, each message it produces for another rank is sent over that ordered
 pair's link, a ``simpy.Resource`` holding ``max_concurrent`` messages at once
-(see :mod:`pipesim.costs` for the link model). Free links deliver at the
-producer's end time without a process, and a rank waiting for such an arrival
-while its producer runs waits on the producer's own timeout: one SimPy event per
-unit of work, plus one per wait on a link.
+(see :mod:`pipesim.costs` for the link model).
+
+Each rank keeps its own clock, the end of its last unit of work. A signal, or a
+message on a free link, arrives exactly when its producer ends, so its arrival
+time is known as soon as the producer's rank reaches the producer; a rank whose
+next work needs only arrivals of known time starts it at the latest of its clock
+and those times, with no SimPy event, and yields only when an arrival's time is
+not known yet (it waits on an event its producer triggers). Start times are
+maxima and sums of exact numbers, so the order in which SimPy interleaves the
+ranks changes none of them. A message on a link that costs time is carried by a
+process of its own in simulated time: its rank first waits (a timeout) until its
+clock, so that a link serves its messages in the order and at the times they are
+sent, and the message's arrival time is known only when it arrives.
 
 Activation memory per rank changes by each work's memory effect
 (:mod:`pipesim.memory`) when it starts and when it ends.
@@ -171,21 +180,22 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
     structure = step.structure
     n_ranks = structure.schedule.n_ranks
-    # Per arrival (message or signal): whether it arrived, and the event its consumer
-    # waits on (made only if it blocks); whether it goes over a link that costs time.
-    arrived = bytearray(structure.n_arrivals)
+    # Per arrival (message or signal): its arrival time once known (None before), and
+    # the event its consumer waits on (made only if it blocks); whether it goes over a
+    # link that costs time.
+    arrival_at: list[Time | None] = [None] * structure.n_arrivals
     waiters: list[Any] = [None] * structure.n_arrivals
     on_link = _on_link(step)
 
-    def deliver(arrival: int) -> None:
-        arrived[arrival] = 1
+    def deliver(arrival: int) -> None:  # a link's message arrives now
+        arrival_at[arrival] = env.now
         waiter = waiters[arrival]
         if waiter is not None:
             waiter.succeed()
 
     links = _Links(env, step, deliver) if any(on_link) else None
     overlap_comm = step.costs.overlap_comm
-    starts, ends = _time_column(step), _time_column(step)
+    starts, ends = _time_columns(step)
     durations, effects = step.durations, step.effects
     inputs, outputs = structure.inputs, structure.outputs
     timeout, event = env.timeout, env.event
@@ -193,36 +203,25 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
     blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
     has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
-    # Per rank, the node it runs now and the timeout that ends it. A free link or a signal
-    # delivers when its source node's timeout fires, as that rank resumes; a rank waiting
-    # for it on the same timeout event resumes right after (SimPy runs an event's callbacks
-    # in the order they were added) and finds it there: the start time an event of its
-    # own would give, one event fewer. (A comms schedule's messages leave at their SEND
-    # nodes instead: its ranks wait with events of their own.)
-    running, running_end = [-1] * n_ranks, [None] * n_ranks
-    ranks, producers, n_messages = structure.ranks, structure.producers, structure.n_messages
-    signal_sources = [a for a, _ in structure.signals]
-    chain = not structure.explicit_comms
 
     def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
-        now: Time = 0  # env.now, kept here: after a timeout it is start + duration exactly
+        # The rank's own clock: when its last node ended. It runs ahead of env.now while
+        # every arrival its work needs has a known time (see the module docstring).
+        clock: Time = 0
         for node in order:
+            start = clock
             for arrival in inputs[node]:
-                while not arrived[arrival]:
+                at = arrival_at[arrival]
+                if at is None:
                     waiting_at[rank] = node
-                    if has_comms:
-                        blocked_at.setdefault(node, env.now)
-                    if arrival < n_messages:
-                        source = producers[arrival]
-                    else:
-                        source = signal_sources[arrival - n_messages]
-                    if chain and running[ranks[source]] == source and not on_link[arrival]:
-                        yield running_end[ranks[source]]
-                    else:
-                        waiter = waiters[arrival] = event()
-                        yield waiter
-                    now = env.now
+                    waiter = waiters[arrival] = event()
+                    yield waiter
+                    at = arrival_at[arrival]
+                if at > start:  # type: ignore[operator]  # known by now
+                    start = at  # type: ignore[assignment]
+            if has_comms and start != clock:
+                blocked_at[node] = clock
             s_bytes, s_count, e_bytes, e_count = effects[node]
             if s_bytes or s_count:
                 held_bytes += s_bytes
@@ -231,12 +230,8 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                     peak_bytes = held_bytes
                 if inflight > peak_inflight:
                     peak_inflight = inflight
-            starts[node] = now
-            duration = durations[node]
-            running[rank] = node
-            end = running_end[rank] = timeout(duration)
-            yield end
-            ends[node] = now = now + duration
+            starts[node] = start
+            ends[node] = clock = start + durations[node]
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -248,16 +243,18 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
             for arrival in outputs[node]:
                 if on_link[arrival]:
                     assert links is not None
+                    if sending is None and clock != env.now:
+                        yield timeout(clock - env.now)  # a link is taken in time order
                     sending = links.send(arrival, sending)
                     continue
-                arrived[arrival] = 1  # delivered now: a signal, or a message on a free link
+                arrival_at[arrival] = clock  # a signal, or a message on a free link
                 waiter = waiters[arrival]
                 if waiter is not None:
                     waiter.succeed()
             if sending and not overlap_comm:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
-                now = env.now
+                clock = env.now
         waiting_at[rank] = -2
         peaks[rank] = (peak_bytes, peak_inflight)
 
@@ -283,9 +280,9 @@ def _on_link(step: CompiledStep) -> bytearray:
     return on_link
 
 
-def _time_column(step: CompiledStep) -> MutableSequence[Time]:
-    """A zeroed start or end per node: 8 bytes each when every time is an integer that
-    fits (no time exceeds the sum of every duration and every message time), else a list."""
+def _time_columns(step: CompiledStep) -> tuple[MutableSequence[Time], MutableSequence[Time]]:
+    """A zeroed start and end per node: 8 bytes each when every time is an integer that
+    fits (no time exceeds the sum of every duration and every message time), else lists."""
     n_nodes = step.structure.n_steps
     # The node durations themselves, not the tables: a caller may have set its own
     # (pipesim.calibration.replay, through run_compiled).
@@ -293,8 +290,9 @@ def _time_column(step: CompiledStep) -> MutableSequence[Time]:
     if all(type(t) is int for t in small):
         bound = sum(step.durations) + sum(step.occupancy) + sum(step.latency)
         if bound < 2**62:
-            return cast("MutableSequence[Time]", array("q", bytes(8 * n_nodes)))
-    return [0] * n_nodes
+            zeros = array("q", bytes(8 * n_nodes))
+            return cast("MutableSequence[Time]", zeros), cast("MutableSequence[Time]", zeros[:])
+    return [0] * n_nodes, [0] * n_nodes
 
 
 class _Links:
