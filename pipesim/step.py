@@ -333,8 +333,12 @@ class StepStructure:
     def data_edges(self) -> Iterator[tuple[int, int, Action, Action]]:
         """Every data dependency present, same rank or not, as (producer node, consumer
         node, producer, consumer); cross-rank ones are the messages, in the same order."""
-        edges = _edge_rows(self.schedule, self.works, _numbering_of(self))
-        works = self.works
+        numbering = _numbering_of(self)
+        wiring = _wire(
+            self.schedule, self.works, self.orders, self.ranks, numbering, keep_edges=True
+        )
+        edges, works = wiring.edges, self.works
+        assert edges is not None
         for e, (source, node) in enumerate(zip(edges.sources, edges.consumers, strict=True)):
             parts = edges.parts.get(e)
             if parts is None:
@@ -537,56 +541,6 @@ class _Edges:
     """Per edge that touches an overlapped unit, the (producer, consumer) actions."""
 
 
-def _edge_rows(schedule: Schedule, works: Sequence[Work], numbering: _Numbering) -> _Edges:
-    """Apply :func:`prerequisites` to every action present, in node order (an overlapped
-    unit's parts in their order); a duplicated action waits only as its first node."""
-    width, table = numbering.width, numbering.table
-    offsets = _need_offsets(schedule, numbering)
-    sources, consumers = array("l"), array("l")
-    add_source, add_consumer = sources.append, consumers.append
-    parts: dict[int, tuple[Action, Action]] = {}
-    overlapped = numbering.overlap_keys
-    unique = numbering.n_keys == len(works) + sum(len(k) - 1 for k in overlapped.values())
-    for node, (code, key) in enumerate(zip(numbering.keys, numbering.action_keys, strict=True)):
-        if key < 0:
-            _overlap_edges(node, works, numbering, offsets, sources, consumers, parts)
-            continue
-        if not unique and table[key] != node:
-            continue
-        for offset in offsets[code]:
-            source = table[key + offset]
-            if source >= 0:
-                if overlapped and source in overlapped:
-                    need = _part(works[source], key + offset, width)
-                    parts[len(sources)] = (need, works[node])  # type: ignore[assignment]
-                add_source(source)
-                add_consumer(node)
-    return _Edges(sources=sources, consumers=consumers, parts=parts)
-
-
-def _overlap_edges(
-    node: int,
-    works: Sequence[Work],
-    numbering: _Numbering,
-    offsets: Sequence[tuple[int, ...]],
-    sources: array[int],
-    consumers: array[int],
-    parts: dict[int, tuple[Action, Action]],
-) -> None:
-    """:func:`_edge_rows` for the parts of the overlapped unit ``node``."""
-    width, table = numbering.width, numbering.table
-    for key in numbering.overlap_keys[node]:
-        if table[key] != node:
-            continue
-        action = _part(works[node], key, width)
-        for offset in offsets[key // width]:
-            source = table[key + offset]
-            if source >= 0:
-                parts[len(sources)] = (_part(works[source], key + offset, width), action)
-                sources.append(source)
-                consumers.append(node)
-
-
 def _need_offsets(schedule: Schedule, numbering: _Numbering) -> list[tuple[int, ...]]:
     """Per action code ``4 * stage + op index``: the key offsets of what it waits for
     (:func:`prerequisites`, same micro-batch), in prerequisite order."""
@@ -650,7 +604,7 @@ def step_structure(
         positions.extend(range(len(order)))
         orders.append(range(first, len(ranks)))
     numbering = _number(schedule, works)
-    wiring = _wire(schedule, ranks, positions, _edge_rows(schedule, works, numbering))
+    wiring = _wire(schedule, works, orders, ranks, numbering)
     back_edge = wiring.back_edge
     extra_edges: list[tuple[int, int]] = []
     signals: list[tuple[int, int]] = []
@@ -788,57 +742,86 @@ class _Wiring:
     inputs: list[tuple[int, ...]]
     outputs: list[tuple[int, ...]]
     back_edge: bool
+    edges: _Edges | None
+    """Every data edge, same rank or not (when asked for: :meth:`StepStructure.data_edges`)."""
 
 
 def _wire(
-    schedule: Schedule, ranks: Sequence[int], positions: Sequence[int], edges: _Edges
+    schedule: Schedule,
+    works: Sequence[Work],
+    orders: Sequence[range],
+    ranks: Sequence[int],
+    numbering: _Numbering,
+    *,
+    keep_edges: bool = False,
 ) -> _Wiring:
-    """Cross-rank edges become messages, numbered in edge order; a same-rank edge is
-    covered by program order, unless it points back (a cycle)."""
+    """Apply :func:`prerequisites` to every action present, in node order (an overlapped
+    unit's parts in their order; a duplicated action waits only as its first node), in
+    one pass: a cross-rank edge becomes a message, numbered in edge order; a same-rank
+    edge is covered by program order, unless it points back (a cycle)."""
+    width, table, action_keys = numbering.width, numbering.table, numbering.action_keys
+    offsets = _need_offsets(schedule, numbering)
+    overlapped = numbering.overlap_keys
+    unique = numbering.n_keys == len(works) + sum(len(k) - 1 for k in overlapped.values())
     empty: tuple[int, ...] = ()
-    inputs: list[tuple[int, ...]] = [empty] * len(ranks)
-    outputs: list[tuple[int, ...]] = [empty] * len(ranks)
+    inputs: list[tuple[int, ...]] = [empty] * len(works)
+    outputs: list[tuple[int, ...]] = [empty] * len(works)
     producers, consumers, pair_of = array("l"), array("l"), array("l")
     add_producer, add_consumer, add_pair = producers.append, consumers.append, pair_of.append
     pair_at: dict[int, int] = {}  # src * n_ranks + dst -> pair id, numbered by first use
     pair_get, n_ranks = pair_at.get, schedule.n_ranks
+    message_parts: dict[int, tuple[Action, Action]] = {}
+    edges = _Edges(sources=array("l"), consumers=array("l"), parts={}) if keep_edges else None
     back_edge = False
     message = 0
-    for source, node in zip(edges.sources, edges.consumers, strict=True):
-        src, dst = ranks[source], ranks[node]
-        if src == dst:
-            if positions[source] > positions[node]:
-                back_edge = True
-            continue
-        pair = pair_get(src * n_ranks + dst)
-        if pair is None:
-            pair = pair_at[src * n_ranks + dst] = len(pair_at)
-        add_producer(source)
-        add_consumer(node)
-        add_pair(pair)
-        single = (message,)  # shared: () + single is single itself, no copy
-        outputs[source] += single
-        inputs[node] += single
-        message += 1
+    for rank, order in enumerate(orders):
+        first, stop = order.start, order.stop  # a rank's nodes are consecutive
+        for node in order:
+            key = action_keys[node]
+            for part_key in (key,) if key >= 0 else overlapped[node]:
+                if not unique and table[part_key] != node:
+                    continue
+                for offset in offsets[part_key // width]:
+                    source = table[part_key + offset]
+                    if source < 0:
+                        continue
+                    parts = None
+                    if overlapped and (key < 0 or source in overlapped):
+                        need = _part(works[source], part_key + offset, width)
+                        parts = (need, _part(works[node], part_key, width))
+                    if edges is not None:
+                        if parts is not None:
+                            edges.parts[len(edges.sources)] = parts
+                        edges.sources.append(source)
+                        edges.consumers.append(node)
+                    if first <= source < stop:  # same rank: program order covers it
+                        if source > node:
+                            back_edge = True
+                        continue
+                    pair_key = ranks[source] * n_ranks + rank
+                    pair = pair_get(pair_key)
+                    if pair is None:
+                        pair = pair_at[pair_key] = len(pair_at)
+                    if parts is not None:
+                        message_parts[message] = parts
+                    add_producer(source)
+                    add_consumer(node)
+                    add_pair(pair)
+                    single = (message,)  # shared: () + single is single itself, no copy
+                    outputs[source] += single
+                    inputs[node] += single
+                    message += 1
     return _Wiring(
         producers=producers,
         consumers=consumers,
-        message_parts=_message_parts(edges, ranks),
+        message_parts=message_parts,
         pairs=tuple(divmod(key, n_ranks) for key in pair_at),
         pair_of=pair_of,
         inputs=inputs,
         outputs=outputs,
         back_edge=back_edge,
+        edges=edges,
     )
-
-
-def _message_parts(edges: _Edges, ranks: Sequence[int]) -> dict[int, tuple[Action, Action]]:
-    """The parts of the edges that touch an overlapped unit, by message id (cross-rank)."""
-    if not edges.parts:
-        return {}
-    cross = [ranks[a] != ranks[b] for a, b in zip(edges.sources, edges.consumers, strict=True)]
-    message_ids = list(itertools.accumulate(cross, initial=-1))[1:]
-    return {message_ids[e]: parts for e, parts in edges.parts.items() if cross[e]}
 
 
 def _topological_order(
