@@ -24,13 +24,14 @@ step on uncontended links, the oracle the SimPy engine is tested against.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from pipesim.actions import Action, Comm, Op, Work
+from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
 from pipesim.costs import CostModel
 from pipesim.errors import ScheduleError
 from pipesim.exact import Time
@@ -275,28 +276,22 @@ def _dependent_parts(work: Work) -> list[str]:
 def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     """Missing and mixed backward actions. The work follows the actions given, not the
     stage and micro-batch counts: the missing ones are counted from the actions present
-    (all in range and unique here) and only the first few are looked for."""
+    (all in range and unique here), per stage and op, and only the first few are looked
+    for; micro-batch by micro-batch only in a stage that runs I or W."""
     training = not schedule.forward_only
-    width = structure.width
     # (stage, micro-batch) cells: each stage runs the micro-batches of its model copy
     n_cells = schedule.n_stages * (schedule.n_microbatches // schedule.n_copies)
+    counts = _code_counts(structure)
     has_f = has_b = has_iw = 0
     mixed: list[tuple[int, str]] = []  # (node, text): named in the order the ranks run them
-    # The table has room past the largest key (StepStructure.node_at): no bounds to check.
-    table = structure.node_at
-    for key in structure.present_keys():  # (4 * stage + op index F, B, I, W) * width + mb
-        code, mb = divmod(key, width)
-        if code & 3 == 0:
-            has_f += 1
-        elif code & 3 == 1:
-            has_b += 1
-            split_i, split_w = table[key + width] >= 0, table[key + 2 * width] >= 0
-            if split_i or split_w:
-                stage = code >> 2
-                text = f"{stage}B{mb} with {stage}{'I' if split_i else 'W'}{mb}"
-                mixed.append((table[key], text))
-        elif code & 3 == 2 and table[key + width] >= 0 and table[key - width] < 0:
-            has_iw += 1
+    for stage in range(schedule.n_stages):
+        code = 4 * stage  # (4 * stage + op index F, B, I, W) * width + mb: StepStructure.node_at
+        has_f += counts[code]
+        has_b += counts[code + 1]
+        if counts[code + 2] or counts[code + 3]:
+            split, mixed_here = _split_backward(structure, stage)
+            has_iw += split
+            mixed += mixed_here
     n_missing = n_cells - has_f + (n_cells - has_b - has_iw if training else 0)
     problems = []
     if n_missing:
@@ -310,6 +305,38 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     for _, text in sorted(mixed):
         problems.append(f"both a full and a split backward: {text}; use B or I+W, not both")
     return problems
+
+
+def _code_counts(structure: StepStructure) -> Counter[int]:
+    """How many actions present have each code ``4 * stage + op index`` (the actions are
+    unique here: one node each)."""
+    counts = Counter(structure.keys)  # an overlap's key is past every action code
+    for work in structure.overlaps:
+        counts.update(4 * a.stage + OP_INDEX[a.op] for a in work.parts)
+    return counts
+
+
+def _split_backward(structure: StepStructure, stage: int) -> tuple[int, list[tuple[int, str]]]:
+    """In ``stage``: how many micro-batches run as I and W (no B), and each B that also
+    has an I or a W, as (node, text)."""
+    # The table has room past the largest key (StepStructure.node_at): no bounds to check.
+    table, width = structure.node_at, structure.width
+    b_key = (4 * stage + 1) * width
+    i_key, w_key = b_key + width, b_key + 2 * width
+    rows = zip(
+        map(table.__getitem__, range(b_key, i_key)),
+        map(table.__getitem__, range(i_key, w_key)),
+        map(table.__getitem__, range(w_key, w_key + width)),
+        strict=True,
+    )
+    split, mixed = 0, []
+    for mb, (b_node, i_node, w_node) in enumerate(rows):
+        if b_node < 0:
+            if i_node >= 0 and w_node >= 0:
+                split += 1
+        elif i_node >= 0 or w_node >= 0:
+            mixed.append((b_node, f"{stage}B{mb} with {stage}{'I' if i_node >= 0 else 'W'}{mb}"))
+    return split, mixed
 
 
 def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[str]:
