@@ -774,10 +774,11 @@ def _wire(
     edges = _Edges(sources=array("l"), consumers=array("l"), parts={}) if keep_edges else None
     back_edge = False
     message = 0
+    slow = bool(overlapped) or edges is not None  # parts to name, or every edge to keep
+    parts = None
     for rank, order in enumerate(orders):
         first, stop = order.start, order.stop  # a rank's nodes are consecutive
-        for node in order:
-            key = action_keys[node]
+        for node, key in zip(order, action_keys[first:stop], strict=True):
             for part_key in (key,) if key >= 0 else overlapped[node]:
                 if not unique and table[part_key] != node:
                     continue
@@ -785,15 +786,16 @@ def _wire(
                     source = table[part_key + offset]
                     if source < 0:
                         continue
-                    parts = None
-                    if overlapped and (key < 0 or source in overlapped):
-                        need = _part(works[source], part_key + offset, width)
-                        parts = (need, _part(works[node], part_key, width))
-                    if edges is not None:
-                        if parts is not None:
-                            edges.parts[len(edges.sources)] = parts
-                        edges.sources.append(source)
-                        edges.consumers.append(node)
+                    if slow:
+                        parts = None
+                        if overlapped and (key < 0 or source in overlapped):
+                            need = _part(works[source], part_key + offset, width)
+                            parts = (need, _part(works[node], part_key, width))
+                        if edges is not None:
+                            if parts is not None:
+                                edges.parts[len(edges.sources)] = parts
+                            edges.sources.append(source)
+                            edges.consumers.append(node)
                     if first <= source < stop:  # same rank: program order covers it
                         if source > node:
                             back_edge = True
