@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, TypeAlias, cast
 
 from pipesim.errors import ParseError, brief
@@ -142,6 +144,21 @@ def trusted_action(stage: int, op: Op, microbatch: int, /) -> Action:
     _SET_OP(action, op)
     _SET_MICROBATCH(action, microbatch)
     return action
+
+
+def trusted_actions(stage: int, op: Op, microbatches: range, /) -> list[Action]:
+    """:func:`trusted_action` for each of ``microbatches``, in bulk (the slots set by
+    ``map``, not a Python loop): a generator's actions of one stage and op.
+
+    >>> [str(a) for a in trusted_actions(2, Op.B, range(3))]
+    ['2B0', '2B1', '2B2']
+    """
+    n = len(microbatches)
+    actions = list(map(_NEW, repeat(Action, n)))
+    deque(map(_SET_STAGE, actions, repeat(stage, n)), 0)
+    deque(map(_SET_OP, actions, repeat(op, n)), 0)
+    deque(map(_SET_MICROBATCH, actions, microbatches), 0)
+    return actions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,15 +12,11 @@ Rules: any ranks >= 1, micro-batches >= 1, one stage per rank, training only.
 
 from __future__ import annotations
 
-from pipesim.actions import Action
+import itertools
+
+from pipesim.actions import Action, Op, trusted_actions
 from pipesim.schedule import Schedule
-from pipesim.schedules._common import (
-    backward,
-    check_count,
-    forward,
-    refuse_forward_only,
-    refuse_virtual,
-)
+from pipesim.schedules._common import check_count, refuse_forward_only, refuse_virtual
 
 
 def one_f_one_b(
@@ -37,10 +33,12 @@ def one_f_one_b(
     refuse_forward_only("1f1b", forward_only)
     orders: list[list[Action]] = []
     for rank in range(p):
+        forwards = trusted_actions(rank, Op.F, range(m))
+        backwards = trusted_actions(rank, Op.B, range(m))
         warmup = min(p - rank - 1, m)  # Narayanan et al. 2021: p - r - 1 warm-up forwards
-        order = [forward(rank, mb) for mb in range(warmup)]
-        for k in range(m - warmup):  # steady state: one forward, one backward
-            order += [forward(rank, warmup + k), backward(rank, k)]
-        order += [backward(rank, mb) for mb in range(m - warmup, m)]  # cool-down
+        steady = zip(forwards[warmup:], backwards[: m - warmup], strict=True)
+        order = forwards[:warmup]
+        order += itertools.chain.from_iterable(steady)  # one forward (warmup + k), one backward (k)
+        order += backwards[m - warmup :]  # cool-down
         orders.append(order)
     return Schedule.from_orders(orders, placement=tuple(range(p)), n_microbatches=m, name="1f1b")
