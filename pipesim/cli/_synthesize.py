@@ -61,6 +61,13 @@ def register(subparsers: Any) -> None:
         "'pipesim[exact]'): a proven lower bound and often a better schedule",
     )
     search.add_argument(
+        "--overlap-fb",
+        action="store_true",
+        help="with --placement v, also try running a forward and the other chunk's full "
+        "backward as one overlapped unit (DualPipe's F&B pair, priced by --overlap-time); "
+        "kept only where the simulated makespan is shorter",
+    )
+    search.add_argument(
         "--quick",
         action="store_true",
         help="try only the greedy policies that win most often (faster for large p and m)",
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         exact=args.exact,
         exact_time_limit_s=args.time_limit,
         quick=args.quick,
+        overlap_fb=args.overlap_fb,
     )
     if args.output:
         save_schedule(result.schedule, args.output)

@@ -8,6 +8,7 @@ next to the best built-in one and a lower bound.
 
 - :mod:`~pipesim.synth.problem`: the problem (placement, memory limit);
 - :mod:`~pipesim.synth.heuristic`: the greedy list scheduler (Qi et al. 2024);
+- :mod:`~pipesim.synth.policies`: the settings of the greedy that are tried;
 - :mod:`~pipesim.synth.bound`: a closed-form lower bound;
 - :mod:`~pipesim.synth.exact`: CP-SAT for small problems (optional ``exact`` extra);
 - :mod:`~pipesim.synth.synthesize`: candidates, evaluation, the winner.
@@ -20,7 +21,8 @@ True
 from __future__ import annotations
 
 from pipesim.synth.bound import lower_bound
-from pipesim.synth.heuristic import Policy, greedy_orders, policies
+from pipesim.synth.heuristic import greedy_orders
+from pipesim.synth.policies import Policy, policies
 from pipesim.synth.problem import (
     PLACEMENTS,
     MemoryLimit,

@@ -36,8 +36,15 @@ the block's repeated order, where an idle rank pulls in the first later pass
 that is ready and keeps the order's memory book within the limit, and after
 its last forward runs ready ``I`` before ``W``; that is the V-Half / V-Min
 squeeze with the real durations, messages and byte limit.
-Each policy is one candidate; :func:`pipesim.synth.synthesize` evaluates them
-all with the exact evaluator and keeps the best. Orders come from an
+With ``pair`` (the V placement, ``Problem.overlap_fb``) a rank about to run a
+ready ``I`` of one chunk runs, if its other chunk's next forward is ready and
+admitted, the two as one overlapped unit: that forward and the *full* backward
+``B`` (DualPipe's F&B pair, DeepSeek-AI 2024, sec. 3.2.1; its duration is the cost
+model's, :func:`pipesim.synth.problem.fb_pairs`), where
+:func:`pipesim.synth.policies.pair_pays` says the pair pays.
+Each policy (:mod:`pipesim.synth.policies`) is one candidate;
+:func:`pipesim.synth.synthesize` evaluates them all with the exact evaluator and
+keeps the best. Orders come from an
 execution, so they are complete and cannot deadlock; memory peaks depend on
 the order only, so the limit this scheduler respects is the one the engine
 measures.
@@ -50,14 +57,14 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from fractions import Fraction
 
-from pipesim.actions import OP_INDEX, Action, Op
+from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
 from pipesim.exact import Time
 from pipesim.memory import microbatch_peak, op_effects
-from pipesim.schedules.controllable import BLOCKS, repeated_orders
+from pipesim.schedules.controllable import repeated_orders
 from pipesim.step import message_bytes
-from pipesim.synth.problem import Problem, durations_of
+from pipesim.synth.policies import Policy, pair_pays, policies
+from pipesim.synth.problem import Problem, durations_of, fb_pairs
 
 __all__ = [
     "GreedyRun",
@@ -74,109 +81,17 @@ _LOOKAHEAD = 96
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Policy:
-    """One setting of the greedy scheduler."""
-
-    caps: tuple[int, ...] | None = None
-    """Per rank: the most stage-micro-batches between F and I (1F1B's warm-up depth);
-    None: memory only. Deferred W passes are limited by memory alone."""
-    defer: tuple[int, ...] | None = None
-    """Per rank: the most W passes held back; past it W goes before F (ZB-H1: r on rank r)."""
-    patient: str = ""
-    """Ops (``"W"``, ``"FW"``) started only if they end before a gradient known to be on its way."""
-    reserve: str = "all"
-    """Admitting a micro-batch new to a rank: ``all`` reserves its later stages' bytes
-    until they run; ``one`` only keeps room for one micro-batch's later stages (enough
-    for the oldest to go on); ``none`` checks the forward's own bytes (may get stuck)."""
-    pace: Fraction = Fraction(0)
-    """Feed micro-batches into stage 0 at most one per ``pace`` times the busiest rank's
-    work per micro-batch, so they flow evenly instead of in bursts (tight V memory); 0: off."""
-    block: str = ""
-    """Follow this controllable-memory building block (``v-half``, ``v-min``); "": off."""
-    name: str = "greedy"
-    """How the candidate is reported."""
-
-
-#: The policies that won most often in benchmarks/bench_synth.py, for ``quick`` runs.
-_QUICK = (
-    "greedy[memory]",
-    "greedy[1f1b-warmup]",
-    "greedy[1f1b-warmup+1]",
-    "greedy[1f1b-warmup+1,patient-W]",
-    "greedy[memory,reserve-one]",
-    "greedy[memory,reserve-none]",
-    "greedy[paced-1,reserve-none]",
-    "greedy[paced-1,reserve-none,patient-W]",
-    "greedy[block-v-half]",
-    "greedy[block-v-min]",
-)
-
-
-def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:
-    """The candidate policies tried for ``problem`` (``quick``: the few that win most).
-
-    In-flight caps follow the published patterns: ``p - r`` per rank (1F1B and
-    ZB-H1's warm-up), ``2 (p - r) - 1`` (ZB-H2's), scaled by the stages per rank;
-    a uniform cap (ZB-V holds about the same on every rank); none (memory only).
-    With several stages per rank, three ways to admit a micro-batch (``reserve``) and
-    paced feeding (``pace``) are tried as well.
-
-    >>> from pipesim.synth.problem import make_problem
-    >>> len(policies(make_problem(n_ranks=4, n_microbatches=8, memory_limit=4)))
-    24
-    >>> [p.name for p in policies(make_problem(n_ranks=4, n_microbatches=8, memory_limit=4),
-    ...                           quick=True)][:2]
-    ['greedy[memory]', 'greedy[1f1b-warmup]']
-    """
-    p, v = problem.n_ranks, problem.virtual
-    cap_sets: list[tuple[str, tuple[int, ...] | None]] = [("memory", None)]
-    cap_sets.append(("1f1b-warmup", tuple(v * (p - r) for r in range(p))))
-    if v == 1:
-        cap_sets.append(("1f1b-warmup+1", tuple(p - r + 1 for r in range(p))))
-        cap_sets.append(("zb-h2-warmup", tuple(2 * (p - r) - 1 for r in range(p))))
-    else:  # fewer caps, more ways to admit (below): the V's memory binds first
-        cap_sets.append(("uniform", tuple(v * p for _ in range(p))))
-    # Deferred W passes: as many as memory allows, or v r on rank r (ZB-H1).
-    defers: list[tuple[str, tuple[int, ...] | None]] = [("", None)]
-    defers.append((",defer-r", tuple(v * r for r in range(p))))
-    out = []
-    for cap_name, caps in cap_sets:
-        for defer_name, defer in defers:
-            for patient in ("", "W", "FW") if v == 1 else ("", "W"):
-                for reserve in ("all", "one", "none") if v > 1 else ("all",):
-                    label = (
-                        f"greedy[{cap_name}{defer_name}{',patient-' + patient if patient else ''}"
-                    )
-                    label += "]" if reserve == "all" else f",reserve-{reserve}]"
-                    out.append(
-                        Policy(caps=caps, defer=defer, patient=patient, reserve=reserve, name=label)
-                    )
-    if v > 1:  # evenly fed micro-batches for tight memory on a V or a loop
-        for pace in (Fraction(1), Fraction(5, 4), Fraction(3, 2), Fraction(2)):
-            for reserve in ("one", "none"):
-                for patient in ("", "W"):
-                    label = f"greedy[paced-{pace},reserve-{reserve}"
-                    label += f",patient-{patient}]" if patient else "]"
-                    out.append(Policy(pace=pace, reserve=reserve, patient=patient, name=label))
-    if problem.placement_name == "v":
-        out += [Policy(block=block, name=f"greedy[block-{block}]") for block in BLOCKS]
-    if quick:
-        return tuple(policy for policy in out if policy.name in _QUICK)
-    return tuple(out)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class GreedyRun:
     """What one greedy run built, and when its last action ended in the run."""
 
-    orders: list[list[Action]]
+    orders: list[list[Work]]
     makespan: Time
     """The engine's makespan of these orders whenever no message queues for a link
     (:func:`links_never_queue`): each action starts when its rank is free and its
     inputs are there, as in the engine."""
 
 
-def greedy_orders(problem: Problem, policy: Policy) -> list[list[Action]] | None:
+def greedy_orders(problem: Problem, policy: Policy) -> list[list[Work]] | None:
     """Per-rank orders built by ``policy``; None if the policy gets stuck (memory)."""
     run = greedy_run(problem, policy)
     return None if run is None else run.orders
@@ -223,7 +138,7 @@ def action_table(n_stages: int, n_microbatches: int) -> dict[Op, tuple[tuple[Act
             tuple(Action(stage=s, op=op, microbatch=k) for k in range(n_microbatches))
             for s in range(n_stages)
         )
-        for op in (Op.F, Op.I, Op.W)
+        for op in (Op.F, Op.B, Op.I, Op.W)
     }
 
 
@@ -276,7 +191,7 @@ class _Greedy:
         self.inflight = [0] * problem.n_ranks
         self.free_at: list[Time] = [0] * problem.n_ranks
         self.left = [3 * m * len(st) for st in self.stages]
-        self.orders: list[list[Action]] = [[] for _ in self.stages]
+        self.orders: list[list[Work]] = [[] for _ in self.stages]
         self.f_start0: Time = 0
         self.period: Time = max(
             sum((self.f[s] + self.i[s] + self.w[s] for s in st), start=0) for st in self.stages
@@ -285,6 +200,13 @@ class _Greedy:
         if policy.block:
             self.block = repeated_orders(policy.block, problem.n_ranks, problem.n_microbatches)
         self.forwards_left = [m * len(st) for st in self.stages]
+        # Per backward stage: the rank's other chunk and the pair's duration, where the
+        # policy pairs them (see the module).
+        self.partner: dict[int, tuple[int, Time]] = {}
+        if policy.pair:
+            for (f_stage, b_stage), duration in fb_pairs(problem).items():
+                if pair_pays(problem, policy.pair, f_stage, b_stage):
+                    self.partner[b_stage] = (f_stage, duration)
         # The book's change per op of a stage (F reserves the micro-batch's peak, I and W
         # free at their ends), for the building block's look-ahead.
         self.book: dict[tuple[int, Op], int] = {}
@@ -300,6 +222,13 @@ class _Greedy:
         end = self.f_end[s - 1][k]
         return None if end is None else end + self.f_delay[s - 1]
 
+    def _f_arrival_paced(self, s: int, k: int) -> Time | None:
+        """:meth:`_f_arrival`, held back by the policy's pace on stage 0."""
+        arrival = self._f_arrival(s, k)
+        if arrival is not None and s == 0 and self.policy.pace and k:
+            arrival = max(arrival, self.f_start0 + self.period * self.policy.pace)
+        return arrival
+
     def _i_arrival(self, s: int, k: int) -> Time | None:
         if self.f_end[s][k] is None:
             return None
@@ -309,7 +238,7 @@ class _Greedy:
         return None if end is None else end + self.i_delay[s]
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self) -> list[list[Action]] | None:
+    def run(self) -> list[list[Work]] | None:
         heap: list[tuple[Time, int]] = [(0, r) for r in range(self.pb.n_ranks)]
         while heap:
             t, r = heapq.heappop(heap)
@@ -332,6 +261,10 @@ class _Greedy:
                 arrival = self._i_arrival(s, k)
                 if arrival is not None:
                     if arrival <= t:
+                        if s in self.partner:
+                            forward = self._partner_forward(r, t, s)
+                            if forward is not None:
+                                return self._run_pair(r, t, forward, s, k, heap)
                         return self._run(r, t, self.actions[Op.I][s][k], heap)
                     next_grad = arrival if next_grad is None else min(next_grad, arrival)
         patient_f = next_grad is not None and "F" in self.policy.patient
@@ -346,11 +279,9 @@ class _Greedy:
             k = self.f_next[s]
             if k >= m:
                 continue
-            arrival = self._f_arrival(s, k)
+            arrival = self._f_arrival_paced(s, k)
             if arrival is None:
                 continue
-            if s == 0 and self.policy.pace and k:
-                arrival = max(arrival, self.f_start0 + self.period * self.policy.pace)
             if arrival > t:
                 next_input = arrival if next_input is None else min(next_input, arrival)
                 continue
@@ -419,6 +350,51 @@ class _Greedy:
         elif action.op is Op.W:
             self.pending_w[r].remove((action.stage, action.microbatch))
         return self._run(r, t, action, heap)
+
+    def _partner_forward(self, r: int, t: Time, s: int) -> Action | None:
+        """The next forward of the chunk paired with backward stage ``s``, if it is ready
+        at ``t`` and admitted (memory, in-flight cap)."""
+        f_stage = self.partner[s][0]
+        k = self.f_next[f_stage]
+        if k >= self.pb.n_microbatches:
+            return None
+        arrival = self._f_arrival_paced(f_stage, k)
+        if arrival is None or arrival > t or not self._admits(r, f_stage):
+            return None
+        return self.actions[Op.F][f_stage][k]
+
+    def _run_pair(
+        self, r: int, t: Time, forward: Action, s: int, k: int, heap: list[tuple[Time, int]]
+    ) -> Time:
+        """Run ``forward`` with the full backward of stage ``s``, micro-batch ``k``, as one
+        unit: both outputs leave when it ends; the book takes the forward's bytes and
+        frees all of the backward's (B frees what I and W would)."""
+        f_stage = forward.stage
+        backward = self.actions[Op.B][s][k]
+        self.orders[r].append(Overlap(parts=(forward, backward)))
+        self.left[r] -= 3  # F, and I and W's work in B
+        pb = self.pb
+        end = t + self.partner[s][1]
+        if f_stage == 0:
+            self.f_start0 = t
+        self.f_end[f_stage][forward.microbatch] = end
+        self.f_next[f_stage] += 1
+        self.i_end[s][k] = end
+        self.i_next[s] += 1
+        self.held[r] += self.peak[f_stage] + self.i_frees[s] + self.w_frees[s]
+        if f_stage == self.first[r]:
+            self.reserved[r] += self.mb_bytes[r] - self.peak[f_stage]
+        else:
+            self.reserved[r] -= self.peak[f_stage]
+        sent = end
+        if f_stage < self.last_stage and pb.placement[f_stage + 1] != r:
+            heapq.heappush(heap, (end + self.f_delay[f_stage], pb.placement[f_stage + 1]))
+            sent = max(sent, end + self.f_delay[f_stage])
+        if s > 0 and pb.placement[s - 1] != r:
+            heapq.heappush(heap, (end + self.i_delay[s - 1], pb.placement[s - 1]))
+            sent = max(sent, end + self.i_delay[s - 1])
+        self.free_at[r] = end if pb.costs.overlap_comm else sent
+        return self.free_at[r]
 
     def _admits(self, r: int, s: int) -> bool:
         limit = self.pb.limit_bytes[r]

@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from pipesim.actions import Action, Op, Overlap
 from pipesim.costs import CostModel
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time
@@ -134,6 +135,10 @@ class Problem:
     limit: MemoryLimit
     limit_bytes: tuple[int, ...]
     """Per rank: the most activation bytes it may hold (in ``memory_costs``)."""
+    overlap_fb: bool = False
+    """Whether a rank may run a forward of one chunk and the full backward of its other
+    chunk as one overlapped unit (DualPipe's F&B pair, :class:`pipesim.actions.Overlap`,
+    priced by ``StageCost.overlap``); V placement only."""
 
     @property
     def n_stages(self) -> int:
@@ -162,6 +167,45 @@ def durations_of(problem: Problem, /) -> list[Time]:
     return list(tables.durations)
 
 
+def fb_pairs(problem: Problem, /) -> dict[tuple[int, int], Time]:
+    """Per ``(forward stage, backward stage)`` pair a rank may overlap (its two chunks, either
+    way round; none without ``overlap_fb``): the pair's duration as the engine takes it
+    (:func:`pipesim.step.cost_tables`: ``StageCost.overlap`` of the forward's stage, else
+    the parts' sum, one dispatch, the parts' message overheads).
+
+    >>> from pipesim.costs import CostModel
+    >>> costs = CostModel.uniform(forward=2, backward=4, overlap=5)
+    >>> pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=2, virtual=2,
+    ...                   placement="v", overlap_fb=True, costs=costs)
+    >>> fb_pairs(pb)
+    {(0, 3): 5, (3, 0): 5, (1, 2): 5, (2, 1): 5}
+    """
+    if not problem.overlap_fb:
+        return {}
+    keys = []
+    for rank in range(problem.n_ranks):
+        first, second = problem.stages_of(rank)
+        keys += [(first, second), (second, first)]
+    overlaps = [
+        Overlap(
+            parts=(
+                Action(stage=f, op=Op.F, microbatch=0),
+                Action(stage=b, op=Op.B, microbatch=0),
+            )
+        )
+        for f, b in keys
+    ]
+    tables = cost_tables(
+        problem.costs,
+        n_stages=problem.n_stages,
+        forward_only=False,
+        overlaps=overlaps,
+        placement=problem.placement,
+    )
+    base = 4 * problem.n_stages
+    return {key: tables.durations[base + j] for j, key in enumerate(keys)}
+
+
 def make_problem(
     *,
     n_ranks: int,
@@ -170,6 +214,7 @@ def make_problem(
     memory_limit: str | int | Fraction | MemoryLimit,
     virtual: int = 1,
     placement: str = "looped",
+    overlap_fb: bool = False,
 ) -> Problem:
     """Check and size a synthesis problem.
 
@@ -210,6 +255,12 @@ def make_problem(
                 f"virtual={virtual}; pass --virtual 2"
             )
         stage_ranks = v_placement(n_ranks)
+    elif overlap_fb:
+        raise ScheduleError(
+            "overlapped F&B pairs join a forward of one chunk with a backward of the rank's "
+            f"other chunk, which needs the v placement, got {placement!r}; pass --placement v "
+            "--virtual 2, or drop --overlap-fb"
+        )
     else:
         stage_ranks = tuple(stage % n_ranks for stage in range(n_ranks * virtual))
     costs = (costs or CostModel()).for_stages(len(stage_ranks))
@@ -252,4 +303,5 @@ def make_problem(
         memory_costs=memory_costs,
         limit=limit,
         limit_bytes=tuple(per_rank),
+        overlap_fb=overlap_fb,
     )

@@ -23,22 +23,24 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from pipesim.actions import OP_INDEX, Action
+from pipesim.actions import OP_INDEX, Action, Overlap, Work
 from pipesim.costs import CostModel
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.exact import Time, as_number
 from pipesim.graph import validate
-from pipesim.memory import stage_effects
+from pipesim.memory import stage_effects, work_effect
 from pipesim.metrics import Metrics
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
 from pipesim.synth.bound import lower_bound, split_is_cheapest
-from pipesim.synth.heuristic import greedy_run, links_never_queue, policies
+from pipesim.synth.heuristic import greedy_run, links_never_queue
+from pipesim.synth.policies import policies
 from pipesim.synth.problem import MemoryLimit, Problem, make_problem
 
 __all__ = [
@@ -105,6 +107,7 @@ class SynthesisResult:
                 "optimal": self.optimal,
                 "winner": self.winner,
                 "placement": self.problem.placement_name,
+                "overlap_fb": self.problem.overlap_fb,
                 "virtual": self.problem.virtual,
                 "memory_limit": str(self.problem.limit),
                 "memory_limit_bytes": list(self.problem.limit_bytes),
@@ -133,6 +136,7 @@ def synthesize(
     exact_time_limit_s: float = 10.0,
     builtins: bool = True,
     quick: bool = False,
+    overlap_fb: bool = False,
 ) -> SynthesisResult:
     """Make a schedule for these costs that holds at most ``memory_limit`` per rank.
 
@@ -140,7 +144,10 @@ def synthesize(
     bytes with a unit (``"20GiB"``), see :mod:`pipesim.synth.problem`. ``exact`` adds the
     CP-SAT solver (needs ``pip install 'pipesim[exact]'``; small problems only), whose
     proven bound tightens :attr:`SynthesisResult.lower_bound`. ``quick`` tries only the
-    greedy policies that win most often (the planner's sweep uses it).
+    greedy policies that win most often (the planner's sweep uses it). ``overlap_fb``
+    (the V placement) also tries greedy policies that run a forward and the other chunk's
+    full backward as one overlapped unit (DualPipe's F&B pair, priced by
+    ``StageCost.overlap``); the candidates without pairs stay, so it is never slower.
     """
     problem = make_problem(
         n_ranks=n_ranks,
@@ -149,6 +156,7 @@ def synthesize(
         memory_limit=memory_limit,
         virtual=virtual,
         placement=placement,
+        overlap_fb=overlap_fb,
     )
     candidates = greedy_candidates(problem, quick=quick)
     if builtins:
@@ -160,7 +168,7 @@ def synthesize(
 
         best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
         solution = solve_exact(problem, time_limit_s=exact_time_limit_s, horizon=best_so_far)
-        if split_is_cheapest(problem):  # the solver's bound covers B schedules too
+        if split_is_cheapest(problem):  # the solver's bound covers B and F&B schedules too
             bound = max(bound, solution.bound)
         if solution.schedule is not None:
             candidates.append(evaluate_candidate(problem, solution.schedule, name="exact"))
@@ -250,7 +258,8 @@ def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidat
         schedule = Schedule.from_orders(
             run.orders, placement=problem.placement, n_microbatches=problem.n_microbatches
         )
-        if not trusted or policy.pace:  # pacing waits where the engine would not
+        if not trusted or policy.pace or policy.pair:  # pacing waits where the engine
+            # would not; an overlapped pair is timed by the evaluator, its one judge
             out.append(evaluate_candidate(problem, schedule, name=policy.name))
             continue
         peaks = order_peaks(problem, run.orders)
@@ -267,10 +276,10 @@ def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidat
     return out
 
 
-def order_peaks(problem: Problem, orders: list[list[Action]]) -> tuple[int, ...]:
+def order_peaks(problem: Problem, orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
     """Per rank, the most bytes held (``memory_costs``): each action's effects
-    (:mod:`pipesim.memory`) at its start and its end in program order, as the
-    evaluator applies them; no timing needed."""
+    (:mod:`pipesim.memory`, an overlapped unit's summed) at its start and its end in
+    program order, as the evaluator applies them; no timing needed."""
     table = stage_effects(problem.memory_costs, n_stages=problem.n_stages, forward_only=False)
     changes = {
         (s, op): (row[index].start_bytes, row[index].end_bytes)
@@ -280,8 +289,12 @@ def order_peaks(problem: Problem, orders: list[list[Action]]) -> tuple[int, ...]
     peaks = []
     for order in orders:
         held = peak = 0
-        for action in order:
-            start, end = changes[action.stage, action.op]
+        for work in order:
+            if isinstance(work, Action):
+                start, end = changes[work.stage, work.op]
+            else:
+                effect = work_effect(table, work)
+                start, end = effect.start_bytes, effect.end_bytes
             for change in (start, end):
                 held += change
                 if held > peak:
@@ -313,7 +326,9 @@ def evaluate_candidate(problem: Problem, schedule: Schedule, *, name: str) -> Ca
 
 
 def builtin_candidates(problem: Problem) -> list[Candidate]:
-    """Every registered training schedule with the problem's placement, evaluated."""
+    """Every registered training schedule with the problem's placement, evaluated; one
+    made of overlapped F&B pairs (``dualpipev``) only with ``Problem.overlap_fb``, so that
+    the bound, which counts pairs only then, holds for every candidate."""
     out = []
     for name in schedule_names():
         spec = get_spec(name)
@@ -330,5 +345,9 @@ def builtin_candidates(problem: Problem) -> list[Candidate]:
             continue  # the family's rules refuse these sizes
         if schedule.placement != problem.placement or schedule.n_copies != 1:
             continue
+        if not problem.overlap_fb and any(
+            isinstance(work, Overlap) for order in schedule.orders for work in order
+        ):
+            continue  # overlapped pairs (dualpipev) only where the problem allows them
         out.append(evaluate_candidate(problem, schedule, name=name))
     return out
