@@ -328,6 +328,11 @@ class _Greedy:
         held = highest = self.held[r]
         limit = self.pb.limit_bytes[r]
         seen_keys: set[tuple[int, Op]] = set()
+        # Patient: a later pass is pulled in only if it ends before the next one's inputs
+        # are known to arrive (the heuristic's "fill a bubble only if it fits").
+        due = self._ready_at(order[0]) if self.policy.patient else None
+        if due is not None and due <= t:  # ready, but over the limit: anything may go
+            due = None
         for index, action in enumerate(itertools.islice(order, _LOOKAHEAD)):
             key = (action.stage, action.op)
             change = self.book[key]
@@ -335,13 +340,22 @@ class _Greedy:
                 seen_keys.add(key)
                 at = self._ready_at(action)
                 # Moved here, it raises the book at every pass before its old place.
-                if at is not None and at <= t and (change <= 0 or highest + change <= limit):
+                if (
+                    at is not None
+                    and at <= t
+                    and (change <= 0 or highest + change <= limit)
+                    and (due is None or not index or t + self._duration(action) <= due)
+                ):
                     return self._block_run(r, t, index, heap)
                 if at is not None and at > t and (wake is None or at < wake):
                     wake = at
             held += change
             highest = max(highest, held)
         return wake
+
+    def _duration(self, action: Action) -> Time:
+        s, op = action.stage, action.op
+        return self.f[s] if op is Op.F else self.i[s] if op is Op.I else self.w[s]
 
     def _block_run(self, r: int, t: Time, index: int, heap: list[tuple[Time, int]]) -> Time:
         action = self.block[r].pop(index)

@@ -43,7 +43,8 @@ class Policy:
     defer: tuple[int, ...] | None = None
     """Per rank: the most W passes held back; past it W goes before F (ZB-H1: r on rank r)."""
     patient: str = ""
-    """Ops (``"W"``, ``"FW"``) started only if they end before a gradient known to be on its way."""
+    """Ops (``"W"``, ``"FW"``) started only if they end before a gradient known to be on its way;
+    with a ``block``, any later pass pulled in only if it ends before the next one is due."""
     reserve: str = "all"
     """Admitting a micro-batch new to a rank: ``all`` reserves its later stages' bytes
     until they run; ``one`` only keeps room for one micro-batch's later stages (enough
@@ -58,6 +59,13 @@ class Policy:
     (:data:`PAIRINGS`, needs ``Problem.overlap_fb``); "": never."""
     name: str = "greedy"
     """How the candidate is reported."""
+
+    @property
+    def timed_by_the_evaluator(self) -> bool:
+        """Whether the run's own makespan may differ from the engine's on free links: it
+        may hold a ready pass back where the engine would start it (a pace, a patient
+        block), or it runs overlapped pairs, which only the evaluator times."""
+        return bool(self.pace or self.pair or (self.block and self.patient))
 
 
 #: The policies that won most often in benchmarks/bench_synth.py, for ``quick`` runs.
@@ -129,6 +137,10 @@ def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:
                     out.append(Policy(pace=pace, reserve=reserve, patient=patient, name=label))
     if problem.placement_name == "v":
         out += [Policy(block=block, name=f"greedy[block-{block}]") for block in BLOCKS]
+        out += [
+            Policy(block=block, patient="FW", name=f"greedy[block-{block},patient]")
+            for block in BLOCKS
+        ]
     if quick:
         out = [policy for policy in out if policy.name in _QUICK]
     pairs = fb_pairs(problem)

@@ -246,8 +246,9 @@ def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidat
     policy's run starts every action as soon as its rank and inputs allow, as the
     engine does, so its makespan is the engine's and, with :func:`order_peaks`, the
     candidate needs no re-run (``tests/test_synth.py`` checks the identity with
-    Hypothesis); paced policies (which hold a forward back) and every policy on links
-    that queue are evaluated with the exact evaluator.
+    Hypothesis); policies that may hold a pass back or that pair F and B
+    (:attr:`~pipesim.synth.policies.Policy.timed_by_the_evaluator`) and every policy on
+    links that queue are evaluated with the exact evaluator.
     """
     trusted = links_never_queue(problem)
     out = []
@@ -258,8 +259,7 @@ def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidat
         schedule = Schedule.from_orders(
             run.orders, placement=problem.placement, n_microbatches=problem.n_microbatches
         )
-        if not trusted or policy.pace or policy.pair:  # pacing waits where the engine
-            # would not; an overlapped pair is timed by the evaluator, its one judge
+        if not trusted or policy.timed_by_the_evaluator:
             out.append(evaluate_candidate(problem, schedule, name=policy.name))
             continue
         peaks = order_peaks(problem, run.orders)
