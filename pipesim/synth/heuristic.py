@@ -55,8 +55,10 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
+from fractions import Fraction
 
 from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
 from pipesim.exact import Time
@@ -101,7 +103,7 @@ def greedy_run(problem: Problem, policy: Policy) -> GreedyRun | None:
     """:func:`greedy_orders` with the run's makespan."""
     greedy = _Greedy(problem, policy)
     orders = greedy.run()
-    return None if orders is None else GreedyRun(orders=orders, makespan=max(greedy.free_at))
+    return None if orders is None else GreedyRun(orders=orders, makespan=greedy.makespan())
 
 
 def links_never_queue(problem: Problem, /) -> bool:
@@ -193,9 +195,10 @@ class _Greedy:
         self.left = [3 * m * len(st) for st in self.stages]
         self.orders: list[list[Work]] = [[] for _ in self.stages]
         self.f_start0: Time = 0
-        self.period: Time = max(
+        period: Time = max(
             sum((self.f[s] + self.i[s] + self.w[s] for s in st), start=0) for st in self.stages
         )
+        self.pace_gap: Time = period * policy.pace
         self.block: list[list[Action]] = []
         if policy.block:
             self.block = repeated_orders(policy.block, problem.n_ranks, problem.n_microbatches)
@@ -207,6 +210,7 @@ class _Greedy:
             for (f_stage, b_stage), duration in fb_pairs(problem).items():
                 if pair_pays(problem, policy.pair, f_stage, b_stage):
                     self.partner[b_stage] = (f_stage, duration)
+        self._to_whole_numbers()
         # The book's change per op of a stage (F reserves the micro-batch's peak, I and W
         # free at their ends), for the building block's look-ahead.
         self.book: dict[tuple[int, Op], int] = {}
@@ -214,6 +218,29 @@ class _Greedy:
             self.book[(s, Op.F)] = self.peak[s]
             self.book[(s, Op.I)] = self.i_frees[s]
             self.book[(s, Op.W)] = self.w_frees[s]
+
+    def _to_whole_numbers(self) -> None:
+        """Count time in units of one over the durations' common denominator: the run then
+        adds and compares ints, exactly (rational times, e.g. half-stage chunks, made
+        Fraction arithmetic most of a run); :meth:`makespan` converts back."""
+        times = [*self.f, *self.i, *self.w, *self.f_delay, *self.i_delay, self.pace_gap]
+        times += [duration for _, duration in self.partner.values()]
+        self.scale = math.lcm(*(Fraction(x).denominator for x in times))
+        if self.scale == 1:
+            return
+
+        def whole(values: list[Time]) -> list[Time]:
+            return [int(x * self.scale) for x in values]
+
+        self.f, self.i, self.w = whole(self.f), whole(self.i), whole(self.w)
+        self.f_delay, self.i_delay = whole(self.f_delay), whole(self.i_delay)
+        self.pace_gap = int(self.pace_gap * self.scale)
+        self.partner = {b: (f, int(d * self.scale)) for b, (f, d) in self.partner.items()}
+
+    def makespan(self) -> Time:
+        """When the run's last action ended, in the cost model's unit."""
+        end = Fraction(max(self.free_at), self.scale)
+        return end.numerator if end.denominator == 1 else end
 
     # -- arrivals -------------------------------------------------------------------------
     def _f_arrival(self, s: int, k: int) -> Time | None:
@@ -226,7 +253,7 @@ class _Greedy:
         """:meth:`_f_arrival`, held back by the policy's pace on stage 0."""
         arrival = self._f_arrival(s, k)
         if arrival is not None and s == 0 and self.policy.pace and k:
-            arrival = max(arrival, self.f_start0 + self.period * self.policy.pace)
+            arrival = max(arrival, self.f_start0 + self.pace_gap)
         return arrival
 
     def _i_arrival(self, s: int, k: int) -> Time | None:
