@@ -60,7 +60,7 @@ import time
 from typing import Any
 
 from pipesim.calibration import calibration_schedule, costs_for, predict, replay
-from pipesim.costs import CostModel, costs_to_dict
+from pipesim.costs import SEND_MODES, CostModel, costs_to_dict
 from pipesim.errors import PipesimError
 from pipesim.scaling import AffineCosts
 from pipesim.schedule import Schedule
@@ -131,7 +131,8 @@ def _print_cut(virtual: int, rows: int, costs: CostModel) -> None:
         f"I {[s.input_grad // 1000 for s in costs.stages]} us, "
         f"W {[s.weight_grad // 1000 for s in costs.stages]} us; send "
         f"{link.send_overhead / 1000:.0f} us, receive {link.receive_overhead / 1000:.0f} us, "
-        f"latency {link.latency / 1000:.0f} us, dispatch "
+        f"latency {link.latency / 1000:.0f} us, handshake {link.handshake / 1000:.0f} us "
+        f"({costs.send_mode} sends), dispatch "
         f"{costs.dispatch_overhead / 1000:.0f} us per message / action",
         flush=True,
     )
@@ -273,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
                     model_options=options,
                     microbatch_size=b,
                     threads=args.threads,
+                    send_mode=args.send_mode,
                 )
                 fits[role] = costs
                 _print_cut(meta["virtual"], b, costs)
@@ -436,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the warm-up and threads effects on 1F1B m=8 (default: off)",
     )
     parser.add_argument("--scale-targets", default="2,16", help="sizes predicted from them")
+    parser.add_argument(
+        "--send-mode",
+        choices=SEND_MODES,
+        default="rendezvous",
+        help="the message rule calibrated and predicted with (CostModel.send_mode)",
+    )
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
     parser.add_argument("--steps-out", default=None, help="write every measured step (JSON)")

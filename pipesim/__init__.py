@@ -18,6 +18,7 @@ from pipesim.costs import (
     costs_from_dict,
     costs_to_dict,
     load_costs,
+    require_eager,
 )
 from pipesim.engine import Simulation, run_compiled, run_trace, simulate
 from pipesim.errors import (
@@ -156,6 +157,7 @@ __all__ = [
     "parse_action",
     "per_chunk_costs",
     "register",
+    "require_eager",
     "run_compiled",
     "run_trace",
     "save_schedule",

@@ -21,6 +21,16 @@ measured steps (any schedules on one cut of the model, any micro-batch counts):
    rank became free (sent early enough by that bound; without one, sent before
    ``a`` started), the gap is ``s * sent + d + r * taken``; then L follows from 3.
 
+5. **rendezvous sends** (``send_mode="rendezvous"``, :mod:`pipesim.engine`): a message
+   leaves when its receive is posted too (after the node the receiving rank runs
+   before the RECV, :func:`pipesim.comms.receive_posts`) and, if that came second while
+   the sender was inside a node, answered; rules 3-4 use that departure (the sender's
+   answer left out), the latency comes from the messages that left at once, and the
+   **handshake** ``h`` from those waited for (a receive posted right before the work
+   that needs it counts) that arrived before the sender's node ended: there ``b``'s
+   compute starts ``h + L + d + r * taken`` after the receive was posted. Whether the
+   sender was inside a node uses the receive overhead, so the fit runs twice.
+
 Compute times are medians over every micro-batch, which keeps a noisy
 neighbour's stalls out. The overheads 2-4 are *means* over all such
 transitions: a step's makespan adds every overhead up, and their distribution
@@ -60,6 +70,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap, Work
+from pipesim.comms import receive_posts
 from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import run_compiled, simulate
 from pipesim.errors import CostError
@@ -244,6 +255,13 @@ class _Transition:
     taken_b: int
     sources: tuple[tuple[Time, int], ...]
     """Per message ``b`` takes: its producer's compute end and how many messages it sends."""
+    posts: tuple[tuple[Time, int] | None, ...]
+    """Per message ``b`` takes: the compute end of the node after which its receive is
+    posted and how many messages that node sends (None: posted before the rank's first)."""
+    senders: tuple[tuple[tuple[Time, Time, int, int], ...], ...]
+    """Per message ``b`` takes: its sending rank's nodes in order, each as compute start,
+    compute end, messages taken and messages sent (to tell whether it was computing when
+    the receive was posted)."""
     sent_pairs: frozenset[tuple[int, int]]
     """The (source, destination) rank pairs of the messages ``a`` sends."""
     taken_pairs: frozenset[tuple[int, int]]
@@ -256,10 +274,21 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
         counts = _counts(step.schedule)
         structure = counts.structure
         records = _records_by_node(structure, step.trace)
+        # Per message: the compute end of the node its receive is posted after, and how
+        # many messages that node sends (None: posted before the rank's first node).
+        posts = [
+            None if node < 0 else (records[node].end, counts.sent[node])
+            for node in receive_posts(structure)
+        ]
+        spans = [
+            tuple((records[n].start, records[n].end, counts.taken[n], counts.sent[n]) for n in o)
+            for o in structure.orders
+        ]
         for order in structure.orders:
             for a, b in itertools.pairwise(order):
                 n_messages = len(structure.messages)
-                ins = [structure.messages[i] for i in structure.inputs[b] if i < n_messages]
+                taken = [i for i in structure.inputs[b] if i < n_messages]
+                ins = [structure.messages[i] for i in taken]
                 outs = [structure.messages[i] for i in structure.outputs[a] if i < n_messages]
                 sources = tuple(
                     (records[m.producer_node].end, counts.sent[m.producer_node]) for m in ins
@@ -273,6 +302,8 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
                         sent_a=counts.sent[a],
                         taken_b=counts.taken[b],
                         sources=sources,
+                        posts=tuple(posts[i] for i in taken),
+                        senders=tuple(spans[m.src_rank] for m in ins),
                         sent_pairs=frozenset((m.src_rank, m.dst_rank) for m in outs),
                         taken_pairs=frozenset((m.src_rank, m.dst_rank) for m in ins),
                     )
@@ -281,19 +312,21 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
 
 
 def _fit_overheads(
-    steps: Sequence[MeasuredStep],
+    steps: Sequence[MeasuredStep], send_mode: str
 ) -> tuple[Link, Time, dict[str, int], dict[tuple[int, int], Link]]:
-    """Dispatch, send, receive and latency from the gaps between units of work; the
-    same per ordered rank pair (direction) where its messages can be told apart."""
+    """Dispatch, send, receive and latency (and the handshake of rendezvous sends) from
+    the gaps between units of work; the same per ordered rank pair (direction) where its
+    messages can be told apart."""
     found = _transitions(steps)
     idle = [t.gap for t in found if t.taken_b == 0 and t.sent_a == 0]
     dispatch = mean(idle) if idle else 0
-    link, counts = _message_costs(found, dispatch)
+    fit = _message_costs if send_mode == "eager" else _rendezvous_costs
+    link, counts = fit(found, dispatch)
     pairs = sorted({p for t in found for p in t.sent_pairs | t.taken_pairs})
     by_pair = {}
     for pair in pairs:
         only = [t for t in found if t.sent_pairs <= {pair} and t.taken_pairs <= {pair}]
-        by_pair[pair], _ = _message_costs(only, dispatch, fallback=link)
+        by_pair[pair], _ = fit(only, dispatch, fallback=link)
     return link, _whole(dispatch), {"dispatch": len(idle), **counts}, by_pair
 
 
@@ -348,12 +381,103 @@ def _message_costs(
     return link, counts
 
 
+def _rendezvous_costs(
+    found: Sequence[_Transition], dispatch: Time, *, fallback: Link | None = None
+) -> tuple[Link, dict[str, int]]:
+    """Rules 2-4 and 5 of the module docstring (rendezvous sends), over ``found``."""
+    base = fallback or Link()
+    local = [t for t in found if t.taken_b == 0 and t.sent_a]
+    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local]
+    send = mean(posting) if posting else base.send_overhead
+
+    def leaves(t: _Transition, receive: Time) -> tuple[Time, Time | None]:
+        """When the last message ``b`` takes could leave, no handshake counted, and, when
+        its receive came second while its sender was inside a node, when that node ends
+        (else None): the engine's rule (:mod:`pipesim.engine`)."""
+        times: list[tuple[Time, Time | None]] = []
+        for (end, k), post, spans in zip(t.sources, t.posts, t.senders, strict=True):
+            sent = end + send * k
+            posted = sent if post is None else post[0] + send * post[1]
+            if posted <= sent:
+                times.append((sent, None))
+                continue
+            ends = [
+                e + send * n_sent
+                for s, e, n_taken, n_sent in spans
+                if s - dispatch - receive * n_taken < posted < e + send * n_sent
+            ]
+            times.append((posted, ends[0] if ends else None))
+        return max(times, key=lambda x: x[0])
+
+    def fit(receive: Time) -> tuple[Time, Time, Time, Link, dict[str, int]]:
+        taken = [(t, *leaves(t, receive)) for t in found if t.taken_b]
+        # A receive posted when the rank became free (right before the work that needs
+        # it, after its send) is waited for too: the handshake follows it.
+        waited = [
+            (t, t.start_b - dispatch - last, ends)
+            for t, last, ends in taken
+            if last > (free := t.end_a + send * t.sent_a) or (ends is not None and last == free)
+        ]
+        # As rule 3: latency (+ the sender's answer) + receive * taken, per kind, bound
+        # which messages had arrived when the rank became free.
+        bounds = {
+            kind: median(values)
+            if (values := [v for _, v, e in waited if (e is None) is kind])
+            else None
+            for kind in (True, False)
+        }
+
+        def had_arrived(t: _Transition, last: Time, ends: Time | None) -> bool:
+            bound = bounds[ends is None]
+            if bound is None:
+                return last <= t.start_a
+            return last + bound <= t.end_a + send * t.sent_a
+
+        arrived = [
+            Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b)
+            for t, last, ends in taken
+            if had_arrived(t, last, ends)
+        ]
+        new_receive = mean(arrived) if arrived else base.receive_overhead
+        early = [v - new_receive * t.taken_b for t, v, ends in waited if ends is None]
+        latency = mean(early) if early else base.latency
+        # The handshake, where it (not the end of the sender's node) released the message.
+        answers = [
+            (v - new_receive * t.taken_b - latency, ends - (t.start_b - dispatch - v))
+            for t, v, ends in waited
+            if ends is not None
+        ]
+        limited = [a for a, until_end in answers if a < until_end]
+        handshake = mean(limited) if limited else base.handshake
+        counts = {"arrived": len(arrived), "early": len(early), "limited": len(limited)}
+        link = Link(
+            latency=_whole(latency),
+            send_overhead=_whole(send),
+            receive_overhead=_whole(new_receive),
+            handshake=_whole(handshake),
+        )
+        return new_receive, latency, handshake, link, counts
+
+    # Whether the sender was inside a node depends on the receive overhead at its start:
+    # fit once without it, then again with the receive overhead found.
+    receive, *_ = fit(0)
+    *_, link, found_counts = fit(receive)
+    counts = {
+        "send_overhead": len(posting),
+        "receive_overhead": found_counts["arrived"],
+        "latency": found_counts["early"],
+        "handshake": found_counts["limited"],
+    }
+    return link, counts
+
+
 def fit_costs(
     steps: Sequence[MeasuredStep],
     /,
     *,
     stage_bytes: Sequence[StageCost] = (),
     time_unit: str = "unit",
+    send_mode: str = "eager",
 ) -> CalibrationFit:
     """A cost model from measured ``steps`` (all on one cut: the same stage count).
 
@@ -400,12 +524,16 @@ def fit_costs(
                 overlap=_whole(median(pairs[stage])) if pairs[stage] else None,
             )
         )
-    link, dispatch, counts, by_pair = _fit_overheads(steps)
+    link, dispatch, counts, by_pair = _fit_overheads(steps, send_mode)
     counted = {f"{s}{op.value}": len(samples[(s, op)]) for s in range(count) for op in Op}
     counted = {k: v for k, v in counted.items() if v}
     return CalibrationFit(
         costs=CostModel(
-            stages=tuple(stages), link=link, dispatch_overhead=dispatch, time_unit=time_unit
+            stages=tuple(stages),
+            link=link,
+            dispatch_overhead=dispatch,
+            time_unit=time_unit,
+            send_mode=send_mode,
         ),
         assumed=tuple(assumed),
         samples={**counted, **counts},

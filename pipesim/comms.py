@@ -61,7 +61,7 @@ from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
-from pipesim.step import step_structure
+from pipesim.step import StepStructure, step_structure
 
 __all__ = [
     "Comm",
@@ -77,6 +77,7 @@ __all__ = [
     "lower_comms",
     "messages",
     "parse_step",
+    "receive_posts",
     "validate_comms",
 ]
 
@@ -234,6 +235,46 @@ def lower_comms(schedule: Schedule, /) -> CommSchedule:
                 programs[message.src_rank].append(message.send)
                 programs[message.dst_rank].append(message.recv)
     return CommSchedule(schedule=schedule, programs=tuple(tuple(p) for p in programs))
+
+
+def receive_posts(structure: StepStructure, /) -> tuple[int, ...]:
+    """Per message of ``structure``, the node after which its receiving rank posts its
+    receive (-1: before its first node): where the comms schedule places the RECV, or for a
+    compute schedule where :func:`lower_comms` places it (what ``pipesim verify`` and
+    torch's runtime run). A rendezvous send (:mod:`pipesim.engine`) leaves no earlier.
+
+    >>> from pipesim.schedules import generate
+    >>> s = step_structure(generate("gpipe", n_ranks=2, n_microbatches=2))
+    >>> [(str(m.producer), str(s.works[p]) if p >= 0 else None)
+    ...  for m, p in zip(s.messages, receive_posts(s))]
+    [('1B0', '0F1'), ('1B1', '0B0'), ('0F0', None), ('0F1', '1F0')]
+    """
+    posts = [-1] * structure.n_messages
+    if structure.explicit_comms:
+        n_works = structure.n_nodes
+        for program in structure.programs:
+            before = -1
+            for node in program:
+                if node >= n_works:
+                    message = structure.comm_messages[node - n_works]
+                    comm = structure.comms[node - n_works]
+                    if message >= 0 and not comm.op.is_send:
+                        posts[message] = before
+                before = node
+        return tuple(posts)
+    ids = {Comm.recv_of(m.producer, m.consumer): i for i, m in enumerate(structure.messages)}
+    for steps in lower_comms(structure.schedule).programs:
+        after = -1
+        for step in steps:
+            if isinstance(step, Comm):
+                message = ids.get(step, -1)
+                if message >= 0 and not step.op.is_send:
+                    posts[message] = after
+            else:
+                work_node = structure.node_of(step.parts[0])
+                assert work_node is not None
+                after = work_node
+    return tuple(posts)
 
 
 def comm_schedule_from_programs(

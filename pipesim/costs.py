@@ -52,8 +52,12 @@ __all__ = [
     "costs_from_dict",
     "costs_to_dict",
     "load_costs",
+    "require_eager",
 ]
 
+
+#: The message timing rules ``CostModel.send_mode`` names (:mod:`pipesim.engine`).
+SEND_MODES = ("eager", "rendezvous")
 
 #: ``weight_grad_bytes / activation_bytes`` when ``weight_grad_bytes`` is not given:
 #: ``M_W / M_B`` of Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2,
@@ -130,10 +134,13 @@ class Link:
     """Time the sending rank spends posting one message, after the work that produced it."""
     receive_overhead: Time = 0
     """Time the receiving rank spends taking one arrived message, before the work needing it."""
+    handshake: Time = 0
+    """With ``CostModel.send_mode`` ``rendezvous``: at most how long after a receive
+    posted later than its send a computing sender answers it (:mod:`pipesim.engine`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "latency", to_time(self.latency, name="link latency"))
-        for name in ("send_overhead", "receive_overhead"):
+        for name in ("send_overhead", "receive_overhead", "handshake"):
             object.__setattr__(self, name, to_time(getattr(self, name), name=f"link {name}"))
         if self.bandwidth_bytes_per_s is not None:
             object.__setattr__(
@@ -251,9 +258,19 @@ class CostModel:
     time_unit: str = "unit"
     """What one time value stands for: ``unit`` (abstract slots), ``s``, ``ms``, ``us`` or
     ``ns`` (see :mod:`pipesim.units`); tables, plots and traces say it."""
+    send_mode: str = "eager"
+    """When a message leaves its sender (the rule is :mod:`pipesim.engine`'s): ``eager``
+    when its send is posted; ``rendezvous`` once its receive is posted too (where
+    :func:`pipesim.comms.lower_comms` places it) and, when that came second, the sender
+    answered it: at once if waiting, else at the end of its running node or
+    ``Link.handshake`` later (gloo's transport, measured in issue 11)."""
 
     def __post_init__(self) -> None:
         check_time_unit(self.time_unit)
+        if self.send_mode not in SEND_MODES:
+            raise CostError(
+                f"send_mode must be one of {', '.join(SEND_MODES)}, got {brief(self.send_mode)}"
+            )
         object.__setattr__(
             self, "dispatch_overhead", to_time(self.dispatch_overhead, name="dispatch_overhead")
         )
@@ -270,6 +287,11 @@ class CostModel:
             raise CostError(f"link must be a Link, got {brief(self.link)}")
         if not isinstance(self.overlap_comm, bool):
             raise CostError(f"overlap_comm must be True or False, got {brief(self.overlap_comm)}")
+        if self.send_mode == "rendezvous" and not self.overlap_comm:
+            raise CostError(
+                "send_mode rendezvous models posted (non-blocking) sends; it cannot be combined "
+                "with overlap_comm false: drop one of them"
+            )
         _check_denominator(stages, self.link, self.dispatch_overhead)
         if self.links is not None:
             if not isinstance(self.links, Links):
@@ -293,6 +315,7 @@ class CostModel:
         overlap_comm: bool = True,
         dispatch_overhead: Time = 0,
         time_unit: str = "unit",
+        send_mode: str = "eager",
         **stage_fields: Any,
     ) -> CostModel:
         """Identical stages; ``stage_fields`` are :class:`StageCost` fields."""
@@ -304,6 +327,7 @@ class CostModel:
             overlap_comm=overlap_comm,
             dispatch_overhead=dispatch_overhead,
             time_unit=time_unit,
+            send_mode=send_mode,
         )
 
     def link_between(self, src: int, dst: int, /) -> Link:
@@ -344,6 +368,7 @@ def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time
     overheads and bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
     denominators = {1, dispatch.denominator}
     denominators.update(t.denominator for t in (link.send_overhead, link.receive_overhead))
+    denominators.add(link.handshake.denominator)
     for stage in set(stages):  # broadcast models repeat one entry
         for time in (stage.forward, stage.backward, stage.input_grad, stage.weight_grad):
             denominators.add(time.denominator)
@@ -359,6 +384,25 @@ def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time
             f"pipesim's limit of {MAX_DENOMINATOR_DIGITS} digits (MAX_DENOMINATOR_DIGITS in "
             "pipesim.limits) for exact arithmetic; round the durations, latency and bandwidth "
             "to fewer digits"
+        )
+
+
+def require_eager(costs: CostModel, /, *, evaluator: str) -> None:
+    """Refuse ``costs`` with rendezvous sends in an ``evaluator`` that models eager ones
+    only (the fast evaluators, the longest path, the planner): it would silently differ
+    from the SimPy engine, which alone models rendezvous (:mod:`pipesim.engine`).
+
+    >>> require_eager(CostModel(send_mode="rendezvous"), evaluator="the longest path")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.CostError: the longest path models eager sends only, and this cost ...
+    """
+    if costs.send_mode != "eager":
+        raise CostError(
+            f"{evaluator} models eager sends only, and this cost model has send_mode "
+            f"{costs.send_mode} (as pipesim calibrate --send-mode rendezvous writes it); "
+            "simulate it with the SimPy engine (pipesim simulate --costs FILE), or set "
+            "send_mode to eager"
         )
 
 
@@ -383,6 +427,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "overlap_comm",
         "dispatch_overhead",
         "time_unit",
+        "send_mode",
         "format",
         "meta",
     }
@@ -425,6 +470,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
             overlap_comm=overlap_comm,
             dispatch_overhead=data.get("dispatch_overhead", 0),
             time_unit=unit,
+            send_mode=data.get("send_mode", "eager"),
         )
     except CostError as exc:
         raise CostError(f"{source}: {exc}") from None
@@ -491,7 +537,7 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
 
     def _link_dict(link: Link) -> dict[str, object]:
         fields_of = as_dict(link, _LINK_FIELDS)
-        for name in ("send_overhead", "receive_overhead"):  # files without overheads stay
+        for name in ("send_overhead", "receive_overhead", "handshake"):  # files stay as were
             if not fields_of[name]:
                 del fields_of[name]
         return fields_of
@@ -517,6 +563,8 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
     if costs.dispatch_overhead:
         data["dispatch_overhead"] = value(costs.dispatch_overhead)
     data["time_unit"] = costs.time_unit
+    if costs.send_mode != "eager":
+        data["send_mode"] = costs.send_mode
     return data
 
 

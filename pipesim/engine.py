@@ -49,6 +49,17 @@ receives as nodes of their own, in program order (:func:`pipesim.step.step_struc
   lowering puts a RECV ahead of work that does not need it
   (``tests/test_comms_engine.py`` measures by how much).
 
+**Rendezvous sends** (``CostModel.send_mode`` ``rendezvous``, compute and comms
+schedules alike): a message leaves once its send is posted *and* its receive is, the
+receive posted where :func:`pipesim.comms.lower_comms` places the RECV (in a comms
+schedule, where its program does) when the rank gets there. A receive posted after its
+send is answered at once by a sender that waits, else when the sender's running node
+ends or ``Link.handshake`` after the receive, whichever is first (:class:`_Rendezvous`
+states it, with the measurements).
+This is the one place the message timing rule is written; the fast evaluators and the
+longest path model eager sends only and refuse rendezvous costs
+(:func:`pipesim.costs.require_eager`).
+
 NCCL's ``ncclSend`` may not complete before the peer posts the matching
 ``ncclRecv`` (a rendezvous on the GPU stream, not on the rank's compute);
 :func:`pipesim.comms.validate_comms` refuses any order that would deadlock even
@@ -69,7 +80,7 @@ from typing import Any, cast
 
 import simpy
 
-from pipesim.comms import CommSchedule, validate_comms
+from pipesim.comms import CommSchedule, receive_posts, validate_comms
 from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.graph import check_structure
@@ -194,6 +205,7 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
             waiter.succeed()
 
     links = _Links(env, step, deliver) if any(on_link) else None
+    rendezvous = _Rendezvous(env, step, links, deliver) if step.costs.send_mode != "eager" else None
     overlap_comm = step.costs.overlap_comm
     starts, ends = _time_columns(step)
     durations, effects = step.durations, step.effects
@@ -203,6 +215,8 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
     blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
     has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
+    posts = rendezvous.posts if rendezvous is not None else None
+    n_messages = structure.n_messages
 
     def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
@@ -232,6 +246,17 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                     peak_inflight = inflight
             starts[node] = start
             ends[node] = clock = start + durations[node]
+            if posts is not None:
+                # Rendezvous: the rank keeps to simulated time, so that a receive posted to
+                # it finds it inside a node or not (_Rendezvous), at one timeout per node.
+                if start != env.now:
+                    yield timeout(start - env.now)
+                rendezvous.begin(rank)  # type: ignore[union-attr]
+                if clock != env.now:
+                    yield timeout(clock - env.now)
+                rendezvous.answer(rank)  # type: ignore[union-attr]
+                if node in posts:
+                    rendezvous.post(posts[node])  # type: ignore[union-attr]
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -241,6 +266,9 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                     peak_inflight = inflight
             sending = None
             for arrival in outputs[node]:
+                if rendezvous is not None and arrival < n_messages:
+                    rendezvous.send(arrival)
+                    continue
                 if on_link[arrival]:
                     assert links is not None
                     if sending is None and clock != env.now:
@@ -260,12 +288,26 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
 
     for rank, program in enumerate(structure.programs):
         env.process(run_rank(rank, program))
+    if rendezvous is not None:
+        rendezvous.post(rendezvous.posts.get(-1, ()))
     env.run()
     stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
     if stuck:
         blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
         raise deadlock_error(structure, blocked=blocked)
-    return _trace(step, starts, ends, links, peaks, blocked_at)
+    left = rendezvous.times if rendezvous is not None else None
+    return _trace(step, starts, ends, links, peaks, blocked_at, left)
+
+
+def _senders(structure: StepStructure) -> list[int]:
+    """Per message, the node whose end hands it to its link: its SEND in a comms schedule,
+    else its producer."""
+    senders = list(structure.producers)
+    if structure.explicit_comms:
+        for j, message in enumerate(structure.comm_messages, start=structure.n_nodes):
+            if message >= 0 and structure.step(j).op.is_send:  # type: ignore[union-attr]
+                senders[message] = j
+    return senders
 
 
 def _on_link(step: CompiledStep) -> bytearray:
@@ -293,6 +335,100 @@ def _time_columns(step: CompiledStep) -> tuple[MutableSequence[Time], MutableSeq
             zeros = array("q", bytes(8 * n_nodes))
             return cast("MutableSequence[Time]", zeros), cast("MutableSequence[Time]", zeros[:])
     return [0] * n_nodes, [0] * n_nodes
+
+
+class _Rendezvous:
+    """Rendezvous sends (``CostModel.send_mode``): a message leaves once its send has been
+    posted (its producer, or its SEND node, ended) and its receive too (the receiving rank
+    finished the node before the RECV, :func:`pipesim.comms.receive_posts`). When the
+    receive came second, the sender answers it: at once if it is waiting (inside no
+    node), else when its running node ends or ``Link.handshake`` after the receive,
+    whichever comes first. Then the message takes its link (occupancy, latency) as an
+    eager one does.
+
+    gloo's TCP transport pairs sends and receives so: a send whose receive is not posted
+    waits for the receiver's notice (``Pair::onNotifyRecvReady``), which the sender's
+    progress thread answers; while the sender's own thread computes, that thread waits
+    for a core. Measured on 2 CPU ranks (issue 11, ``benchmarks/fidelity_offline.py
+    --messages``): a message whose receive was posted first reaches a waiting receiver
+    0.45-0.54 ms after its send (overheads included); one whose receive came second and
+    was waited for, 4.5-5 ms after the receive (median; 2-8 ms), unless the sender
+    ended its computation sooner or was waiting itself. Replaying the measured steps
+    with this rule halves the model's error (``fidelity_offline.py``)."""
+
+    def __init__(
+        self, env: Any, step: CompiledStep, links: _Links | None, deliver: Callable[[int], None]
+    ) -> None:
+        self.env, self.step, self.links, self.deliver = env, step, links, deliver
+        self.on_link = _on_link(step)
+        n_messages = step.structure.n_messages
+        self.sent: list[Time | None] = [None] * n_messages
+        self.posted = bytearray(n_messages)
+        self.left = bytearray(n_messages)
+        self.answering: dict[int, list[int]] = {}
+        """Per sending rank, the messages whose receives came after their sends, not yet
+        answered."""
+        self.senders = _senders(step.structure)
+        self.since: list[Time] = [-1] * step.structure.schedule.n_ranks
+        """Per rank, when it last started a node."""
+        self.inside = bytearray(step.structure.schedule.n_ranks)
+        """Per rank, 1 while it runs a node."""
+        posts: dict[int, list[int]] = {}
+        for message, node in enumerate(receive_posts(step.structure)):
+            posts.setdefault(node, []).append(message)
+        self.posts = posts
+        """Node (-1: the start) -> the messages whose receives are posted when it ends."""
+        self.times: tuple[dict[int, Time], dict[int, Time]] = ({}, {})
+        """When each message on a free link left and arrived (the links time their own)."""
+
+    def send(self, message: int) -> None:
+        self.sent[message] = self.env.now
+        if self.posted[message]:
+            self._leave(message)
+
+    def post(self, messages: Sequence[int]) -> None:
+        for message in messages:
+            self.posted[message] = 1
+            sent = self.sent[message]
+            if sent is None:
+                continue
+            pair = self.step.structure.pair_of[message]
+            handshake = self.step.pair_links[pair].handshake
+            rank = self.step.structure.rank_of_node(self.senders[message])
+            # Posted second (a tie is no later) to a sender inside a node it started before
+            # (one that waits, or just ended or started one, answers now): whatever the order
+            # SimPy runs equal-time events in, the answer is the same.
+            now = self.env.now
+            busy = self.inside[rank] and self.since[rank] < now
+            if handshake and sent < now and busy:
+                later = self.env.timeout(handshake)
+                later.callbacks.append(lambda _, m=message: self._leave(m))
+                self.answering.setdefault(rank, []).append(message)
+            else:
+                self._leave(message)
+
+    def begin(self, rank: int) -> None:
+        """``rank`` starts a node now."""
+        self.since[rank] = self.env.now
+        self.inside[rank] = 1
+
+    def answer(self, rank: int) -> None:
+        """``rank`` ended a node: the late receives posted to it meanwhile are answered."""
+        self.inside[rank] = 0
+        if rank in self.answering:
+            for message in self.answering.pop(rank):
+                self._leave(message)
+
+    def _leave(self, message: int) -> None:
+        if self.left[message]:
+            return
+        self.left[message] = 1
+        if self.on_link[message]:
+            assert self.links is not None
+            self.links.send(message, None)
+            return
+        self.times[0][message] = self.times[1][message] = self.env.now
+        self.deliver(message)
 
 
 class _Links:
@@ -341,6 +477,7 @@ def _trace(
     links: _Links | None,
     peaks: Sequence[tuple[int, int]],
     blocked_at: Mapping[int, Time],
+    left: tuple[dict[int, Time], dict[int, Time]] | None = None,
 ) -> Trace:
     structure = step.structure
     durations = step.durations
@@ -356,6 +493,8 @@ def _trace(
         peak_inflight=tuple(p[1] for p in peaks),
     )
     link_times = (links.start, links.end) if links else ({}, {})
+    if left is not None:  # rendezvous: free-link messages leave when their receive is posted
+        link_times = ({**link_times[0], **left[0]}, {**link_times[1], **left[1]})
     return Trace.deferred(
         n_ranks=structure.schedule.n_ranks,
         actions=lambda: action_records(structure, starts, ends),
@@ -463,12 +602,7 @@ def _transfer_records(
     message on a free link leaves and arrives when its producer ends."""
     structure = step.structure
     ranks, producers, consumers = structure.ranks, structure.producers, structure.consumers
-    senders: Sequence[int] = producers  # the node whose end hands each message to its link
-    if structure.explicit_comms:  # a comms schedule's message leaves at its SEND
-        senders = list(producers)
-        for j, message in enumerate(structure.comm_messages, start=structure.n_nodes):
-            if message >= 0 and structure.step(j).op.is_send:  # type: ignore[union-attr]
-                senders[message] = j
+    senders = _senders(structure) if structure.explicit_comms else producers
     rows = []
     for message, (source, node) in enumerate(zip(producers, consumers, strict=True)):
         if message in link_end:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, require_eager
 from pipesim.errors import ScheduleError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
@@ -421,6 +421,7 @@ def critical_path(
     if not isinstance(schedule, Schedule):
         return comms_path(schedule, costs=costs, blocking_receives=blocking_receives)
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    require_eager(costs, evaluator="the longest path")
     validate(schedule)
     graph = build_graph(schedule, costs=costs)
     sink = "__end__"
@@ -478,6 +479,7 @@ def comms_path(
     validate_comms(comms)
     schedule = comms.schedule
     costs = (costs or CostModel()).for_stages(schedule.n_stages)
+    require_eager(costs, evaluator="the longest path")
     structure = step_structure(
         schedule, programs=comms.programs, blocking_receives=blocking_receives
     )

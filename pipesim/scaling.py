@@ -38,7 +38,7 @@ __all__ = ["AffineCosts", "costs_at_microbatch_size", "scaling_meta"]
 
 _STAGE_TIMES = ("forward", "backward", "input_grad", "weight_grad")
 _ROW_BYTES = ("activation_bytes", "weight_grad_bytes", "output_bytes")
-_LINK_TIMES = ("latency", "send_overhead", "receive_overhead")
+_LINK_TIMES = ("latency", "send_overhead", "receive_overhead", "handshake")
 
 
 def _exact(value: Fraction) -> Time:

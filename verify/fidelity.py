@@ -193,9 +193,12 @@ def calibrate_cut(
     threads: int = 1,
     warmup: int = 1,
     timeout_s: float = 300.0,
+    send_mode: str = "eager",
 ) -> tuple[CostModel, dict[str, Any]]:
     """Calibrate the cut into ``n_ranks * virtual`` stages; returns the cost model
-    (time unit: ns) and the ``meta`` a cost file keeps with it (provenance)."""
+    (time unit: ns) and the ``meta`` a cost file keeps with it (provenance).
+    ``send_mode`` chooses the message rule the overheads are fitted for
+    (``CostModel.send_mode``; gloo's sends are a rendezvous, :mod:`pipesim.engine`)."""
     schedule = calibration_schedule(n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual)
     measured = measure(
         schedule,
@@ -214,6 +217,7 @@ def calibrate_cut(
         microbatch_size=microbatch_size,
         threads=threads,
         warmup=warmup,
+        send_mode=send_mode,
     )
 
 
@@ -226,12 +230,15 @@ def fit_cut(
     microbatch_size: int = 8,
     threads: int = 1,
     warmup: int = 1,
+    send_mode: str = "eager",
 ) -> tuple[CostModel, dict[str, Any]]:
     """The cost model of the measured calibration schedule's cut (time unit: ns) and the
     ``meta`` a cost file keeps with it (provenance): :func:`calibrate_cut`'s fit, for
     calibration runs measured along with other schedules (:func:`measure_all`)."""
     schedule = measured.schedule
-    fit = fit_costs(measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns")
+    fit = fit_costs(
+        measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns", send_mode=send_mode
+    )
     meta = calibration_meta(
         fit,
         source="pipesim calibrate (verify --dist)",

@@ -118,6 +118,14 @@ def register(subparsers: Any) -> None:
         help="the cost file to write (time unit: ns, provenance in meta)",
     )
     parser.add_argument(
+        "--send-mode",
+        choices=("eager", "rendezvous"),  # pipesim.costs.SEND_MODES, without its import
+        default="eager",
+        help="the message rule to fit and write (default eager; rendezvous: a message "
+        "leaves once its receive is posted too, as gloo sends; more faithful, but only "
+        "simulate, not plan, evaluates it)",
+    )
+    parser.add_argument(
         "--check",
         metavar="NAME[,NAME...]",
         help="then measure these registered schedules and compare with the "
@@ -178,6 +186,7 @@ def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dic
         threads=args.threads,
         warmup=max(args.warmup, 0),
         timeout_s=args.timeout,
+        send_mode=args.send_mode,
     )
 
 

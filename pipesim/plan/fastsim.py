@@ -40,7 +40,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, require_eager
 from pipesim.exact import Time
 from pipesim.graph import validate
 from pipesim.memory import Effect
@@ -92,6 +92,7 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
     """
     schedule = structure.schedule
     costs = costs.for_stages(schedule.n_stages)
+    require_eager(costs, evaluator="the fast evaluator (pipesim.plan.fastsim)")
     tables = cost_tables(
         costs,
         n_stages=schedule.n_stages,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, require_eager
 from pipesim.engine import action_records, memory_records
 from pipesim.exact import Time
 from pipesim.plan.fastsim import compile_schedule
@@ -30,6 +30,7 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     >>> fast_trace(generate("1f1b", n_ranks=2, n_microbatches=2), CostModel()).makespan
     9
     """
+    require_eager(costs, evaluator="the fast trace (pipesim.plan.fasttrace)")
     step = compile_step(compile_schedule(schedule), costs)
     structure = step.structure
     messages = structure.messages

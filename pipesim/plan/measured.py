@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
-from pipesim.costs import CostModel, Link, StageCost
+from pipesim.costs import CostModel, Link, StageCost, require_eager
 from pipesim.exact import Time
 from pipesim.scaling import costs_at_microbatch_size
 
@@ -65,6 +65,7 @@ class MeasuredCosts:
         costs = costs_at_microbatch_size(
             self.costs, dict(self.meta), microbatch_size, source=source
         )
+        require_eager(costs, evaluator=f"pipesim plan (reading {source})")
         return replace(costs, stages=costs.stages * self.repeat)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 
 from pipesim.actions import OP_INDEX, Action, Op
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, require_eager
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
 from pipesim.schedule import Schedule
@@ -41,6 +41,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     """
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
+    require_eager(costs, evaluator="the one-pass evaluator (pipesim.plan.onepass)")
     # Durations, memory effects and message sizes: the shared tables (pipesim.step).
     tables = cost_tables(
         costs,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, require_eager
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
@@ -264,6 +264,7 @@ def make_problem(
     else:
         stage_ranks = tuple(stage % n_ranks for stage in range(n_ranks * virtual))
     costs = (costs or CostModel()).for_stages(len(stage_ranks))
+    require_eager(costs, evaluator="pipesim synth")
     memory_costs = costs
     if all(s.activation_bytes == 0 for s in costs.stages):
         memory_costs = replace(

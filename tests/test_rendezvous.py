@@ -1,0 +1,193 @@
+"""Rendezvous sends (``CostModel.send_mode``): hand-worked steps, files, fits, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim.calibration import MeasuredStep, compute_only, fit_costs, replay
+from pipesim.comms import lower_comms, receive_posts
+from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
+from pipesim.engine import simulate
+from pipesim.errors import CostError
+from pipesim.graph import comms_path, critical_path
+from pipesim.plan import evaluate, quick_step
+from pipesim.plan.fastsim import compile_schedule
+from pipesim.plan.fasttrace import fast_trace
+from pipesim.schedules import generate
+from pipesim.step import step_structure
+from pipesim.synth.problem import make_problem
+
+
+def _gpipe_costs(send_mode: str, handshake: int) -> CostModel:
+    # Stage 1's forward (15) is slower than stage 0's (10): rank 0 sends each activation
+    # before rank 1 has posted its receive (after its previous forward).
+    return CostModel(
+        stages=(StageCost(forward=10, backward=20), StageCost(forward=15, backward=20)),
+        send_mode=send_mode,
+        link=Link(handshake=handshake),
+    )
+
+
+def _starts(schedule_name: str, m: int, costs: CostModel) -> dict[str, int]:
+    sim = simulate(generate(schedule_name, n_ranks=2, n_microbatches=m), costs=costs)
+    return {str(r.work): r.start for r in sim.trace.actions}
+
+
+def test_receive_posts_follow_the_lowering() -> None:
+    # GPipe p=2 m=2, lowered: rank 0 posts 1B0's gradient after 0F1 and 1B1's after 0B0;
+    # rank 1 posts 0F0's activation before anything, 0F1's after 1F0.
+    structure = step_structure(generate("gpipe", n_ranks=2, n_microbatches=2))
+    posted = {
+        str(m.producer): (None if node < 0 else str(structure.works[node]))
+        for m, node in zip(structure.messages, receive_posts(structure), strict=True)
+    }
+    assert posted == {"1B0": "0F1", "1B1": "0B0", "0F0": None, "0F1": "1F0"}
+
+
+def test_a_waiting_sender_answers_at_once() -> None:
+    # GPipe p=2 m=2. Eager: 0F0 0-10, 0F1 10-20; 1F0 10-25, 1F1 25-40 (0F1's output there
+    # since 20), 1B0 40-60, 1B1 60-80; 0B0 60-80, 0B1 80-100.
+    eager = _starts("gpipe", 2, _gpipe_costs("eager", 4))
+    assert (eager["1F1"], eager["0B1"] + 20) == (25, 100)
+    # Rendezvous: 0F1's activation was sent at 20, its receive posted after 1F0, at 25,
+    # when rank 0 waits for 1B0 (inside no node): it answers at once, as eager sends.
+    assert _starts("gpipe", 2, _gpipe_costs("rendezvous", 4)) == eager
+
+
+def test_a_computing_sender_answers_at_its_node_end_or_a_handshake_later() -> None:
+    # GPipe p=2 m=3: 0F0 0-10, 0F1 10-20, 0F2 20-30; 1F0 10-25. 0F1's activation was sent
+    # at 20, its receive posted at 25 (after 1F0) while rank 0 runs 0F2 (20-30).
+    # Handshake 4: answered at 25 + 4 = 29 (before 0F2 ends). 1F1 29-44; 0F2's receive
+    # posted at 44, rank 0 waits for 1B0: at once. 1F2 44-59, 1B0 59-79, 1B1 79-99,
+    # 1B2 99-119; 0B0 79-99 (its receive posted at 30, first), 0B1 99-119 (posted after
+    # 0B0 at 99 as 1B1 is sent at 99: a tie pays nothing), 0B2 119-139.
+    starts = _starts("gpipe", 3, _gpipe_costs("rendezvous", 4))
+    assert starts == {
+        "0F0": 0,
+        "0F1": 10,
+        "0F2": 20,
+        "1F0": 10,
+        "1F1": 29,
+        "1F2": 44,
+        "1B0": 59,
+        "1B1": 79,
+        "1B2": 99,
+        "0B0": 79,
+        "0B1": 99,
+        "0B2": 119,
+    }
+    # Handshake 8: 0F2 ends first, at 30: 1F1 30-45, 1F2 45-60, ..., 0B2 120-140.
+    slow = _starts("gpipe", 3, _gpipe_costs("rendezvous", 8))
+    assert (slow["1F1"], slow["1F2"], slow["0B2"] + 20) == (30, 45, 140)
+    eager = simulate(generate("gpipe", n_ranks=2, n_microbatches=3), costs=_gpipe_costs("eager", 8))
+    assert eager.metrics.makespan == 135  # 1F1 at 25, 1F2 at 40
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "dualpipev"])
+def test_the_lowered_comms_schedule_agrees(name: str) -> None:
+    # The rule reads where the lowering posts receives: simulating the lowered comms schedule
+    # with posted receives (what verify runs) gives the same step when sends and receives
+    # cost nothing.
+    schedule = generate(name, n_ranks=2, n_microbatches=4)
+    costs = CostModel.uniform(
+        forward=10,
+        backward=25,
+        input_grad=13,
+        weight_grad=12,
+        send_mode="rendezvous",
+        link=Link(handshake=6, latency=2),
+    )
+    compute = simulate(schedule, costs=costs)
+    comms = simulate(lower_comms(schedule), costs=costs, blocking_receives=False)
+    assert compute.metrics.makespan == comms.metrics.makespan
+    assert (
+        compute.metrics.makespan
+        >= simulate(
+            schedule,
+            costs=CostModel.uniform(
+                forward=10, backward=25, input_grad=13, weight_grad=12, link=Link(latency=2)
+            ),
+        ).metrics.makespan
+    )
+
+
+def test_transfers_leave_when_the_receive_is_answered() -> None:
+    # As above (m=3, handshake 4): 0F0's activation leaves at 10, 0F1's at 29, 0F2's at 44.
+    sim = simulate(
+        generate("gpipe", n_ranks=2, n_microbatches=3), costs=_gpipe_costs("rendezvous", 4)
+    )
+    left = {(str(t.producer), t.start, t.end) for t in sim.trace.transfers}
+    assert {("0F0", 10, 10), ("0F1", 29, 29), ("0F2", 44, 44)} <= left
+
+
+def test_fit_recovers_a_known_rendezvous_model() -> None:
+    # Synthetic runs generated from a known model are fitted back exactly (1F1B for the
+    # overheads, GPipe for late receives: its handshake).
+    truth = CostModel.uniform(
+        forward=40,
+        backward=90,
+        input_grad=50,
+        weight_grad=45,
+        dispatch_overhead=1,
+        link=Link(latency=3, send_overhead=2, receive_overhead=4, handshake=7),
+        send_mode="rendezvous",
+    )
+    steps = []
+    for name in ("1f1b", "gpipe"):
+        schedule = generate(name, n_ranks=2, n_microbatches=4)
+        trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
+        steps.append(MeasuredStep(schedule=schedule, trace=trace))
+    fit = fit_costs(steps, send_mode="rendezvous")
+    assert fit.costs.link == truth.link
+    assert (fit.costs.dispatch_overhead, fit.costs.send_mode) == (1, "rendezvous")
+    assert fit.samples["handshake"] > 0
+    assert all(replay(s, fit.costs) == replay(s, truth) for s in steps)
+
+
+def test_files_keep_the_mode_and_the_handshake() -> None:
+    costs = _gpipe_costs("rendezvous", 4)
+    data = costs_to_dict(costs)
+    assert (data["send_mode"], data["link"]["handshake"]) == ("rendezvous", 4)
+    assert costs_from_dict(data) == costs
+    plain = costs_to_dict(CostModel())
+    assert "send_mode" not in plain and "handshake" not in plain["link"]  # files as before
+
+
+def test_bad_modes_are_refused() -> None:
+    with pytest.raises(CostError, match="send_mode must be one of eager, rendezvous"):
+        CostModel(send_mode="lazy")
+    with pytest.raises(CostError, match="overlap_comm false"):
+        CostModel(send_mode="rendezvous", overlap_comm=False)
+
+
+def test_evaluators_without_the_rule_refuse_it() -> None:
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
+    costs = CostModel(send_mode="rendezvous")
+    calls = [
+        lambda: evaluate(compile_schedule(schedule), costs),
+        lambda: quick_step(schedule, costs),
+        lambda: fast_trace(schedule, costs),
+        lambda: critical_path(schedule, costs=costs),
+        lambda: comms_path(lower_comms(schedule), costs=costs),
+        lambda: make_problem(n_ranks=2, n_microbatches=2, costs=costs, memory_limit=2),
+    ]
+    for call in calls:
+        with pytest.raises(CostError, match="models eager sends only"):
+            call()
+
+
+def test_plan_refuses_a_rendezvous_cost_file_and_simulate_runs_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipesim.cli import main
+
+    path = tmp_path / "rv.json"
+    path.write_text(json.dumps(costs_to_dict(_gpipe_costs("rendezvous", 4))))
+    assert main(["simulate", "gpipe", "-p", "2", "-m", "3", "--costs", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 139  # as by hand
+    args = ["plan", "--model", str(path), "--devices", "2", "--accelerator", "h100-sxm"]
+    assert main([*args, "--global-batch", "4", "--no-progress"]) == 1
+    assert "models eager sends only" in capsys.readouterr().err
