@@ -191,10 +191,10 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
     structure = step.structure
     n_ranks = structure.schedule.n_ranks
-    # Per arrival (message or signal): its arrival time once known (None before), and
-    # the event its consumer waits on (made only if it blocks); whether it goes over a
-    # link that costs time.
-    arrival_at: list[Time | None] = [None] * structure.n_arrivals
+    # Per node its start and end; per arrival (message or signal) its arrival time once
+    # known (-1 before), and the event its consumer waits on (made only if it blocks,
+    # dropped once it fired); whether it goes over a link that costs time.
+    starts, ends, arrival_at = _time_columns(step)
     waiters: list[Any] = [None] * structure.n_arrivals
     on_link = _on_link(step)
 
@@ -207,7 +207,6 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     links = _Links(env, step, deliver) if any(on_link) else None
     rendezvous = _Rendezvous(env, step, links, deliver) if step.costs.send_mode != "eager" else None
     overlap_comm = step.costs.overlap_comm
-    starts, ends = _time_columns(step)
     durations, effects = step.durations, step.effects
     inputs, outputs = structure.inputs, structure.outputs
     timeout, event = env.timeout, env.event
@@ -227,13 +226,14 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
             start = clock
             for arrival in inputs[node]:
                 at = arrival_at[arrival]
-                if at is None:
+                if at < 0:
                     waiting_at[rank] = node
-                    waiter = waiters[arrival] = event()
-                    yield waiter
+                    waiters[arrival] = event()
+                    yield waiters[arrival]
+                    waiters[arrival] = None
                     at = arrival_at[arrival]
-                if at > start:  # type: ignore[operator]  # known by now
-                    start = at  # type: ignore[assignment]
+                if at > start:
+                    start = at
             if has_comms and start != clock:
                 blocked_at[node] = clock
             s_bytes, s_count, e_bytes, e_count = effects[node]
@@ -322,19 +322,24 @@ def _on_link(step: CompiledStep) -> bytearray:
     return on_link
 
 
-def _time_columns(step: CompiledStep) -> tuple[MutableSequence[Time], MutableSequence[Time]]:
-    """A zeroed start and end per node: 8 bytes each when every time is an integer that
-    fits (no time exceeds the sum of every duration and every message time), else lists."""
-    n_nodes = step.structure.n_steps
+def _time_columns(
+    step: CompiledStep,
+) -> tuple[MutableSequence[Time], MutableSequence[Time], MutableSequence[Time]]:
+    """A zeroed start and end per node, and an arrival time per arrival (-1: not known
+    yet): 8 bytes each when every time is an integer that fits (no time exceeds the sum
+    of every duration and every message time), else lists."""
+    structure = step.structure
+    n_nodes, n_arrivals = structure.n_steps, structure.n_arrivals
     # The node durations themselves, not the tables: a caller may have set its own
     # (pipesim.calibration.replay, through run_compiled).
     small = {*step.durations, *step.occupancy, *(link.latency for link in step.pair_links)}
     if all(type(t) is int for t in small):
         bound = sum(step.durations) + sum(step.occupancy) + sum(step.latency)
         if bound < 2**62:
-            zeros = array("q", bytes(8 * n_nodes))
-            return cast("MutableSequence[Time]", zeros), cast("MutableSequence[Time]", zeros[:])
-    return [0] * n_nodes, [0] * n_nodes
+            zeros = cast("MutableSequence[Time]", array("q", bytes(8 * n_nodes)))
+            unknown = cast("MutableSequence[Time]", array("q", [-1]) * n_arrivals)
+            return zeros, zeros[:], unknown
+    return [0] * n_nodes, [0] * n_nodes, [-1] * n_arrivals
 
 
 class _Rendezvous:
