@@ -372,6 +372,7 @@ class _Greedy:
                     and at <= t
                     and (change <= 0 or highest + change <= limit)
                     and (due is None or not index or t + self._duration(action) <= due)
+                    and (not index or action.op.value in self.policy.pull)
                 ):
                     return self._block_run(r, t, index, heap)
                 if at is not None and at > t and (wake is None or at < wake):

@@ -54,6 +54,9 @@ class Policy:
     work per micro-batch, so they flow evenly instead of in bursts (tight V memory); 0: off."""
     block: str = ""
     """Follow this controllable-memory building block (``v-half``, ``v-min``); "": off."""
+    pull: str = "FIW"
+    """With a ``block``: the ops a rank may pull in ahead of the block's next pass (``IW``:
+    never a forward early, which frees memory before it takes more)."""
     pair: str = ""
     """Overlap a ready backward with the other chunk's ready forward as one F&B unit
     (:data:`PAIRINGS`, needs ``Problem.overlap_fb``); "": never."""
@@ -139,6 +142,10 @@ def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:
         out += [Policy(block=block, name=f"greedy[block-{block}]") for block in BLOCKS]
         out += [
             Policy(block=block, patient="FW", name=f"greedy[block-{block},patient]")
+            for block in BLOCKS
+        ]
+        out += [
+            Policy(block=block, pull="IW", name=f"greedy[block-{block},no-early-F]")
             for block in BLOCKS
         ]
     if quick:
