@@ -332,9 +332,14 @@ def _time_columns(
     n_nodes, n_arrivals = structure.n_steps, structure.n_arrivals
     # The node durations themselves, not the tables: a caller may have set its own
     # (pipesim.calibration.replay, through run_compiled).
-    small = {*step.durations, *step.occupancy, *(link.latency for link in step.pair_links)}
+    links = step.pair_links
+    small = {*step.durations, *step.occupancy, *(link.latency for link in links)}
+    if step.costs.send_mode != "eager":  # a message may wait one handshake (_Rendezvous)
+        small.update(link.handshake for link in links)
     if all(type(t) is int for t in small):
         bound = sum(step.durations) + sum(step.occupancy) + sum(step.latency)
+        if step.costs.send_mode != "eager":
+            bound += max((link.handshake for link in links), default=0) * structure.n_messages
         if bound < 2**62:
             zeros = cast("MutableSequence[Time]", array("q", bytes(8 * n_nodes)))
             unknown = cast("MutableSequence[Time]", array("q", [-1]) * n_arrivals)

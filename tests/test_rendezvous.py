@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,17 @@ def test_plan_refuses_a_rendezvous_cost_file_and_simulate_runs_it(
     args = ["plan", "--model", str(path), "--devices", "2", "--accelerator", "h100-sxm"]
     assert main([*args, "--global-batch", "4", "--no-progress"]) == 1
     assert "models eager sends only" in capsys.readouterr().err
+
+
+def test_an_inexact_handshake_stays_exact() -> None:
+    # As by hand above with handshake 9/2: 1F1 at 25 + 9/2 (before 0F2 ends at 30), every
+    # later time 1/2 later than with handshake 4 (makespan 139 there).
+    costs = _gpipe_costs("rendezvous", 4)
+    costs = replace(costs, link=Link(handshake=Fraction(9, 2)))
+    sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=3), costs=costs)
+    starts = {str(r.work): r.start for r in sim.trace.actions}
+    assert (starts["1F1"], starts["1F2"], sim.metrics.makespan) == (
+        Fraction(59, 2),
+        Fraction(89, 2),
+        Fraction(279, 2),
+    )
