@@ -44,7 +44,7 @@ from pipesim.costs import SEND_MODES, CostModel
 from pipesim.scaling import AffineCosts
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_dict
-from pipesim.step import step_structure
+from pipesim.structure import step_structure
 from pipesim.trace import ActionRecord, Trace
 
 

@@ -77,7 +77,8 @@ from pipesim.errors import CostError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
-from pipesim.step import StepStructure, compile_step, step_structure
+from pipesim.step import compile_step
+from pipesim.structure import StepStructure, step_structure
 from pipesim.trace import ActionRecord, Trace
 
 __all__ = [

@@ -61,7 +61,7 @@ from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
-from pipesim.step import StepStructure, step_structure
+from pipesim.structure import StepStructure, step_structure
 
 __all__ = [
     "Comm",
@@ -185,7 +185,7 @@ def messages(schedule: Schedule, /) -> tuple[Message, ...]:
     ['0F0 -> 1F0 (rank 0 -> 1)', '1B0 -> 0B0 (rank 1 -> 0)']
     """
     by_producer: dict[Action, list[Action]] = defaultdict(list)
-    # The dependency rules are pipesim.step's; a hand-over is a data edge between two stages.
+    # The dependency rules are pipesim.dependencies'; a hand-over is a data edge between two stages.
     for _, _, producer, consumer in step_structure(schedule).data_edges():
         if producer.stage != consumer.stage:
             by_producer[producer].append(consumer)

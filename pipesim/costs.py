@@ -19,7 +19,7 @@ cost the rank time that a link latency cannot express): each cross-rank
 message costs its sender ``Link.send_overhead`` after the work that produced
 it and its receiver ``Link.receive_overhead`` before the work that needs it,
 and every unit of work costs its rank ``CostModel.dispatch_overhead`` more.
-:func:`pipesim.step.cost_tables` adds them to the durations (the rule is
+:func:`pipesim.cost_tables.cost_tables` adds them to the durations (the rule is
 written there once), so a unit of work holds its rank for
 ``dispatch + receives + compute + sends``; all are 0 by default.
 

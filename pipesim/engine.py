@@ -24,7 +24,7 @@ Activation memory per rank changes by each work's memory effect
 (:mod:`pipesim.memory`) when it starts and when it ends.
 
 A comms schedule (:class:`pipesim.comms.CommSchedule`) runs its sends and
-receives as nodes of their own, in program order (:func:`pipesim.step.step_structure`):
+receives as nodes of their own, in program order (:func:`pipesim.structure.step_structure`):
 
 - **eager (buffered) send**: a SEND holds its rank for the link's
   ``send_overhead``, then hands the message to the link and the rank moves on;
@@ -82,18 +82,14 @@ import simpy
 
 from pipesim.comms import CommSchedule, receive_posts, validate_comms
 from pipesim.costs import CostModel
+from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import check_structure
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
-from pipesim.step import (
-    CompiledStep,
-    StepStructure,
-    compile_step,
-    deadlock_error,
-    step_structure,
-)
+from pipesim.step import CompiledStep, compile_step
+from pipesim.structure import StepStructure, step_structure
 from pipesim.trace import (
     ActionRecord,
     CommRecord,

@@ -33,16 +33,12 @@ import networkx as nx
 
 from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
 from pipesim.costs import CostModel, require_eager
+from pipesim.deadlock import deadlock_error
 from pipesim.errors import ScheduleError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
-from pipesim.step import (
-    CompiledStep,
-    StepStructure,
-    compile_step,
-    deadlock_error,
-    step_structure,
-)
+from pipesim.step import CompiledStep, compile_step
+from pipesim.structure import StepStructure, step_structure
 
 if TYPE_CHECKING:  # pipesim.comms validates with this module: imported where used
     from pipesim.comms import CommSchedule
@@ -71,7 +67,7 @@ class DataDependency:
 
 def data_dependencies(schedule: Schedule, /) -> Iterator[DataDependency]:
     """Every data dependency between the actions the schedule actually contains
-    (rules in :mod:`pipesim.step`)."""
+    (rules in :mod:`pipesim.dependencies`)."""
     for _, _, producer, consumer in step_structure(schedule).data_edges():
         yield DataDependency(producer=producer, consumer=consumer)
 
@@ -345,7 +341,7 @@ def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[s
     training = not schedule.forward_only
     has, width = structure.has_key, structure.width
     for stage in range(schedule.n_stages):
-        f_code = 4 * stage * width  # action keys of this stage: pipesim.step.StepStructure
+        f_code = 4 * stage * width  # action keys of this stage: pipesim.numbering
         b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
         for mb in schedule.copy_bounds(stage)[1]:
             inside = mb < width

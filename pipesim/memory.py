@@ -32,8 +32,8 @@ F's ``34sbh``, Korthikanti et al. 2023, Table 2) plus their output gradients (QK
 6sbh, output projection 2sbh, MLP 8sbh + 2sbh = 18sbh, which I creates).
 
 An :class:`~pipesim.actions.Overlap` has the summed effects of its parts. The
-SimPy engine, the planner's evaluators, the synthesizer and the compiled step
-(:mod:`pipesim.step`) all read these tables; no other module restates them.
+SimPy engine, the planner's evaluators, the synthesizer and the compiled step all
+read these tables (through :mod:`pipesim.cost_tables`); no other module restates them.
 
 >>> from pipesim.costs import StageCost
 >>> table = op_effects(StageCost(activation_bytes=10, weight_grad_bytes=4), forward_only=False)

@@ -41,7 +41,7 @@ from pipesim.actions import Op
 from pipesim.engine import simulate
 from pipesim.graph import data_dependencies, validate
 from pipesim.schedule import Schedule
-from pipesim.step import step_structure
+from pipesim.structure import step_structure
 from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
 from verify.exactness import exact_settings

@@ -17,9 +17,9 @@ stays the reference, and this module computes the *same* numbers faster:
   the peaks do not depend on timing at all.
 
 The topological order and the message wiring depend only on the schedule: they
-are the :class:`~pipesim.step.StepStructure` that :func:`compile_schedule`
+are the :class:`~pipesim.structure.StepStructure` that :func:`compile_schedule`
 builds once and :func:`evaluate` reuses for any cost model, reading durations,
-memory effects and message sizes from :func:`pipesim.step.cost_tables`.
+memory effects and message sizes from :func:`pipesim.cost_tables.cost_tables`.
 Arithmetic is whatever exact numbers the costs hold (ints or Fractions), as in
 the engine: results are identical, not merely close
 (``tests/test_plan_fastsim.py`` checks every record of the trace on random
@@ -40,13 +40,16 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
+from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import validate
 from pipesim.memory import Effect
 from pipesim.metrics import Metrics, metrics_from_totals
 from pipesim.schedule import Schedule
-from pipesim.step import StepStructure, cost_tables, deadlock_error, message_columns, step_structure
+from pipesim.step import message_columns
+from pipesim.structure import StepStructure, step_structure
 
 __all__ = [
     "StepResult",
@@ -59,8 +62,8 @@ __all__ = [
 
 def compile_schedule(schedule: Schedule, /) -> StepStructure:
     """The cost-independent part of evaluating ``schedule`` (no validation): its
-    :class:`~pipesim.step.StepStructure`, which the engine reads too. A schedule
-    whose waits form a cycle is the DeadlockError of :func:`pipesim.step.deadlock_error`.
+    :class:`~pipesim.structure.StepStructure`, which the engine reads too. A schedule
+    whose waits form a cycle is the DeadlockError of :func:`pipesim.deadlock.deadlock_error`.
     """
     structure = step_structure(schedule)
     if structure.topological is None:

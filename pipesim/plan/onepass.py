@@ -14,11 +14,12 @@ from __future__ import annotations
 import heapq
 
 from pipesim.actions import OP_INDEX, Action, Op
+from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
+from pipesim.dependencies import forward_source, gradient_source
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
 from pipesim.schedule import Schedule
-from pipesim.step import cost_tables, forward_source, gradient_source
 
 __all__ = ["quick_step"]
 
@@ -42,7 +43,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
     require_eager(costs, evaluator="the one-pass evaluator (pipesim.plan.onepass)")
-    # Durations, memory effects and message sizes: the shared tables (pipesim.step).
+    # Durations, memory effects and message sizes: the shared tables (pipesim.cost_tables).
     tables = cost_tables(
         costs,
         n_stages=n_stages,
@@ -55,7 +56,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     per_copy = n_stages // schedule.n_copies
     overlap_comm = costs.overlap_comm
     # Which stage's F output F of s reads, and whose gradient B / I of s reads
-    # (pipesim.step's rules); a message exists only between two ranks.
+    # (pipesim.dependencies' rules); a message exists only between two ranks.
     f_src = [forward_source(s, per_copy=per_copy) for s in range(n_stages)]
     g_src = [gradient_source(s, per_copy=per_copy) for s in range(n_stages)]
     f_waits = [src is not None and placement[src] != placement[s] for s, src in enumerate(f_src)]

@@ -46,12 +46,12 @@ from __future__ import annotations
 
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import StageCost
+from pipesim.dependencies import prerequisites
 from pipesim.errors import ScheduleError
 from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 from pipesim.schedules.zbv import require_two_stages_per_rank, v_placement
-from pipesim.step import prerequisites
 
 __all__ = ["BLOCKS", "block_slots", "repeated_orders", "v_half", "v_min"]
 

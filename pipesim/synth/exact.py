@@ -33,12 +33,12 @@ from fractions import Fraction
 from typing import Any
 
 from pipesim.actions import OP_INDEX, Action, Op
+from pipesim.cost_tables import message_bytes
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.graph import validate
 from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
-from pipesim.step import message_bytes
 from pipesim.synth.problem import Problem, durations_of
 
 __all__ = ["MAX_EXACT_ACTIONS", "ExactSolution", "solve_exact"]

@@ -61,10 +61,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
+from pipesim.cost_tables import message_bytes
 from pipesim.exact import Time
 from pipesim.memory import microbatch_peak, op_effects
 from pipesim.schedules.controllable import repeated_orders
-from pipesim.step import message_bytes
 from pipesim.synth.policies import Policy, pair_pays, policies
 from pipesim.synth.problem import Problem, durations_of, fb_pairs
 

@@ -42,13 +42,13 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
+from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
 from pipesim.memory import microbatch_peak
 from pipesim.schedules.zbv import v_placement
-from pipesim.step import cost_tables
 from pipesim.units import BYTES_PER_UNIT
 
 __all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
@@ -157,7 +157,7 @@ class Problem:
 
 def durations_of(problem: Problem, /) -> list[Time]:
     """Per ``4 * stage + OP_INDEX[op]``: compute plus the dispatch and message overheads
-    (:func:`pipesim.step.cost_tables`, the engine's own table)."""
+    (:func:`pipesim.cost_tables.cost_tables`, the engine's own table)."""
     tables = cost_tables(
         problem.costs,
         n_stages=problem.n_stages,
@@ -170,7 +170,7 @@ def durations_of(problem: Problem, /) -> list[Time]:
 def fb_pairs(problem: Problem, /) -> dict[tuple[int, int], Time]:
     """Per ``(forward stage, backward stage)`` pair a rank may overlap (its two chunks, either
     way round; none without ``overlap_fb``): the pair's duration as the engine takes it
-    (:func:`pipesim.step.cost_tables`: ``StageCost.overlap`` of the forward's stage, else
+    (:func:`pipesim.cost_tables.cost_tables`: ``StageCost.overlap`` of the forward's stage, else
     the parts' sum, one dispatch, the parts' message overheads).
 
     >>> from pipesim.costs import CostModel

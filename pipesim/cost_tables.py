@@ -1,0 +1,199 @@
+"""A cost model as small tables per cost key and stage: what each unit of work costs
+(duration, with the overheads it pays for its messages), its memory effect
+(:mod:`pipesim.memory`), and the message-size rule: F sends its stage's
+``output_bytes``; the gradient B or I of stage s sends back has the shape of stage
+s-1's output. The engine's compiled step (:func:`pipesim.step.compile_step`), the
+planner's evaluators and the synthesizer read these tables.
+
+>>> from pipesim.costs import StageCost
+>>> costs = CostModel(stages=(StageCost(output_bytes=3), StageCost(output_bytes=5)))
+>>> message_bytes(costs, Action(stage=1, op=Op.F, microbatch=0))
+5
+>>> tables = cost_tables(costs, n_stages=2, forward_only=False)
+>>> tables.forward_bytes, tables.gradient_bytes
+([3, 5], [0, 3])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipesim.actions import OP_INDEX, Action, Op, Overlap
+from pipesim.costs import CostModel, Link
+from pipesim.dependencies import forward_source, gradient_source
+from pipesim.exact import Time
+from pipesim.memory import Effect, stage_effects, work_effect
+from pipesim.structure import StepStructure
+
+__all__ = [
+    "CostTables",
+    "comm_durations",
+    "comm_overhead",
+    "cost_tables",
+    "message_bytes",
+    "overhead_tables",
+]
+
+_F, _B = Op.F, Op.B
+
+
+# -- the message-size rule -------------------------------------------------------------
+def message_bytes(costs: CostModel, producer: Action, /) -> int:
+    """Bytes ``producer`` sends: F its stage's ``output_bytes``; B or I of stage s a
+    gradient shaped like stage s-1's output (0 for the first stage).
+
+    >>> from pipesim.costs import StageCost
+    >>> costs = CostModel(stages=(StageCost(output_bytes=3), StageCost(output_bytes=5)))
+    >>> message_bytes(costs, Action(stage=1, op=Op.F, microbatch=0))
+    5
+    >>> message_bytes(costs, Action(stage=1, op=Op.I, microbatch=0))
+    3
+    """
+    if producer.op is _F:
+        return costs.stage(producer.stage).output_bytes
+    return costs.stage(producer.stage - 1).output_bytes if producer.stage > 0 else 0
+
+
+# -- the tables -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostTables:
+    """A cost model as small tables indexed by cost key (``StepStructure.keys``) and stage."""
+
+    durations: list[Time]
+    """Per cost key: how long that work runs."""
+    effects: list[Effect]
+    """Per cost key: its memory effect (:mod:`pipesim.memory`)."""
+    forward_bytes: list[int]
+    """Per stage: bytes its F sends (:func:`message_bytes`)."""
+    gradient_bytes: list[int]
+    """Per stage: bytes its B or I sends."""
+
+
+def overhead_tables(
+    costs: CostModel,
+    /,
+    *,
+    placement: Sequence[int],
+    n_copies: int = 1,
+    explicit_comms: bool = False,
+) -> list[Time]:
+    """Per cost key (``4 * stage + OP_INDEX[op]``), the time a unit of work holds its rank
+    beyond its compute: ``dispatch_overhead`` once, ``send_overhead`` per cross-rank message
+    it sends and ``receive_overhead`` per cross-rank message it takes (:mod:`pipesim.costs`).
+    With ``explicit_comms`` (a comms schedule) the sends and receives are nodes of their
+    own that pay the message overheads (:func:`comm_durations`), so work pays its dispatch
+    only: a rank is busy for the same total either way.
+
+    Which messages cross ranks follows from the dependency rules and the placement
+    alone: F of s sends to the stage that reads it, s + 1, and takes from s - 1;
+    B or I of s sends the input gradient to s - 1 and takes s + 1's; W neither.
+
+    >>> from pipesim.costs import Link
+    >>> costs = CostModel.uniform(link=Link(send_overhead=3, receive_overhead=5),
+    ...                           dispatch_overhead=1).for_stages(2)
+    >>> overhead_tables(costs, placement=(0, 1))  # F, B, I, W of stage 0, then of stage 1
+    [4, 6, 6, 1, 6, 4, 4, 1]
+    """
+    n_stages = len(placement)
+    per_copy = n_stages // n_copies
+    dispatch = costs.dispatch_overhead
+    if explicit_comms:
+        return [dispatch] * (4 * n_stages)
+    overheads: list[Time] = []
+    for s in range(n_stages):
+        here = placement[s]
+        reads = forward_source(s, per_copy=per_copy)
+        takes_f = reads is not None and placement[reads] != here
+        sends_f = s + 1 < n_stages and forward_source(s + 1, per_copy=per_copy) == s
+        sends_f = sends_f and placement[s + 1] != here
+        grad = gradient_source(s, per_copy=per_copy)
+        takes_g = grad is not None and placement[grad] != here
+        sends_g = s > 0 and gradient_source(s - 1, per_copy=per_copy) == s
+        sends_g = sends_g and placement[s - 1] != here
+        # Each message pays the overheads of the link it takes (CostModel.link_between).
+        forward = dispatch
+        if sends_f:
+            forward += comm_overhead(costs.link_between(here, placement[s + 1]), send=True)
+        if takes_f:
+            forward += comm_overhead(costs.link_between(placement[reads], here), send=False)  # type: ignore[index]
+        backward = dispatch
+        if sends_g:
+            backward += comm_overhead(costs.link_between(here, placement[s - 1]), send=True)
+        if takes_g:
+            backward += comm_overhead(costs.link_between(placement[grad], here), send=False)  # type: ignore[index]
+        overheads += [forward, backward, backward, dispatch]
+    return overheads
+
+
+def comm_overhead(link: Link, /, *, send: bool) -> Time:
+    """The time one cross-rank message over ``link`` holds the rank that sends it
+    (``send``) or takes it: the link's ``send_overhead`` or ``receive_overhead``.
+
+    >>> comm_overhead(Link(send_overhead=3, receive_overhead=5), send=False)
+    5
+    """
+    return link.send_overhead if send else link.receive_overhead
+
+
+def comm_durations(structure: StepStructure, pair_links: Sequence[Link], /) -> list[Time]:
+    """Per send or receive node of a comms schedule, how long it holds its rank: the
+    overhead of its message's link (:func:`comm_overhead`; 0 when it names no message).
+    How long the rank then waits for a message to arrive is the engine's to find."""
+    durations: list[Time] = []
+    pair_of = structure.pair_of
+    for comm, message in zip(structure.comms, structure.comm_messages, strict=True):
+        if message < 0:
+            durations.append(0)
+            continue
+        durations.append(comm_overhead(pair_links[pair_of[message]], send=comm.op.is_send))
+    return durations
+
+
+def cost_tables(
+    costs: CostModel,
+    /,
+    *,
+    n_stages: int,
+    forward_only: bool,
+    overlaps: Sequence[Overlap] = (),
+    placement: Sequence[int] | None = None,
+    n_copies: int = 1,
+    explicit_comms: bool = False,
+) -> CostTables:
+    """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps) whose
+    stages sit on ranks ``placement`` (default: one rank per stage).
+
+    Durations include the overheads of :func:`overhead_tables` (``explicit_comms``: see
+    there); an overlapped pair pays one dispatch and its parts' message overheads.
+
+    >>> tables = cost_tables(CostModel.uniform(backward=3), n_stages=2, forward_only=False)
+    >>> tables.durations  # F, B, I, W of stage 0, then of stage 1
+    [1, 3, 1, 1, 1, 3, 1, 1]
+    """
+    costs = costs.for_stages(n_stages)
+    where = tuple(range(n_stages)) if placement is None else tuple(placement)
+    extra = overhead_tables(
+        costs, placement=where, n_copies=n_copies, explicit_comms=explicit_comms
+    )
+    durations: list[Time] = []
+    for cost in costs.stages:
+        durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
+    durations = [d + e if e else d for d, e in zip(durations, extra, strict=True)]
+    for work in overlaps:
+        parts = sum((extra[4 * a.stage + OP_INDEX[a.op]] for a in work.parts), start=0)
+        parts -= (len(work.parts) - 1) * costs.dispatch_overhead  # one dispatch per unit
+        durations.append(costs.duration(work) + parts)
+    per_stage = stage_effects(costs, n_stages=n_stages, forward_only=forward_only)
+    effects = [effect for row in per_stage for effect in row]
+    effects += [work_effect(per_stage, work) for work in overlaps]
+    forward_bytes, gradient_bytes = [], []
+    for s in range(n_stages):
+        forward_bytes.append(message_bytes(costs, Action(stage=s, op=_F, microbatch=0)))
+        gradient_bytes.append(message_bytes(costs, Action(stage=s, op=_B, microbatch=0)))
+    return CostTables(
+        durations=durations,
+        effects=effects,
+        forward_bytes=forward_bytes,
+        gradient_bytes=gradient_bytes,
+    )
