@@ -41,7 +41,7 @@ from pipesim.errors import CostError, ParseError, UnknownNameError, brief
 from pipesim.exact import Time, to_count, to_time
 from pipesim.files import read_json
 from pipesim.limits import MAX_DENOMINATOR_DIGITS, MAX_STAGES, check_range
-from pipesim.units import check_time_unit
+from pipesim.units import check_time_unit, parse_bytes
 
 __all__ = [
     "CostModel",
@@ -103,11 +103,11 @@ class StageCost:
         if self.overlap is not None:
             object.__setattr__(self, "overlap", to_time(self.overlap, name="overlap"))
         for name in ("activation_bytes", "output_bytes", "param_bytes"):
-            object.__setattr__(self, name, to_count(getattr(self, name), name=name))
+            object.__setattr__(self, name, parse_bytes(getattr(self, name), name=name))
         kept = self.weight_grad_bytes
         if kept is None:
             kept = self.activation_bytes * W_SHARE.numerator // W_SHARE.denominator
-        object.__setattr__(self, "weight_grad_bytes", to_count(kept, name="weight_grad_bytes"))
+        object.__setattr__(self, "weight_grad_bytes", parse_bytes(kept, name="weight_grad_bytes"))
 
     def duration(self, op: Op) -> Time:
         """The duration of ``op`` on this stage."""
@@ -302,7 +302,7 @@ class CostModel:
             object.__setattr__(
                 self,
                 "memory_capacity_bytes",
-                to_count(self.memory_capacity_bytes, name="memory_capacity_bytes", minimum=1),
+                parse_bytes(self.memory_capacity_bytes, name="memory_capacity_bytes", minimum=1),
             )
 
     @classmethod

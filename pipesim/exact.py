@@ -38,7 +38,7 @@ from typing import TypeAlias
 from pipesim.errors import CostError, brief
 from pipesim.limits import MAX_NUMBER_DIGITS, as_int
 
-__all__ = ["Time", "as_number", "to_count", "to_time"]
+__all__ = ["Time", "as_number", "to_count", "to_fraction", "to_time"]
 
 _NON_FINITE = {"nan", "inf", "infinity", "snan"}
 _BOUND = 10**MAX_NUMBER_DIGITS  # numerators and denominators stay below this
@@ -79,6 +79,15 @@ def to_count(value: object, *, name: str, minimum: int = 0) -> int:
     if count < minimum:
         raise CostError(f"{name} must be at least {minimum}, got {count}")
     return count
+
+
+def to_fraction(value: object, *, name: str) -> Fraction:
+    """Any finite number, or its text, exactly (no sign or range check); CostError otherwise.
+
+    >>> to_fraction("-1.5e3", name="x"), to_fraction(0.1, name="x")
+    (Fraction(-1500, 1), Fraction(1, 10))
+    """
+    return _exact(value, name=name, whole=False)
 
 
 def _exact(value: object, *, name: str, whole: bool) -> Fraction:

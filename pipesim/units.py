@@ -14,6 +14,17 @@ numbers line up (a table column, an axis) they share the unit :func:`binary_scal
 picks for the largest. Rates stay as datasheets write them
 (a link of 450 GB/s moves 450 * 10**9 bytes a second): only amounts are binary.
 
+**Reading bytes.** Every size a person gives pipesim (``--memory-capacity``,
+``--memory-limit``, ``--activation-bytes`` and the other byte flags, the
+``*_bytes`` fields of a cost file, an accelerator's ``memory_bytes``) is read by
+:func:`parse_bytes`: a whole number of bytes (``85899345920``, ``80e9``) or a
+number with a unit, case-insensitive: ``B``; ``KB``, ``MB``, ``GB``, ``TB``
+(1000-based, as the SI and datasheets mean them); ``KiB``, ``MiB``, ``GiB``,
+``TiB`` (1024-based). ``80GiB`` and ``80 GiB`` are 80 * 2**30 bytes, ``80GB``
+is 80 * 10**9.
+
+>>> parse_bytes("80GiB", name="--memory-capacity"), parse_bytes("1.5 kb", name="x")
+(85899345920, 1500)
 >>> format_bytes(80 * 2**30), format_bytes(80 * 10**9), format_duration(378809301, "ns")
 ('80 GiB', '74.5 GiB', '378.809 ms')
 >>> display_scale("ns", 378809301)
@@ -22,16 +33,20 @@ picks for the largest. Rates stay as datasheets write them
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from types import MappingProxyType
 
-from pipesim.errors import UnknownNameError
-from pipesim.exact import Time, as_number
+from pipesim.errors import CostError, UnknownNameError, brief
+from pipesim.exact import Time, as_number, to_fraction
+from pipesim.limits import MAX_NUMBER_DIGITS
 
 __all__ = [
     "BYTES_PER_UNIT",
     "SECONDS_PER_UNIT",
+    "SIZE_UNITS",
     "TIME_UNITS",
     "binary_scale",
     "check_time_unit",
@@ -39,6 +54,7 @@ __all__ = [
     "format_bytes",
     "format_duration",
     "format_number",
+    "parse_bytes",
     "time_axis_title",
     "unit_suffix",
 ]
@@ -60,6 +76,71 @@ TIME_UNITS = ("unit", *SECONDS_PER_UNIT)
 BYTES_PER_UNIT: Mapping[str, int] = MappingProxyType(
     {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 )
+
+#: Bytes per unit a size may be written in (:func:`parse_bytes`, case-insensitive): SI
+#: prefixes 1000-based, as the SI and datasheets mean them, binary ones 1024-based.
+SIZE_UNITS: Mapping[str, int] = MappingProxyType(
+    {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, **BYTES_PER_UNIT}
+)
+
+_SIZE_UNIT_BY_KEY = {unit.lower(): n_bytes for unit, n_bytes in SIZE_UNITS.items()}
+# A number, then what follows it (the unit): "1e9B" is 1e9 and B, "2 GB/s" 2 and GB/s.
+_SIZE = re.compile(
+    r"\s*(?P<number>[-+]?[0-9_./]*[0-9.](?:[eE][-+]?[0-9_]+)?)\s*(?P<unit>[^\s0-9].*?)?\s*",
+    re.DOTALL,
+)
+_MAX_SIZE_TEXT = 200
+_WHOLE_BYTES = "a whole number of bytes (85899345920, 80e9)"
+_WITH_UNIT = (
+    "a number with a unit: B, KB, MB, GB, TB (1000-based) or KiB, MiB, GiB, TiB "
+    "(1024-based), e.g. 80GiB"
+)
+
+
+def parse_bytes(value: object, /, *, name: str, minimum: int = 0, plain: str = _WHOLE_BYTES) -> int:
+    """A byte size of at least ``minimum``: a whole number, or text with a unit of
+    :data:`SIZE_UNITS` (a fraction of a unit is rounded down to whole bytes). Any
+    other value is a CostError naming ``name``, the value and the accepted forms;
+    ``plain`` says what a number without a unit is, where the caller reads those
+    itself (``synthesize --memory-limit 8`` is micro-batches).
+
+    >>> parse_bytes(2**20, name="x"), parse_bytes("0.5 MiB", name="x"), parse_bytes("2gb", name="x")
+    (1048576, 524288, 2000000000)
+    >>> parse_bytes("80 GiBs", name="--memory-capacity")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.CostError: --memory-capacity: unknown unit 'GiBs' in '80 GiBs'; give a \
+whole number of bytes (85899345920, 80e9) or a number with a unit: B, KB, MB, GB, TB \
+(1000-based) or KiB, MiB, GiB, TiB (1024-based), e.g. 80GiB
+    """
+    forms = f"give {plain} or {_WITH_UNIT}"
+    # Sizes are short; a long text is refused before the regex could backtrack over it.
+    short = isinstance(value, str) and len(value) <= _MAX_SIZE_TEXT
+    match = _SIZE.fullmatch(str(value)) if short else None
+    unit = (match["unit"] or "") if match is not None else ""
+    scale = _SIZE_UNIT_BY_KEY.get(unit.lower()) if unit else 1
+    if scale is None:
+        raise CostError(f"{name}: unknown unit {unit!r} in {brief(value)}; {forms}")
+    try:
+        amount = to_fraction(match["number"] if match is not None and unit else value, name=name)
+    except CostError as exc:
+        if "too large" in str(exc):  # a number beyond exact arithmetic: that message says so
+            raise
+        raise CostError(f"{name}: cannot read {brief(value)} as a size; {forms}") from None
+    n_bytes = amount * scale
+    if unit:
+        n_bytes = Fraction(math.floor(n_bytes))
+    elif n_bytes.denominator != 1:
+        raise CostError(f"{name}: {brief(value)} is not a whole number of bytes; {forms}")
+    if n_bytes < minimum:
+        what = "byte" if minimum == 1 else "bytes"
+        raise CostError(f"{name} must be at least {minimum} {what}, got {brief(value)}")
+    if n_bytes >= 10**MAX_NUMBER_DIGITS:
+        raise CostError(
+            f"{name} {brief(value)} is too large to compute with exactly: more than "
+            f"{MAX_NUMBER_DIGITS} digits of bytes (MAX_NUMBER_DIGITS in pipesim.limits)"
+        )
+    return n_bytes.numerator
 
 
 def check_time_unit(unit: object, /) -> str:

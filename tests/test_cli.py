@@ -271,7 +271,10 @@ SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
         ((*SIM, "--forward-time", "-1"), ("forward must be non-negative", "'-1'")),
         ((*SIM, "--forward-time", "fast"), ("forward must be a number like",)),
         ((*SIM, "--forward-time", "1,2,3"), ("--forward-time has 3 values", "2 stages")),
-        ((*SIM, "--activation-bytes", "1.5"), ("activation_bytes must be a whole number",)),
+        (
+            (*SIM, "--activation-bytes", "1.5"),
+            ("stage 0: activation_bytes: '1.5' is not a whole number of bytes",),
+        ),
         ((*SIM, "--link-bandwidth", "0"), ("link bandwidth must be positive",)),
         ((*SIM, "--link-latency", "NaN"), ("link latency must be finite",)),
         ((*SIM, "--link-concurrency", "0"), ("--link-concurrency", "got 0")),

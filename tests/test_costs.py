@@ -36,9 +36,10 @@ def test_stage_cost_reads_exact_times() -> None:
         ("input_grad", -1, "input_grad must be non-negative"),
         ("weight_grad", "soon", "weight_grad must be a number like"),
         ("overlap", "-2", "overlap must be non-negative"),
-        ("activation_bytes", 1.5, "activation_bytes must be a whole number"),
-        ("output_bytes", -3, "output_bytes must be at least 0, got -3"),
-        ("param_bytes", "x", "param_bytes must be a whole number"),
+        ("activation_bytes", 1.5, "activation_bytes: 1.5 is not a whole number of bytes"),
+        ("output_bytes", -3, "output_bytes must be at least 0 bytes, got -3"),
+        ("param_bytes", "x", "param_bytes: cannot read 'x' as a size; give a whole number"),
+        ("param_bytes", "2 GB/s", "param_bytes: unknown unit 'GB/s' in '2 GB/s'"),
     ],
 )
 def test_stage_cost_refusals(field: str, value: object, message: str) -> None:
@@ -51,7 +52,7 @@ def test_weight_grad_bytes_may_exceed_activation_bytes() -> None:
     # Table 1's M_W), which F never stored: it may be more than the activations, e.g.
     # under full recomputation. Negative bytes are still refused.
     assert StageCost(activation_bytes=10, weight_grad_bytes=11).weight_grad_bytes == 11
-    with pytest.raises(CostError, match="weight_grad_bytes must be at least 0, got -1"):
+    with pytest.raises(CostError, match="weight_grad_bytes must be at least 0 bytes, got -1"):
         StageCost(activation_bytes=10, weight_grad_bytes=-1)
 
 

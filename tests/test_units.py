@@ -20,13 +20,15 @@ import pytest
 from pipesim.cli import main
 from pipesim.costs import CostModel, costs_from_dict, costs_to_dict, load_costs
 from pipesim.engine import simulate
-from pipesim.errors import ParseError, PipesimError, UnknownNameError
+from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
+from pipesim.plan import accelerator_from_dict, get_accelerator
 from pipesim.schedules import generate
 from pipesim.units import (
     binary_scale,
     display_scale,
     format_bytes,
     format_duration,
+    parse_bytes,
     time_axis_title,
 )
 
@@ -123,6 +125,103 @@ def test_simulate_table_bytes_are_binary(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert "4,000,000 (3.81 MiB)" in out  # rank 0 holds p = 4 micro-batches of 1e6 bytes
     assert f"memory capacity {80 * 2**30:,} bytes (80 GiB): fits" in out
+
+
+# -- reading sizes: one parser for every flag and field -------------------------------
+@pytest.mark.parametrize(
+    ("text", "n_bytes"),
+    [
+        ("80GiB", 80 * 2**30),
+        ("80 gib", 80 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("80gb", 80 * 10**9),
+        ("1.5 KiB", 1536),
+        ("1.5kb", 1500),
+        ("0.1KiB", 102),  # 102.4 bytes, rounded down
+        ("1/2 MiB", 2**19),
+        ("2TB", 2 * 10**12),
+        ("1tib", 2**40),
+        ("512 mb", 512 * 10**6),
+        ("1e9B", 10**9),
+        ("7 b", 7),
+        ("85899345920", 80 * 2**30),
+        ("80e9", 80 * 10**9),
+        (80e9, 80 * 10**9),  # a JSON number
+        (12, 12),
+    ],
+)
+def test_parse_bytes_by_hand(text: object, n_bytes: int) -> None:
+    assert parse_bytes(text, name="x") == n_bytes
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("80XB", "--memory-capacity: unknown unit 'XB' in '80XB'; give a whole number of bytes"),
+        ("2 GB/s", "unknown unit 'GB/s'"),
+        ("GiB", "cannot read 'GiB' as a size"),
+        ("", "cannot read '' as a size"),
+        ("nan", "cannot read 'nan' as a size"),
+        ("1.5", "'1.5' is not a whole number of bytes"),
+        (True, "cannot read True as a size"),
+        ("0", "--memory-capacity must be at least 1 byte, got '0'"),
+        ("-1GiB", "must be at least 1 byte, got '-1GiB'"),
+        ("1e39TiB", "too large to compute with exactly"),
+    ],
+)
+def test_parse_bytes_refusals_name_the_value_and_the_forms(value: object, message: str) -> None:
+    with pytest.raises(CostError) as info:
+        parse_bytes(value, name="--memory-capacity", minimum=1)
+    assert message in str(info.value)
+    if "cannot read" in message or "unknown unit" in message:
+        assert "KiB, MiB, GiB, TiB (1024-based)" in str(info.value)
+
+
+def test_every_size_flag_and_field_reads_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1F1B: rank 0 holds p = 4 micro-batches (Narayanan et al. 2021), 4 MiB of 1 MiB each.
+    base = ["simulate", "1f1b", "-p", "4", "-m", "8", "--json"]
+    assert main([*base, "--activation-bytes", "1MiB", "--memory-capacity", "4 mib"]) == 0
+    flags = json.loads(capsys.readouterr().out)
+    assert flags["ranks"][0]["peak_activation_bytes"] == 4 * 2**20
+    assert flags["memory_capacity_bytes"] == 4 * 2**20 and flags["fits"] is True
+    path = tmp_path / "costs.json"
+    path.write_text(
+        json.dumps({"stage": {"activation_bytes": "1MiB"}, "memory_capacity_bytes": "4MiB"})
+    )
+    assert main([*base, "--costs", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == flags
+    preset = get_accelerator("h100-sxm").to_dict()
+    assert accelerator_from_dict({**preset, "memory_bytes": "80GiB"}).memory_bytes == 80 * 2**30
+    # synthesize: 4 micro-batches of 1 MiB each are the same limit as 4MiB
+    synth = ["synthesize", "-p", "4", "-m", "8", "--activation-bytes", "1MiB", "--json"]
+    assert main([*synth, "--memory-limit", "4MiB"]) == 0
+    in_bytes = json.loads(capsys.readouterr().out)
+    assert main([*synth, "--memory-limit", "4"]) == 0
+    in_microbatches = json.loads(capsys.readouterr().out)
+    assert in_bytes["memory_limit"] == f"{4 * 2**20:,} bytes"
+    assert in_bytes["makespan"] == in_microbatches["makespan"]
+
+
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_memory_capacity_reads_units_in_every_command(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = {
+        "simulate": ["simulate", "1f1b", "-p", "2", "-m", "2", "--json"],
+        "plan": [
+            *("plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--seq-length", "256"),
+            *("--vocab", "1000", "--devices", "4", "--accelerator", "h100-sxm"),
+            *("--global-batch", "8", "--workers", "1", "--json"),
+        ],
+    }[command]
+    assert main([*argv, "--memory-capacity", "80GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_capacity_bytes"] == 80 * 2**30
+    assert main([*argv, "--memory-capacity", "80XB"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: --memory-capacity: unknown unit 'XB' in '80XB'")
+    assert "Traceback" not in err
 
 
 # -- --require-fit -------------------------------------------------------------------------

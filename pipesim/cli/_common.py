@@ -27,7 +27,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import load_schedule
 from pipesim.schedules import generate, schedule_names
 from pipesim.suggest import did_you_mean
-from pipesim.units import TIME_UNITS
+from pipesim.units import TIME_UNITS, parse_bytes
 
 if TYPE_CHECKING:
     from pipesim.comms import CommSchedule
@@ -339,11 +339,16 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "costs",
         "per stage and per micro-batch (a stage of an interleaved rank is one chunk); "
-        "a comma-separated list gives one value per stage",
+        "a comma-separated list gives one value per stage. Times (T) are in --time-unit "
+        "units, bandwidths in bytes per time unit; sizes (SIZE) are bytes or a number with "
+        "a unit, any case: B, KB, MB, GB, TB (1000-based) or KiB, MiB, GiB, TiB "
+        "(1024-based), so 80GiB = 80 * 2^30 bytes and 80GB = 80 * 10^9",
     )
     group.add_argument("--costs", metavar="FILE", help="a JSON cost file (instead of the flags)")
     for flag, (_, text) in _STAGE_FLAGS.items():
-        group.add_argument("--" + flag.replace("_", "-"), metavar="X[,X...]", help=text)
+        # Every size goes through one parser, pipesim.units.parse_bytes.
+        metavar = "SIZE[,SIZE...]" if flag.endswith("_bytes") else "T[,T...]"
+        group.add_argument("--" + flag.replace("_", "-"), metavar=metavar, help=text)
     group.add_argument("--link-latency", metavar="T", help="link latency (default 0)")
     group.add_argument(
         "--link-bandwidth", metavar="BYTES_PER_T", help="link bandwidth (default: unlimited)"
@@ -370,7 +375,9 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help="bandwidth between nodes (default: --link-bandwidth)",
     )
     group.add_argument(
-        "--memory-capacity", metavar="BYTES", help="device memory capacity for the peak check"
+        "--memory-capacity",
+        metavar="SIZE",
+        help="device memory capacity for the peak check",
     )
     group.add_argument(
         "--no-overlap-comm",
@@ -409,7 +416,7 @@ def require_fit(args: argparse.Namespace, fits: bool | None, /, *, failure: str)
     if fits is None:
         raise PipesimError(
             "--require-fit needs a memory capacity to check against; give --memory-capacity "
-            "BYTES (or memory_capacity_bytes in the cost file)"
+            "SIZE (or memory_capacity_bytes in the cost file)"
         )
     raise PipesimError(f"--require-fit: {failure}")
 
@@ -480,7 +487,11 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         stages=tuple(stages),
         link=link,
         links=_node_links(args, link),
-        memory_capacity_bytes=args.memory_capacity,
+        memory_capacity_bytes=(
+            None
+            if args.memory_capacity is None
+            else parse_bytes(args.memory_capacity, name="--memory-capacity", minimum=1)
+        ),
         overlap_comm=not args.no_overlap_comm,
         time_unit=unit or "unit",
     )

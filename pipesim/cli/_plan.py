@@ -33,6 +33,7 @@ from pipesim.cli._common import (
 from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
+from pipesim.units import parse_bytes
 
 _EPILOG = """\
 exit status:
@@ -99,8 +100,9 @@ def register(subparsers: Any) -> None:
     )
     hardware.add_argument(
         "--memory-capacity",
-        metavar="BYTES",
-        help="override device memory, in bytes (e.g. 85899345920 for 80 GiB)",
+        metavar="SIZE",
+        help="override device memory: bytes, or a number with a unit (80GiB = 80 * 2^30 "
+        "bytes, 80GB = 80 * 10^9; B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
     )
     hardware.add_argument(
         "--memory-headroom",
@@ -221,18 +223,6 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
     if not values or min(values) < 1:
         raise PlanError(f"{flag} takes whole numbers >= 1, got {text!r}")
     return values
-
-
-def _capacity(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value.is_integer() or value < 1:
-        raise PlanError(f"--memory-capacity takes a whole number of bytes like 80e9, got {text!r}")
-    return int(value)
 
 
 _FIELD_FLAGS = (
@@ -386,6 +376,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.timeout <= 0:
         raise PlanError(f"--timeout must be positive, got {args.timeout}")
+    capacity = (
+        None
+        if args.memory_capacity is None
+        else parse_bytes(args.memory_capacity, name="--memory-capacity", minimum=1)
+    )
     output = _output_kind(args.output) if args.output else None
     progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
     try:
@@ -405,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
             virtual=_ints(args.virtual, "--virtual") or (),
             schedules=_words(args.schedules),
             bytes_per_param=args.bytes_per_param,
-            memory_capacity_bytes=_capacity(args.memory_capacity),
+            memory_capacity_bytes=capacity,
             memory_headroom=args.memory_headroom,
             min_mfu=args.min_mfu,
             engine=args.engine,

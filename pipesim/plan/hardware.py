@@ -17,9 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipesim.errors import ParseError, PlanError, UnknownNameError, brief
+from pipesim.errors import CostError, ParseError, PlanError, UnknownNameError, brief
 from pipesim.files import read_json, read_package_json
 from pipesim.suggest import did_you_mean
+from pipesim.units import parse_bytes
 
 __all__ = [
     "Accelerator",
@@ -49,7 +50,8 @@ class Accelerator:
     peak_flops: float
     """Peak dense bf16 FLOP/s (no sparsity)."""
     memory_bytes: int
-    """Device memory capacity."""
+    """Device memory capacity: bytes, or a size with a unit (``"80GiB"``,
+    :func:`pipesim.units.parse_bytes`)."""
     gpus_per_node: int
     """Devices per node, joined by the intra-node link."""
     intra_node_latency: float
@@ -72,15 +74,11 @@ class Accelerator:
             _check_number(name, getattr(self, name), positive=True)
         for name in ("intra_node_latency", "inter_node_latency"):
             _check_number(name, getattr(self, name), positive=False)
-        memory: object = self.memory_bytes
-        if isinstance(memory, float) and memory.is_integer():
-            object.__setattr__(self, "memory_bytes", int(memory))
-        if (
-            isinstance(self.memory_bytes, bool)
-            or not isinstance(self.memory_bytes, int)
-            or (self.memory_bytes < 1)
-        ):
-            raise PlanError(f"memory_bytes must be a whole number >= 1, got {brief(memory)}")
+        try:
+            memory = parse_bytes(self.memory_bytes, name="memory_bytes", minimum=1)
+        except CostError as exc:
+            raise PlanError(str(exc)) from None
+        object.__setattr__(self, "memory_bytes", memory)
         if (
             isinstance(self.gpus_per_node, bool)
             or not isinstance(self.gpus_per_node, int)

@@ -22,7 +22,8 @@ reads it as
   one micro-batch before I and ``p - 1`` after it needs
   ``act + (p - 1) * weight_grad_bytes``); counted in peaks, ZB-H1's ``p``
   micro-batches in flight fit ``p`` and ZB-H2's ``2p - 1`` fit ``2p``;
-- bytes with a unit (``512MiB``, ``20GB``, ``1e9B``).
+- bytes with a unit (``512MiB``, ``20GB``, ``1e9B``), read by
+  :func:`pipesim.units.parse_bytes` as every size pipesim reads.
 
 When the cost model gives no activation bytes at all, pipesim counts each
 stage's activations as 1 byte held from F to W (``weight_grad_bytes`` 1), so a
@@ -37,7 +38,6 @@ MemoryLimit(microbatches=Fraction(8, 1), n_bytes=None)
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -45,26 +45,16 @@ from pipesim.actions import Action, Op, Overlap
 from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
-from pipesim.exact import Time
+from pipesim.exact import Time, to_fraction
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
 from pipesim.memory import microbatch_peak
 from pipesim.schedules.zbv import v_placement
-from pipesim.units import BYTES_PER_UNIT
+from pipesim.units import parse_bytes
 
 __all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
 
 #: Stage -> rank layouts the synthesizer knows (``--placement``).
 PLACEMENTS = ("looped", "v")
-
-# SI units mean what they say when read (20GB = 20 * 10**9 bytes); pipesim writes binary.
-_UNITS = {
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    **{unit.lower(): n_bytes for unit, n_bytes in BYTES_PER_UNIT.items()},
-}
-_LIMIT = re.compile(r"\s*([0-9.eE+/_]+)\s*([A-Za-z]*)\s*")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,31 +81,24 @@ class MemoryLimit:
 
 
 def parse_memory_limit(text: str | int | Fraction | MemoryLimit, /) -> MemoryLimit:
-    """Read ``8``, ``2.5``, ``16/3`` (micro-batches) or ``512MiB`` / ``2e9B`` (bytes)."""
+    """Read ``8``, ``2.5``, ``16/3`` (micro-batches) or ``512MiB`` / ``2e9B`` (bytes, read
+    by :func:`pipesim.units.parse_bytes`, as every size pipesim reads)."""
     if isinstance(text, MemoryLimit):
         return text
     if isinstance(text, int | Fraction) and not isinstance(text, bool):
         return MemoryLimit(microbatches=Fraction(text))
-    match = _LIMIT.fullmatch(str(text))
-    hint = "give micro-batches (8, 2.5, 16/3) or bytes with a unit (512MiB, 20GB, 1e9B)"
-    if match is None:
-        raise CostError(f"cannot read the memory limit {text!r}; {hint}")
-    number, unit = match.groups()
+    raw = str(text).strip()
+    microbatches = "a number of micro-batches without a unit (8, 2.5, 16/3)"
+    if raw[-1:].isalpha():  # a unit: bytes
+        n_bytes = parse_bytes(raw, name="the memory limit", minimum=1, plain=microbatches)
+        return MemoryLimit(n_bytes=n_bytes)
     try:
-        value = Fraction(number.replace("_", "")) if "e" not in number.lower() else None
-        if value is None:
-            value = Fraction(repr(float(number)))
-    except (ValueError, ZeroDivisionError):
-        raise CostError(f"cannot read the memory limit {text!r}; {hint}") from None
-    if not unit:
-        return MemoryLimit(microbatches=value)
-    scale = _UNITS.get(unit.lower())
-    if scale is None:
-        raise CostError(
-            f"unknown unit {unit!r} in memory limit {text!r}; "
-            "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
-        )
-    return MemoryLimit(n_bytes=math.floor(value * scale))
+        value = to_fraction(raw, name="the memory limit")
+    except CostError:
+        # Not a number either: parse_bytes refuses it too, naming every accepted form.
+        parse_bytes(raw, name="the memory limit", plain=microbatches)
+        raise
+    return MemoryLimit(microbatches=value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
