@@ -252,3 +252,39 @@ def test_every_command_takes_a_comms_csv(tmp_path, capsys) -> None:  # type: ign
     assert main(["simulate", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("pipesim: error: ") and "0SEND_F0/1RECV_F0" in err
+
+
+@pytest.mark.parametrize("verb", ["simulate", "trace", "plot"])
+def test_posted_receives_on_a_compute_schedule_is_refused_naming_the_lowering(  # type: ignore[no-untyped-def]
+    verb: str, tmp_path, monkeypatch, capsys
+) -> None:
+    from pipesim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    output = {"simulate": [], "trace": ["-o", "t.json"], "plot": ["-o", "p.html"]}[verb]
+    assert main([verb, "1f1b", "-p", "4", "-m", "8", "--posted-receives", *output]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: --posted-receives changes how the RECV actions")
+    assert "`pipesim schedule 1f1b -p 4 -m 8 --comms -o 1f1b-comms.csv`" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_named_lowering_is_the_fix(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import re
+
+    from pipesim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "8", "--posted-receives"]) == 1
+    lowering = re.search(r"`pipesim (schedule [^`]+)`", capsys.readouterr().err)
+    assert lowering is not None and main(lowering[1].split()) == 0
+    capsys.readouterr()
+    # Posted receives give the compute step, 1F1B's (m + p - 1)(F + B) = 11 * 3 = 33
+    # (Narayanan et al. 2021); blocking ones the longest path of the comms graph.
+    assert main(["simulate", "1f1b-comms.csv", "--posted-receives", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 33
+    assert main(["simulate", "1f1b-comms.csv", "--json"]) == 0
+    blocking = json.loads(capsys.readouterr().out)["makespan"]
+    comms = lower_comms(generate("1f1b", n_ranks=4, n_microbatches=8))
+    assert blocking == critical_path(comms).length > 33

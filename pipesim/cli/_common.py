@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,10 +206,35 @@ def add_comms_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--posted-receives",
         action="store_true",
-        help="comms CSV only: a RECV posts the receive (irecv) and the work that needs the "
+        help="for a comms schedule (a CSV with SEND/RECV actions, from `pipesim schedule "
+        "NAME --comms`): a RECV posts the receive (irecv) and the work that needs the "
         "message waits for it, as torch's runtime and pipesim verify do; default: a RECV "
-        "blocks its rank until the message has arrived",
+        "blocks its rank until the message has arrived. Refused for a compute schedule, "
+        "whose work already waits only for the message it needs",
     )
+
+
+def receive_mode(args: argparse.Namespace, comms: Sequence[CommSchedule | None], /) -> bool:
+    """``blocking_receives`` for the engine. ``--posted-receives`` is refused unless some
+    source is a comms schedule: a compute schedule has no RECV for it to change (its work
+    already waits only for the message it needs, as posted receives do), so accepting it
+    would silently do nothing."""
+    if args.posted_receives and all(c is None for c in comms):
+        source = args.schedule
+        size = ""
+        if source in schedule_names():  # a built-in: the lowering needs its size
+            size = f" -p {args.stages} -m {args.microbatches}"
+            size += f" --virtual {args.virtual}" if getattr(args, "virtual", None) else ""
+        lowered = f"{Path(source).stem}-comms.csv"
+        raise PipesimError(
+            f"--posted-receives changes how the RECV actions of a comms schedule run, and "
+            f"{source!r} has none: it is a compute schedule, whose work already waits only "
+            "for the message it needs, as with posted receives. To compare blocking and "
+            f"posted receives, lower it first: `pipesim schedule {source}{size} --comms -o "
+            f"{lowered}`, then simulate {lowered} with and without --posted-receives; "
+            "else drop --posted-receives"
+        )
+    return not args.posted_receives
 
 
 def comms_from_args(args: argparse.Namespace) -> CommSchedule | None:

@@ -35,6 +35,7 @@ from pipesim.cli._common import (
     comms_from_args,
     costs_from_args,
     describe_comms,
+    receive_mode,
     schedule_from_args,
     usage_error,
 )
@@ -193,13 +194,15 @@ def _simulate_sources(
     from pipesim.fair import per_chunk_costs
     from pipesim.plot.timeline import default_label
 
-    prepared = []
+    prepared, first = [], None
     for source in sources:
         name, settings = split_settings(source)
         local = apply_settings(args, name, settings)
+        first = first or local
         schedule = schedule_from_args(local)
         costs = costs_from_args(local, schedule)
         prepared.append((name, settings, schedule, comms_from_args(local), costs))
+    blocking = receive_mode(first or args, [comms for _, _, _, comms, _ in prepared])
     virtuals = {schedule.n_stages // schedule.n_ranks for _, _, schedule, _, _ in prepared}
     split = args.compare and (
         args.chunk_costs == "split" or (args.chunk_costs == "auto" and len(virtuals) > 1)
@@ -209,7 +212,6 @@ def _simulate_sources(
         virtual = schedule.n_stages // schedule.n_ranks
         if split:
             costs = per_chunk_costs(costs, virtual=virtual)
-        blocking = not args.posted_receives
         simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
         simulations.append(simulation)
         label = default_label(simulation)

@@ -15,6 +15,7 @@ from pipesim.cli._common import (
     costs_from_args,
     describe_comms,
     print_json,
+    receive_mode,
     require_fit,
     schedule_from_args,
 )
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
     comms = comms_from_args(args)
     costs = costs_from_args(args, schedule)
-    blocking = not args.posted_receives
+    blocking = receive_mode(args, [comms])
     simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
     if args.json:
         result = simulation.metrics.to_dict()

@@ -13,6 +13,7 @@ from pipesim.cli._common import (
     comms_from_args,
     costs_from_args,
     describe_comms,
+    receive_mode,
     schedule_from_args,
 )
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     check_suffix(args.output, (".json",), verb="trace", what="Chrome trace event JSON")
     schedule = schedule_from_args(args)
     comms = comms_from_args(args)
-    blocking = not args.posted_receives
+    blocking = receive_mode(args, [comms])
     costs = costs_from_args(args, schedule)
     simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
     unit = simulation.costs.time_unit
