@@ -17,7 +17,14 @@ from typing import Any
 from pipesim.plan.hardware import Accelerator
 from pipesim.units import format_bytes
 
-__all__ = ["PlanPoint", "PlanResult", "alternatives", "explain", "rank_points"]
+__all__ = [
+    "PlanPoint",
+    "PlanResult",
+    "alternatives",
+    "compare_step_times",
+    "explain",
+    "rank_points",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -344,6 +351,25 @@ def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
     return found
 
 
+def compare_step_times(best_ns: float, other_ns: float, /) -> str:
+    """How the winner's step time reads beside another's: never "0.0% faster" (selective
+    recomputation with flash attention recomputes nothing, so it ties with none).
+
+    >>> compare_step_times(100, 112), compare_step_times(100, 100)
+    ('12.0% faster than', 'same step time as')
+    >>> compare_step_times(10**6, 10**6 + 1), compare_step_times(112, 100)
+    ('under 0.1% faster than', '10.7% slower than')
+    """
+    gain = other_ns / best_ns - 1
+    if other_ns == best_ns:
+        return "same step time as"
+    if 0 < gain < 0.0005:  # would print as 0.0%
+        return "under 0.1% faster than"
+    if -0.0005 < gain < 0:
+        return "under 0.1% slower than"
+    return f"{abs(gain):.1%} {'faster' if gain > 0 else 'slower'} than"
+
+
 def explain(result: PlanResult, /) -> str:
     """One line: why the winner wins (or why nothing is recommended)."""
     best = result.best
@@ -382,8 +408,8 @@ def explain(result: PlanResult, /) -> str:
     ]
     for what, other in alternatives(result)[:2]:
         if other.step_time_ns:
-            gain = other.step_time_ns / best.step_time_ns - 1
-            parts.append(f"{gain:.1%} faster than the best with {what} ({other.label()})")
+            versus = compare_step_times(best.step_time_ns, other.step_time_ns)
+            parts.append(f"{versus} the best with {what} ({other.label()})")
     faster = [
         p
         for p in result.points
