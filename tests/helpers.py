@@ -10,9 +10,30 @@ from pathlib import Path
 
 import pytest
 
+from pipesim.errors import ScheduleError
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
 from pipesim.plan.workload import Workload
+from pipesim.schedules import generate, get_spec, schedule_names
+
+
+def schedule_cases(
+    sizes: tuple[tuple[int, int], ...], /, *, every_virtual: bool = True
+) -> list[tuple[str, int, int, int]]:
+    """``(name, p, m, v)`` for every registered schedule at each ``(p, m)`` of ``sizes``
+    whose rules it accepts: ``v`` over the family's virtual values (or its first only),
+    2 for a family that takes none (its generator ignores it)."""
+    found = []
+    for name in schedule_names():
+        virtual_values = get_spec(name).virtual_values or (2,)
+        for p, m in sizes:
+            for v in virtual_values if every_virtual else virtual_values[:1]:
+                try:
+                    generate(name, n_ranks=p, n_microbatches=m, virtual=v)
+                except ScheduleError:
+                    continue  # this size breaks the family's rules
+                found.append((name, p, m, v))
+    return found
 
 
 def one_point(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import schedule_cases
 
 from pipesim.comms import (
     Comm,
@@ -16,7 +17,7 @@ from pipesim.comms import (
 )
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import build_graph, critical_path
-from pipesim.schedules import generate, get_spec, schedule_names
+from pipesim.schedules import generate
 
 
 def _programs(comms) -> list[list[str]]:  # type: ignore[no-untyped-def]
@@ -33,20 +34,7 @@ def test_gpipe_by_hand() -> None:
     ]
 
 
-def _cases() -> list[tuple[str, int, int, int]]:
-    found = []
-    for name in schedule_names():
-        for p, m in ((2, 4), (4, 8), (3, 6)):
-            for v in get_spec(name).virtual_values or (2,):
-                try:
-                    generate(name, n_ranks=p, n_microbatches=m, virtual=v)
-                except ScheduleError:
-                    continue
-                found.append((name, p, m, v))
-    return found
-
-
-@pytest.mark.parametrize(("name", "p", "m", "v"), _cases())
+@pytest.mark.parametrize(("name", "p", "m", "v"), schedule_cases(((2, 4), (4, 8), (3, 6))))
 def test_every_registered_schedule_lowers_to_a_valid_comms_schedule(
     name: str, p: int, m: int, v: int
 ) -> None:

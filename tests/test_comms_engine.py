@@ -8,6 +8,7 @@ give the same step, record for record), the longest path of the comms graph
 from __future__ import annotations
 
 import pytest
+from helpers import schedule_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,23 +18,9 @@ from pipesim.costs import CostModel, Link
 from pipesim.engine import simulate
 from pipesim.errors import DeadlockError, ScheduleError
 from pipesim.graph import critical_path
-from pipesim.schedules import generate, get_spec, schedule_names
+from pipesim.schedules import generate, schedule_names
 
-
-def _cases() -> list[tuple[str, int, int, int]]:
-    found = []
-    for name in schedule_names():
-        for p, m in ((2, 4), (4, 8)):
-            v = (get_spec(name).virtual_values or (2,))[0]
-            try:
-                generate(name, n_ranks=p, n_microbatches=m, virtual=v)
-            except ScheduleError:
-                continue
-            found.append((name, p, m, v))
-    return found
-
-
-CASES = _cases()
+CASES = schedule_cases(((2, 4), (4, 8)), every_virtual=False)
 # Links with a latency and a bandwidth: messages take time; uneven stages.
 SLOW_LINKS = CostModel.uniform(
     forward=3, backward=5, output_bytes=10, link=Link(latency=2, bandwidth_bytes_per_s=5)

@@ -21,13 +21,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import processes_with, sigterm_once_ranks_joined  # noqa: E402
+from helpers import processes_with, schedule_cases, sigterm_once_ranks_joined  # noqa: E402
 
 from pipesim.calibration import MeasuredStep, fit_costs  # noqa: E402
 from pipesim.cli import main  # noqa: E402
 from pipesim.costs import costs_from_dict  # noqa: E402
-from pipesim.errors import ScheduleError  # noqa: E402
-from pipesim.schedules import generate, get_spec, schedule_names  # noqa: E402
+from pipesim.schedules import generate  # noqa: E402
 from pipesim.trace_io import load_trace  # noqa: E402
 from verify.compare import verify  # noqa: E402
 from verify.dist import verify_distributed, verify_distributed_all  # noqa: E402
@@ -152,16 +151,11 @@ def _check_cost_file(costs_path: Path, trace_path: Path, data: dict, capsys) -> 
 
 
 def _registered(n_ranks: int, microbatches: tuple[int, ...]) -> list:  # type: ignore[type-arg]
-    found = []
-    for name in schedule_names():
-        spec = get_spec(name)
-        for m in microbatches:
-            for v in spec.virtual_values or (2,):
-                try:
-                    found.append(generate(name, n_ranks=n_ranks, n_microbatches=m, virtual=v))
-                except ScheduleError:
-                    continue
-    return found
+    sizes = tuple((n_ranks, m) for m in microbatches)
+    return [
+        generate(name, n_ranks=p, n_microbatches=m, virtual=v)
+        for name, p, m, v in schedule_cases(sizes)
+    ]
 
 
 @pytest.mark.parametrize(("p", "microbatches"), [(2, (4,)), (4, (8,))])
