@@ -75,6 +75,7 @@ __all__ = [
     "overhead_tables",
     "prerequisites",
     "step_structure",
+    "structure_tables",
 ]
 
 
@@ -166,20 +167,27 @@ def _message_sizes(structure: StepStructure, tables: CostTables) -> tuple[int, .
     return tuple(sizes)
 
 
+def structure_tables(structure: StepStructure, costs: CostModel, /) -> tuple[CostModel, CostTables]:
+    """``costs`` sized for ``structure``'s schedule, and their :func:`cost_tables`: where
+    the engine's compiled step and the planner's fast evaluator both start."""
+    schedule = structure.schedule
+    costs = costs.for_stages(schedule.n_stages)
+    tables = cost_tables(
+        costs,
+        n_stages=schedule.n_stages,
+        forward_only=schedule.forward_only,
+        overlaps=structure.overlaps,
+        placement=schedule.placement,
+        n_copies=schedule.n_copies,
+        explicit_comms=structure.explicit_comms,
+    )
+    return costs, tables
+
+
 def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> CompiledStep:
     """The step of ``schedule`` (or of an already built structure) under ``costs``."""
     structure = schedule if isinstance(schedule, StepStructure) else step_structure(schedule)
-    sched = structure.schedule
-    costs = costs.for_stages(sched.n_stages)
-    tables = cost_tables(
-        costs,
-        n_stages=sched.n_stages,
-        forward_only=sched.forward_only,
-        overlaps=structure.overlaps,
-        placement=sched.placement,
-        n_copies=sched.n_copies,
-        explicit_comms=structure.explicit_comms,
-    )
+    costs, tables = structure_tables(structure, costs)
     durations, effects = tables.durations, tables.effects
     sizes, occupancy, latency, pair_links = message_columns(structure, costs, tables)
     node_durations = list(map(durations.__getitem__, structure.keys))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipesim.actions import Action, Comm, Op, Work
 from pipesim.exact import Time
@@ -163,33 +164,33 @@ class Trace:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Trace is immutable; cannot set {name!r}")
 
+    def _built(self, name: str) -> Any:
+        """The records in slot ``name``, built on first use when it holds a builder."""
+        value = getattr(self, name)
+        if callable(value):
+            value = value()
+            object.__setattr__(self, name, value)
+        return value
+
     @property
     def actions(self) -> tuple[ActionRecord, ...]:
         """Every unit of work, sorted by (start, rank)."""
-        if callable(self._actions):
-            object.__setattr__(self, "_actions", self._actions())
-        return self._actions  # type: ignore[return-value]
+        return self._built("_actions")  # type: ignore[no-any-return]
 
     @property
     def transfers(self) -> tuple[TransferRecord, ...]:
         """Every message, sorted by (start, source rank, destination rank)."""
-        if callable(self._transfers):
-            object.__setattr__(self, "_transfers", self._transfers())
-        return self._transfers  # type: ignore[return-value]
+        return self._built("_transfers")  # type: ignore[no-any-return]
 
     @property
     def memory(self) -> tuple[MemoryRecord, ...]:
         """Every change of a rank's activation memory, sorted by (time, rank)."""
-        if callable(self._memory):
-            object.__setattr__(self, "_memory", self._memory())
-        return self._memory  # type: ignore[return-value]
+        return self._built("_memory")  # type: ignore[no-any-return]
 
     @property
     def comms(self) -> tuple[CommRecord, ...]:
         """Every send and receive of a comms schedule, sorted by (start, rank)."""
-        if callable(self._comms):
-            object.__setattr__(self, "_comms", self._comms())
-        return self._comms  # type: ignore[return-value]
+        return self._built("_comms")  # type: ignore[no-any-return]
 
     def totals(self) -> TraceTotals:
         """Makespan, and per rank busy time and memory peaks."""

@@ -3,9 +3,12 @@ on the path of the modules it collects here)."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import signal
 import subprocess
 import time
+from itertools import accumulate, combinations, pairwise
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,63 @@ from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
 from pipesim.plan.workload import Workload
 from pipesim.schedules import generate, get_spec, schedule_names
+
+#: The keys ``simulate --json`` promises (DESIGN.md, "Contracts other parts rely on").
+JSON_CONTRACT = frozenset(
+    {
+        "schedule",
+        "n_ranks",
+        "n_stages",
+        "n_microbatches",
+        "makespan",
+        "bubble_ratio",
+        "idle_slots",
+        "ranks",
+    }
+)
+#: The keys of each entry of its ``ranks``.
+RANK_CONTRACT = frozenset({"rank", "busy", "idle", "peak_activation_bytes", "peak_inflight"})
+
+#: Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
+FREE_ACCELERATOR = Accelerator(
+    name="ideal",
+    peak_flops=1e15,
+    memory_bytes=10**12,
+    gpus_per_node=64,
+    intra_node_latency=0.0,
+    intra_node_bandwidth=1e30,
+    inter_node_latency=0.0,
+    inter_node_bandwidth=1e30,
+    efficiency=1.0,
+)
+
+
+def run_doctests(name: str, /) -> None:
+    """Run the docstring examples of module ``name``; fail naming how many failed."""
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in finder.find(module, name):
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+
+
+def all_cuts(n: int, n_stages: int) -> list[tuple[int, ...]]:
+    """Every way to cut ``n`` layers into ``n_stages`` non-empty runs, as layer counts:
+    the brute-force oracle of the partitioner."""
+    return [
+        tuple(b - a for a, b in pairwise((0, *cuts, n)))
+        for cuts in combinations(range(1, n), n_stages - 1)
+    ]
+
+
+def best_bottleneck(costs: list[float], n_stages: int) -> float:
+    """The least slowest-stage cost over :func:`all_cuts` of ``costs``."""
+    return min(
+        max(sum(costs[a:b]) for a, b in pairwise((0, *accumulate(sizes))))
+        for sizes in all_cuts(len(costs), n_stages)
+    )
 
 
 def schedule_cases(

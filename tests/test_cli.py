@@ -8,22 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import JSON_CONTRACT, RANK_CONTRACT
 
 from pipesim.cli import main
 from pipesim.schedule_io import load_schedule, save_schedule
 from pipesim.schedules import generate, schedule_names
-
-CONTRACT = {
-    "schedule",
-    "n_ranks",
-    "n_stages",
-    "n_microbatches",
-    "makespan",
-    "bubble_ratio",
-    "idle_slots",
-    "ranks",
-}
-RANK_CONTRACT = {"rank", "busy", "idle", "peak_activation_bytes", "peak_inflight"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -127,7 +116,7 @@ def test_simulate_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert status == 0
     data = json.loads(out)
-    assert set(data) >= CONTRACT
+    assert set(data) >= JSON_CONTRACT
     assert (data["schedule"], data["n_ranks"], data["n_stages"], data["n_microbatches"]) == (
         "gpipe",
         4,

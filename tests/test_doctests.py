@@ -8,6 +8,7 @@ import importlib
 import pkgutil
 
 import pytest
+from helpers import run_doctests
 
 import pipesim
 
@@ -29,13 +30,7 @@ def test_every_module_is_found() -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_doctests(name: str) -> None:
-    module = importlib.import_module(name)
-    finder = doctest.DocTestFinder(exclude_empty=True)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in finder.find(module, name):
-        runner.run(test)
-    result = runner.summarize(verbose=False)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+    run_doctests(name)
 
 
 def test_the_core_has_examples() -> None:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
+from helpers import FREE_ACCELERATOR as FREE  # free links: messages take 0 ns
 
 from pipesim.costs import CostModel, StageCost
 from pipesim.errors import ParseError, PlanError, UnknownNameError
@@ -21,21 +22,8 @@ from pipesim.plan import (
     workload_from_costs,
     workload_from_model,
 )
-from pipesim.plan.hardware import Accelerator
 from pipesim.plan.sweep import Point, SweepContext, _start_method, evaluate_points
 
-# Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
-FREE = Accelerator(
-    name="ideal",
-    peak_flops=1e15,
-    memory_bytes=10**12,
-    gpus_per_node=64,
-    intra_node_latency=0.0,
-    intra_node_bandwidth=1e30,
-    inter_node_latency=0.0,
-    inter_node_bandwidth=1e30,
-    efficiency=1.0,
-)
 SMALL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
 
 

@@ -9,27 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import FREE_ACCELERATOR as FREE  # free links: messages take 0 ns
 from helpers import evaluate_one_point, one_point
 
 from pipesim.cli import main
 from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
-from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.hardware import get_accelerator
 from pipesim.plan.sweep import build_configuration
 from pipesim.plan.workload import workload_from_costs
 from pipesim.scaling import costs_at_microbatch_size, scaling_meta
-
-# Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
-FREE = Accelerator(
-    name="ideal",
-    peak_flops=1e15,
-    memory_bytes=10**12,
-    gpus_per_node=64,
-    intra_node_latency=0.0,
-    intra_node_bandwidth=1e30,
-    inter_node_latency=0.0,
-    inter_node_bandwidth=1e30,
-    efficiency=1.0,
-)
 
 # Two stages measured at 1 and at 2 rows per micro-batch (ns). Per row: stage 0 F 1000,
 # B 2000; stage 1 F 1000, B 1000; fixed: stage 0 F 2000, B 4000; stage 1 F 1000, B 3000.

@@ -1,15 +1,13 @@
-"""The planner's partitioner (:mod:`pipesim.partition`, shared with verify) against brute
-force over every contiguous split, and the cut the sweep reports."""
+"""The planner's partitioner (:mod:`pipesim.partition`, shared with verify; its
+brute-force properties are in test_partition.py) on model layers, and the cut the sweep
+reports."""
 
 from __future__ import annotations
 
 from fractions import Fraction
-from itertools import combinations, pairwise
 
 import pytest
-from helpers import evaluate_one_point
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from helpers import best_bottleneck, evaluate_one_point
 
 import pipesim.partition
 from pipesim.errors import PartitionError
@@ -18,36 +16,13 @@ from pipesim.plan.partition import partition, stage_sums
 from pipesim.plan.workload import workload_from_model
 
 
-def _brute_force_best(costs: list[int], n_stages: int) -> int:
-    n = len(costs)
-    best = None
-    for cuts in combinations(range(1, n), n_stages - 1):
-        bounds = (0, *cuts, n)
-        worst = max(sum(costs[a:b]) for a, b in pairwise(bounds))
-        best = worst if best is None else min(best, worst)
-    assert best is not None
-    return best
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    costs=st.lists(st.integers(min_value=0, max_value=20), min_size=1, max_size=9),
-    data=st.data(),
-)
-def test_partition_is_optimal_against_brute_force(costs: list[int], data: st.DataObject) -> None:
-    n_stages = data.draw(st.integers(min_value=1, max_value=len(costs)))
-    sizes = partition(costs, n_stages=n_stages)
-    assert len(sizes) == n_stages and min(sizes) >= 1 and sum(sizes) == len(costs)
-    assert max(stage_sums(costs, sizes)) == _brute_force_best(costs, n_stages)
-
-
 def test_embedding_and_head_are_real_layers_of_the_end_stages() -> None:
     # embedding (no FLOPs), 6 equal blocks, a heavy head: the head's stage takes one block
     # less, and the most even costs (8, 12, 10 rather than 12, 8, 10) put the embedding
     # with two blocks
     costs = [0, 4, 4, 4, 4, 4, 4, 6]
     sizes = partition(costs, n_stages=3)
-    assert max(stage_sums(costs, sizes)) == _brute_force_best(costs, 3) == 12
+    assert max(stage_sums(costs, sizes)) == best_bottleneck(costs, 3) == 12
     assert sizes == (3, 3, 2)
     assert stage_sums(costs, sizes) == (8, 12, 10)
 
@@ -78,4 +53,4 @@ def test_sweep_reports_the_cut_of_the_layer_work(pipeline: int) -> None:
     evaluation = evaluate_one_point(workload, pipeline=pipeline)
     sizes = evaluation.layers_per_stage
     assert sizes == partition(work, n_stages=pipeline)
-    assert max(stage_sums(work, sizes)) == _brute_force_best(work, pipeline)
+    assert max(stage_sums(work, sizes)) == best_bottleneck(work, pipeline)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import importlib
 import pkgutil
 
 import pytest
+from helpers import run_doctests
 
 pytest.importorskip("torch")
 
@@ -21,13 +21,7 @@ MODULES = sorted(
 
 @pytest.mark.parametrize("name", MODULES)
 def test_doctests(name: str) -> None:
-    module = importlib.import_module(name)
-    finder = doctest.DocTestFinder(exclude_empty=True)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in finder.find(module, name):
-        runner.run(test)
-    result = runner.summarize(verbose=False)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+    run_doctests(name)
 
 
 def test_all_lists_every_public_name_of_the_modules() -> None:

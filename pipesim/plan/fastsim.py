@@ -40,7 +40,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
 from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
@@ -48,7 +47,7 @@ from pipesim.graph import validate
 from pipesim.memory import Effect
 from pipesim.metrics import Metrics, metrics_from_totals
 from pipesim.schedule import Schedule
-from pipesim.step import message_columns
+from pipesim.step import message_columns, structure_tables
 from pipesim.structure import StepStructure, step_structure
 
 __all__ = [
@@ -94,16 +93,8 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
     9
     """
     schedule = structure.schedule
-    costs = costs.for_stages(schedule.n_stages)
     require_eager(costs, evaluator="the fast evaluator (pipesim.plan.fastsim)")
-    tables = cost_tables(
-        costs,
-        n_stages=schedule.n_stages,
-        forward_only=schedule.forward_only,
-        overlaps=structure.overlaps,
-        placement=schedule.placement,
-        n_copies=schedule.n_copies,
-    )
+    costs, tables = structure_tables(structure, costs)
     _, occupancy, latency, pair_links = message_columns(structure, costs, tables)
     durations = tables.durations
     n_messages = len(structure.messages)
