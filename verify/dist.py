@@ -59,6 +59,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
 from pipesim.sigterm import exit_on_sigterm
 from verify.compare import (
+    Reference,
     build_report,
     build_stages,
     locate_gradient_mismatch,
@@ -251,16 +252,7 @@ def locate_from_results(
 ) -> VerifyReport:
     """``report`` with the action where the gradients first differ, from the ranks'
     results of a step run with ``RankSpec.trace_grads`` (verify.locate)."""
-    assert spec.batch is not None
-    n_mb = schedule.n_microbatches
-    ref = reference_run(
-        reference_model.layers,
-        inputs=split_microbatches(spec.batch[0], n_mb),
-        targets=split_microbatches(spec.batch[1], n_mb),
-        loss_fn=reference_model.loss_fn,
-        device=torch.device("cpu"),
-        forward_only=schedule.forward_only,
-    )
+    _, ref = _reference(schedule, reference_model, spec, device=torch.device("cpu"))
     return locate_gradient_mismatch(
         report,
         assemble(schedule, results, stages),
@@ -269,6 +261,25 @@ def locate_from_results(
         ref=ref,
         orders=schedule_accumulation_orders(schedule),
     )
+
+
+def _reference(
+    schedule: Schedule, model: VerifyModel, spec: RankSpec, /, *, device: torch.device
+) -> tuple[tuple[Tensor, ...], Reference]:
+    """The step's input micro-batches (``spec.batch`` cut as ``schedule`` cuts it) and the
+    unsplit model run on them on ``device``: what the ranks' results are checked against."""
+    assert spec.batch is not None
+    n_mb = schedule.n_microbatches
+    xs = split_microbatches(spec.batch[0], n_mb)
+    ref = reference_run(
+        model.layers,
+        inputs=xs,
+        targets=split_microbatches(spec.batch[1], n_mb),
+        loss_fn=model.loss_fn,
+        device=device,
+        forward_only=schedule.forward_only,
+    )
+    return xs, ref
 
 
 def report_from_results(
@@ -280,18 +291,7 @@ def report_from_results(
     devices: Sequence[torch.device],
 ) -> VerifyReport:
     """Compare the ranks' results with the unsplit model run on ``devices[0]``."""
-    assert spec.batch is not None
-    n_mb = schedule.n_microbatches
-    xs = split_microbatches(spec.batch[0], n_mb)
-    ts = split_microbatches(spec.batch[1], n_mb)
-    ref = reference_run(
-        reference_model.layers,
-        inputs=xs,
-        targets=ts,
-        loss_fn=reference_model.loss_fn,
-        device=devices[0],
-        forward_only=schedule.forward_only,
-    )
+    xs, ref = _reference(schedule, reference_model, spec, device=devices[0])
     run = assemble(schedule, results, stages)
     return build_report(
         schedule,
