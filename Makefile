@@ -41,15 +41,18 @@ notebooks: $(VENV)/.installed
 test: browser-deps $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
 
-# The browser tests (pytest -m browser) open plots in Debian's chromium and fail without it.
-# As root with apt (CI), install it; otherwise say how.
+# The browser tests (pytest -m browser) open plots in Chrome or Chromium and fail without it:
+# BROWSER_PATH when it names one (CI: the runner's Google Chrome), else Debian's chromium,
+# which as root with apt this installs; otherwise say how.
 browser-deps:
-	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+	@if [ -n "$$BROWSER_PATH" ] && [ -x "$$BROWSER_PATH" ]; then \
+		:; \
+	elif command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
 		:; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else \
-		echo "browser tests need chromium: sudo apt-get install -y chromium (or make browser-deps as root)"; \
+		echo "browser tests need chromium: sudo apt-get install -y chromium (or make browser-deps as root), or set BROWSER_PATH to a Chrome binary"; \
 	fi
 
 lint: $(VENV)/.installed-dev

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
+import shutil
 import signal
 import subprocess
 import time
@@ -74,6 +76,29 @@ def best_bottleneck(costs: list[float], n_stages: int) -> float:
     return min(
         max(sum(costs[a:b]) for a, b in pairwise((0, *accumulate(sizes))))
         for sizes in all_cuts(len(costs), n_stages)
+    )
+
+
+def browser_path() -> str:
+    """The browser the browser tests open pages in: ``BROWSER_PATH`` when set (the
+    variable kaleido reads too; CI points it at the runner's Google Chrome), else
+    Debian's chromium on the PATH. A missing browser fails the test, never skips it."""
+    given = os.environ.get("BROWSER_PATH")
+    if given:
+        if os.path.isfile(given) and os.access(given, os.X_OK):
+            return given
+        pytest.fail(
+            f"BROWSER_PATH={given!r} is not an executable file; point it at a Chrome or "
+            "Chromium binary, or unset it to use chromium from the PATH"
+        )
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail(
+        "chromium is not installed; the browser tests need it: run `make browser-deps` "
+        "(apt-get install -y chromium, as root), install Debian's chromium package, or set "
+        "BROWSER_PATH to a Chrome binary"
     )
 
 

@@ -9,6 +9,7 @@ valid bash that, without a GPU, says so in its one summary line and exits 3.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -50,9 +51,84 @@ def test_cpu_job_runs_the_readme_test_command() -> None:
     assert "make test" in readme  # the README's test command
     cpu = _workflow()["jobs"]["cpu"]
     assert cpu["runs-on"] == "ubuntu-latest"
-    assert "make test" in _runs(cpu)
-    # chromium for the browser tests needs root; make test alone would only print a hint
-    assert any("browser-deps" in r and r.startswith("sudo") for r in _runs(cpu))
+    runs = _runs(cpu)
+    assert "make test" in runs
+    # Ubuntu's apt chromium is a snap shim that does not run on GitHub's runners: nothing
+    # installs it; a step before `make test` points BROWSER_PATH at the runner's Chrome.
+    assert not any("apt-get" in r or "browser-deps" in r for r in runs)
+    assert runs.index(_browser_step(cpu)["run"]) < runs.index("make test")
+
+
+def _browser_step(job: dict) -> dict:  # type: ignore[type-arg]
+    (step,) = [s for s in job["steps"] if "BROWSER_PATH" in s.get("run", "")]
+    return step  # type: ignore[no-any-return]
+
+
+def _fake_browser(folder: Path, name: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    browser = folder / name
+    browser.write_text("#!/bin/sh\necho 'Google Chrome 131.0.6778.85'\n")
+    browser.chmod(0o755)
+    return browser
+
+
+@pytest.mark.parametrize("found_by", ["CHROME_BIN", "PATH", "nothing"])
+def test_the_browser_step_exports_the_runners_chrome(found_by: str, tmp_path: Path) -> None:
+    # The step's own script, run by bash as the runner would: GITHUB_ENV is the file whose
+    # NAME=value lines the later steps (make test) get as environment variables.
+    script = _browser_step(_workflow()["jobs"]["cpu"])["run"]
+    env_file = tmp_path / "github_env"
+    bash = shutil.which("bash")
+    assert bash is not None
+    # no google-chrome on the PATH but the fake one (the script needs shell builtins only)
+    env = {"GITHUB_ENV": str(env_file), "PATH": str(tmp_path / "empty")}
+    expected = None
+    if found_by == "CHROME_BIN":  # GitHub's images set it
+        expected = _fake_browser(tmp_path / "opt", "chrome")
+        env["CHROME_BIN"] = str(expected)
+    elif found_by == "PATH":
+        expected = _fake_browser(tmp_path / "bin", "google-chrome")
+        env["PATH"] = str(expected.parent)
+    done = subprocess.run(
+        [bash, "-e", "-c", script], env=env, capture_output=True, text=True, timeout=30
+    )
+    if expected is None:
+        assert done.returncode == 1 and "::error::no Google Chrome on this runner" in done.stdout
+        assert not env_file.exists()
+    else:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "Google Chrome 131.0.6778.85\n"
+        assert env_file.read_text() == f"BROWSER_PATH={expected}\n"
+
+
+def test_browser_path_is_what_the_tests_and_make_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers import browser_path
+
+    chrome = _fake_browser(tmp_path / "opt", "chrome")
+    monkeypatch.setenv("BROWSER_PATH", str(chrome))
+    assert browser_path() == str(chrome)
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "missing"))
+    with pytest.raises(pytest.fail.Exception, match="is not an executable file"):
+        browser_path()
+    monkeypatch.delenv("BROWSER_PATH")
+    monkeypatch.setenv("PATH", str(_fake_browser(tmp_path / "bin", "chromium").parent))
+    assert browser_path() == str(tmp_path / "bin" / "chromium")
+    # make browser-deps: BROWSER_PATH is enough (silent); without it and without chromium
+    # on the PATH it names the fixes (the PATH has no `id` either, so it never runs apt).
+    make = ["/usr/bin/make", "-s", "-C", str(ROOT), "browser-deps"]
+    empty = {"PATH": str(tmp_path / "empty")}
+    quiet = subprocess.run(
+        make,
+        env={**empty, "BROWSER_PATH": str(chrome)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert quiet.returncode == 0 and quiet.stdout == "", quiet.stderr
+    hint = subprocess.run(make, env=empty, capture_output=True, text=True, timeout=30)
+    assert "or set BROWSER_PATH to a Chrome binary" in hint.stdout
 
 
 def test_gpu_job_runs_the_gpu_check_on_a_gpu_runner_and_uploads_its_outputs() -> None:

@@ -14,20 +14,21 @@ that the check itself can fail:
 - a screenshot is non-blank and shows the F and B colours (decoded here with
   zlib, no image library).
 
-These tests need chromium. They fail (never skip) when it is missing:
-``make browser-deps`` (run by ``make test``) installs it as root with apt.
+These tests need chromium, or the Chrome that ``BROWSER_PATH`` names (CI: the runner's
+Google Chrome). They fail (never skip) when it is missing: ``make browser-deps`` (run by
+``make test``) installs chromium as root with apt.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import struct
 import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
+from helpers import browser_path
 
 from pipesim.cli import main
 from pipesim.plot.style import OP_COLORS
@@ -68,14 +69,7 @@ window.addEventListener("load", () => setTimeout(() => {
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.fail(
-        "chromium is not installed; the browser tests need it: run `make browser-deps` "
-        "(apt-get install -y chromium, as root) or install Debian's chromium package"
-    )
+    return browser_path()
 
 
 def _run(chromium: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
