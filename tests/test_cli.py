@@ -386,3 +386,36 @@ def test_console_script(tmp_path: Path) -> None:
     )
     assert bad.returncode == 1
     assert bad.stderr.startswith("pipesim: error: ") and "Traceback" not in bad.stderr
+
+
+def test_every_time_and_size_flag_says_its_unit() -> None:
+    # Read as a stranger would: a flag taking a time or a size says in which unit, in its
+    # own help or in its group's description (the costs group explains T and SIZE once).
+    import argparse
+
+    from pipesim.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    checked = set()
+    for name, sub in commands.choices.items():
+        for group in sub._action_groups:
+            for action in group._group_actions:
+                dest = action.dest
+                text = f"{action.help} {group.description or ''}"
+                if dest.endswith("_bytes") or dest in ("memory_capacity", "memory_limit"):
+                    assert "GiB" in text and "GB" in text.replace("GiB", ""), (name, dest)
+                elif "bandwidth" in dest:
+                    assert "bytes per time unit" in text, (name, dest)
+                elif dest.endswith(("_time", "latency", "timeout", "time_limit")):
+                    assert "seconds" in text or "time unit" in text.replace("-", " "), (
+                        name,
+                        dest,
+                    )
+                else:
+                    continue
+                checked.add(f"{name} --{dest.replace('_', '-')}")
+    # the flags the issue names, in every command that has them
+    assert {"plan --memory-capacity", "simulate --memory-capacity", "verify --timeout"} <= checked
+    assert {"synthesize --memory-limit", "plot --activation-bytes", "trace --link-bandwidth"} <= (
+        checked
+    )

@@ -374,15 +374,20 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         # Every size goes through one parser, pipesim.units.parse_bytes.
         metavar = "SIZE[,SIZE...]" if flag.endswith("_bytes") else "T[,T...]"
         group.add_argument("--" + flag.replace("_", "-"), metavar=metavar, help=text)
-    group.add_argument("--link-latency", metavar="T", help="link latency (default 0)")
     group.add_argument(
-        "--link-bandwidth", metavar="BYTES_PER_T", help="link bandwidth (default: unlimited)"
+        "--link-latency", metavar="T", help="link latency, in time units (default 0)"
+    )
+    group.add_argument(
+        "--link-bandwidth",
+        metavar="BYTES_PER_T",
+        help="link bandwidth in bytes per time unit: 450e9 for 450 GB/s with --time-unit s, "
+        "450e6 with ms (default: unlimited)",
     )
     group.add_argument(
         "--link-concurrency",
         type=positive_int,
         metavar="K",
-        help="messages one link direction carries at once (1)",
+        help="messages one link direction carries at once (default 1)",
     )
     group.add_argument(
         "--ranks-per-node",
@@ -392,17 +397,19 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "node, the --inter-node-* flags links between nodes",
     )
     group.add_argument(
-        "--inter-node-latency", metavar="T", help="latency between nodes (default: --link-latency)"
+        "--inter-node-latency",
+        metavar="T",
+        help="latency between nodes, in time units (default: --link-latency)",
     )
     group.add_argument(
         "--inter-node-bandwidth",
         metavar="BYTES_PER_T",
-        help="bandwidth between nodes (default: --link-bandwidth)",
+        help="bandwidth between nodes, in bytes per time unit (default: --link-bandwidth)",
     )
     group.add_argument(
         "--memory-capacity",
         metavar="SIZE",
-        help="device memory capacity for the peak check",
+        help="device memory capacity for the peak check (a SIZE: 80GiB, 85899345920)",
     )
     group.add_argument(
         "--no-overlap-comm",
@@ -417,16 +424,14 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_require_fit_argument(parser: argparse._ActionsContainer) -> None:
+def add_require_fit_argument(parser: argparse._ActionsContainer, /, *, failing: str) -> None:
     """``--require-fit``: exit 1 when the memory does not fit (for CI); see
-    :func:`require_fit`. ``simulate`` and ``plan`` share it."""
+    :func:`require_fit`. ``simulate`` and ``plan`` share it; ``failing`` says when."""
     parser.add_argument(
         "--require-fit",
         action="store_true",
-        help="exit with status 1 when memory does not fit the capacity (simulate: some "
-        "rank's peak; plan: no configuration is recommended, because none fits or none "
-        "that fits reaches --min-mfu), after printing the result; for CI (without it a "
-        "result that does not fit exits 0)",
+        help=f"exit with status 1 when {failing}, after printing the result; for CI "
+        "(without it a result that does not fit exits 0)",
     )
 
 

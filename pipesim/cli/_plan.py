@@ -207,8 +207,18 @@ def register(subparsers: Any) -> None:
     )
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     out.add_argument("--cdn", action="store_true", help="chart links plotly.js from its CDN")
-    out.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown")
-    add_require_fit_argument(out)
+    out.add_argument(
+        "--top",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="rows of the table shown (default 10)",
+    )
+    add_require_fit_argument(
+        out,
+        failing="no configuration is recommended: none fits the device memory, or none that "
+        "fits reaches --min-mfu",
+    )
     out.add_argument("--list", action="store_true", help="list model and accelerator presets")
     parser.set_defaults(func=run)
 

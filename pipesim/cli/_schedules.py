@@ -29,8 +29,9 @@ def register(subparsers: Any) -> None:
         "schedule",
         help="write a built-in schedule to a .json or .csv file",
         description=(
-            "Generate a built-in schedule and write it as pipesim JSON or torch's compute-only "
-            "CSV (chosen by the suffix of -o), or print its JSON."
+            "Generate a built-in schedule (or read a schedule file) and write it as pipesim "
+            "JSON or torch's compute-only CSV (chosen by the suffix of -o), or print its "
+            "JSON; --comms places the sends and receives (torch's compute_comms CSV)."
         ),
     )
     make.add_argument(

@@ -46,7 +46,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print the cycle-by-rank table (micro-batch per cycle, '-' when idle)",
     )
-    add_require_fit_argument(parser)
+    add_require_fit_argument(
+        parser,
+        failing="some rank's peak memory (parameters + activations) exceeds --memory-capacity "
+        "(or the cost file's memory_capacity_bytes)",
+    )
     add_comms_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -50,7 +50,8 @@ def register(subparsers: Any) -> None:
         metavar="LIMIT",
         help="activation memory per rank: micro-batches (e.g. 8, 2.5, 16/3), each the "
         "most one micro-batch holds on the rank (its activation bytes, or its weight-grad "
-        "bytes if larger), or bytes with a unit (e.g. 20GiB)",
+        "bytes if larger), or bytes with a unit (e.g. 20GiB = 20 * 2^30 bytes, 20GB = "
+        "20 * 10^9)",
     )
     add_cost_arguments(parser)
     search = parser.add_argument_group("search")

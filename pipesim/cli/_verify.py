@@ -140,7 +140,8 @@ def register(subparsers: Any) -> None:
         type=seconds,
         default=300.0,
         metavar="S",
-        help="--dist / torchrun: deadline of the run and of every wait for a message (default 300)",
+        help="--dist / torchrun: deadline in seconds of the run and of every wait for a "
+        "message (default 300)",
     )
     group.add_argument(
         "--check-settings-only",
