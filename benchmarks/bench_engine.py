@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 
 import pipesim
+from pipesim.actions import Action
 from pipesim.costs import CostModel
 
 # (pipesim name, torch class name, virtual) for the side-by-side comparison.
@@ -134,7 +135,11 @@ def _torch_build_and_simulate(
 
         kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
         fixed = {
-            rank: [_Action(a.stage, kinds[a.op.value], a.microbatch) for a in order]
+            rank: [
+                _Action(a.stage, kinds[a.op.value], a.microbatch)
+                for a in order
+                if isinstance(a, Action)  # 1F1B has no overlapped pairs
+            ]
             for rank, order in enumerate(_generate("1f1b", p, m, None).orders)
         }
 

@@ -70,7 +70,8 @@ def evaluate(size: dict[str, Any], send_mode: str) -> tuple[list[dict[str, Any]]
     errors (percent), as ``bench_fidelity.py`` computes them; and the 2-stage cut's cost
     model."""
     runs = [(run["role"], run["rows"], *_steps(run)) for run in size["runs"]]
-    cuts, by_rows = {}, {}
+    cuts: dict[int, CostModel] = {}
+    by_rows: dict[int, CostModel] = {}
     for role, rows_per_mb, schedule, steps in runs:
         if role.startswith("cal"):
             fit = fit_costs(steps, time_unit="ns", send_mode=send_mode).costs
@@ -80,7 +81,11 @@ def evaluate(size: dict[str, Any], send_mode: str) -> tuple[list[dict[str, Any]]
                 cuts.setdefault(schedule.n_stages, fit)
     # The micro-batch size rows: from the affine fit of the two 2-stage calibrations.
     sizes = sorted(by_rows)
-    scaled = AffineCosts.fit(*(by_rows[b] for b in sizes), sizes=sizes) if len(sizes) == 2 else None
+    scaled = (
+        AffineCosts.fit(by_rows[sizes[0]], by_rows[sizes[1]], sizes=(sizes[0], sizes[1]))
+        if len(sizes) == 2
+        else None
+    )
     rows = []
     for role, rows_per_mb, schedule, steps in runs:
         if role in ("grid", "cal:1"):
@@ -99,7 +104,9 @@ def evaluate(size: dict[str, Any], send_mode: str) -> tuple[list[dict[str, Any]]
                     role, f"{schedule.name} b={rows_per_mb}"
                 ),
                 "m": schedule.n_microbatches,
-                "error_pct": _percent(predict(schedule, costs), statistics.median(spans)),
+                "error_pct": _percent(
+                    predict(schedule, costs), statistics.median(map(float, spans))
+                ),
                 "model_error_pct": statistics.median(model),
             }
         )
