@@ -568,3 +568,77 @@ def test_sends_and_receives_are_marks_on_their_ranks() -> None:
     # A compute schedule draws no marks.
     compute = timeline_figure(simulate(sim.schedule, costs=costs), memory=False)
     assert not [t for t in compute.data if t.type == "scatter"]
+
+
+def test_binned_timeline_draws_sends_and_receives_per_bin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forward-only GPipe, unit forwards, free links: rank r runs F_k in [r + k, r + k + 1]
+    (closed form), so it sends F_k at r + k + 1 and rank r + 1 takes it then; makespan
+    m + p - 1. Binned, each mark is one bin's count: the oracle bins those instants."""
+    import pipesim.plot.timeline as timeline
+    from pipesim.comms import Comm, lower_comms
+    from pipesim.plot.comms import BINNED_MARKS
+
+    p, m = 4, 8
+    schedule = lower_comms(generate("gpipe", n_ranks=p, n_microbatches=m, forward_only=True))
+    sim = simulate(schedule)
+    makespan = m + p - 1
+    assert sim.trace.makespan == makespan
+    monkeypatch.setattr(timeline, "LARGE_BARS", 0)  # draw this small step binned
+    fig = timeline_figure(sim, memory=False)
+    assert fig.data[0].type == "image" and not any(t.type == "bar" for t in fig.data)
+    marks = {t.legendgroup: t for t in fig.data if t.type == "scatter" and t.meta}
+    assert set(marks) == {"SEND", "RECV"}
+    n_bins = BINNED_MARKS // p
+    expected: dict[str, Counter[tuple[int, int]]] = {"SEND": Counter(), "RECV": Counter()}
+    for k in range(m):
+        for r in range(p - 1):
+            at = r + k + 1
+            expected["SEND"][(r, min(at * n_bins // makespan, n_bins - 1))] += 1
+            expected["RECV"][(r + 1, min(at * n_bins // makespan, n_bins - 1))] += 1
+    width = makespan / n_bins
+    for kind, trace in marks.items():
+        assert trace.meta["n_bins"] == n_bins
+        got = Counter()
+        for x, y, (count, rank, start, end) in zip(trace.x, trace.y, trace.customdata, strict=True):
+            i = round(x / width - 0.5)
+            assert round(y) == rank and (start, end) == pytest.approx((i * width, (i + 1) * width))
+            got[(rank, i)] += count
+        assert got == expected[kind]
+    # every SEND / RECV action of the schedule is counted once (the schedule's own count)
+    for kind, trace in marks.items():
+        per_rank = Counter()
+        for count, rank, *_ in trace.customdata:
+            per_rank[rank] += count
+        in_schedule = Counter(
+            r
+            for r, program in enumerate(schedule.programs)
+            for step in program
+            if isinstance(step, Comm) and step.op.is_send is (kind == "SEND")
+        )
+        assert per_rank == in_schedule and sum(per_rank.values()) == m * (p - 1)
+    # a compute schedule draws no marks binned either
+    plain = timeline_figure(simulate(generate("gpipe", n_ranks=p, n_microbatches=m)), memory=False)
+    assert not [t for t in plain.data if t.type == "scatter" and t.meta]
+
+
+def test_binned_marks_stay_few_on_a_large_comms_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pipesim.plot.timeline as timeline
+    from pipesim.comms import lower_comms
+    from pipesim.plot.comms import BINNED_MARKS
+
+    p, m = 16, 256  # 15,360 sends and receives, more than one per bin of 16 x 125
+    sim = simulate(lower_comms(generate("1f1b", n_ranks=p, n_microbatches=m)))
+    monkeypatch.setattr(timeline, "LARGE_BARS", 0)  # (the CLI bins above 25,000 bars)
+    fig = timeline_figure(sim, memory=False)
+    assert fig.data[0].type == "image"
+    marks = [t for t in fig.data if t.type == "scatter" and t.meta]
+    assert [t.legendgroup for t in marks] == ["SEND", "RECV"]
+    for trace in marks:
+        assert BINNED_MARKS // 2 < len(trace.x) <= BINNED_MARKS  # many bins hold several
+        assert max(c[0] for c in trace.customdata) > 1
+        assert sum(c[0] for c in trace.customdata) == 2 * m * (p - 1)  # activations + grads
+    assert len(to_html(fig, cdn=True)) < 300_000  # the page drawn bar by bar: 1.3 MB

@@ -192,6 +192,18 @@ def test_gpt_pipeline_is_bit_identical() -> None:
     _check_against_oracle(gpt(n_layers=2, width=32), schedule, 8)
 
 
+@pytest.mark.parametrize(("name", "p", "v"), [("zb-h1", 3, None), ("zbv", 2, 2)])
+def test_gpt_split_backward_is_bit_identical(name: str, p: int, v: int | None) -> None:
+    """I and W on transformer stages (residuals, layer norms, attention): W starts from
+    the gradients I saved at the weight-owning nodes (verify.split_backward)."""
+    schedule = generate(name, n_ranks=p, n_microbatches=4, virtual=v)
+    assert any(a.op is Op.W for order in schedule.orders for a in order)
+    report = verify(schedule, model=gpt(n_layers=3, width=32), batch_size=8, warmup=0)
+    assert report.bit_identical, report.mismatches
+    if len(set(report.accumulation_orders)) == 1:
+        _check_against_oracle(gpt(n_layers=3, width=32), schedule, 8)
+
+
 def test_uneven_microbatches_keep_every_row() -> None:
     schedule = generate("1f1b", n_ranks=2, n_microbatches=4)
     report = verify(schedule, model="mlp", batch_size=10, warmup=0)

@@ -6,6 +6,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules
   (the cut is :mod:`pipesim.partition`'s, the planner's);
 - :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
+- :mod:`verify.split_backward`: a backward as I now and W later, W from I's saved gradients;
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo on the CPU);
 - :mod:`verify.timing`: when each unit ran (CUDA events read once per step on GPUs);
@@ -84,6 +85,7 @@ from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_mode
 from verify.partition import param_bytes, partition
 from verify.report import VerifyReport, format_report
 from verify.runtime import SavedBytes, StageRuntime
+from verify.split_backward import PendingWeights, input_backward, weight_backward
 from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
 from verify.transport import (
@@ -104,6 +106,7 @@ __all__ = [
     "LocalRun",
     "Measurement",
     "OrderedTransport",
+    "PendingWeights",
     "RankSpec",
     "Reference",
     "RunFailedError",
@@ -141,6 +144,7 @@ __all__ = [
     "format_report",
     "from_factory",
     "gpt",
+    "input_backward",
     "launch",
     "load_model",
     "locate_from_results",
@@ -171,5 +175,6 @@ __all__ = [
     "verify_distributed",
     "verify_distributed_all",
     "verify_torchrun",
+    "weight_backward",
     "write_measured_trace",
 ]

@@ -15,9 +15,11 @@ torch.distributed.pipelining's stages (``torch/distributed/pipelining/stage.py``
   stage sent; parameter gradients accumulate in ``.grad``; returns the input
   gradient for the previous stage (zeros when the output does not depend on
   the input).
-- ``I``: only the input gradient (``torch.autograd.grad`` w.r.t. the input,
-  keeping the graph); ``W``: only the parameter gradients, added to ``.grad``
-  (AccumulateGrad's elementwise add: the same bits as B's accumulation).
+- ``I``: only the input gradient, saving the gradients that reach the graph's
+  weight-owning nodes; ``W``: only the parameter gradients, from those saved
+  gradients without walking the input path again (:mod:`verify.split_backward`,
+  torch's ``stage_backward_input`` / ``stage_backward_weight``), added to
+  ``.grad`` (AccumulateGrad's elementwise add: the same bits as B's accumulation).
 - An :class:`~pipesim.actions.Overlap` runs its parts in order.
 
 Gradients accumulate in the order the schedule runs a stage's B (or W); after
@@ -54,6 +56,7 @@ from pipesim.actions import Action, Op
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 from verify.errors import VerifyError
+from verify.split_backward import PendingWeights, input_backward, weight_backward
 
 __all__ = ["SavedBytes", "StageRuntime"]
 
@@ -89,8 +92,10 @@ class StageRuntime:
     After the step: ``outputs`` and ``losses`` per micro-batch (held by the
     last stages here), ``activation_bytes`` per stage, ``transfer_bytes`` per
     (stage, micro-batch) output handed on, ``accumulated`` per stage the
-    micro-batches in the order their weight gradients were added; with
-    ``trace_grads``, ``grad_trace`` per stage the gradients after each B or W.
+    micro-batches in the order their weight gradients were added,
+    ``peak_weight_pending_bytes`` per stage the most gradient bytes held at once
+    between I and W; with ``trace_grads``, ``grad_trace`` per stage the gradients
+    after each B or W.
     """
 
     def __init__(
@@ -125,7 +130,11 @@ class StageRuntime:
                 p.grad = None
         self.stage_in: dict[tuple[int, int], Tensor] = {}
         self.stage_root: dict[tuple[int, int], Tensor] = {}  # output, or the loss
-        self.grad_in: dict[tuple[int, int], Tensor | None] = {}  # I's incoming gradient, for W
+        # What each I leaves for its W (verify.split_backward), and the bytes of the
+        # gradients it holds: now and the most at once, per stage.
+        self.pending: dict[tuple[int, int], PendingWeights] = {}
+        self.weight_pending_bytes: dict[int, int] = {s: 0 for s in stages}
+        self.peak_weight_pending_bytes: dict[int, int] = {s: 0 for s in stages}
         self.outputs: dict[int, Tensor] = {}
         self.losses: dict[int, Tensor] = {}
         self.activation_bytes: dict[int, int] = {s: 0 for s in stages}
@@ -210,33 +219,26 @@ class StageRuntime:
 
     def _input_grad(self, a: Action, grad: Tensor | None) -> Tensor | None:
         s, mb = a.stage, a.microbatch
-        root = self.stage_root[(s, mb)]
-        self.grad_in[(s, mb)] = grad
-        if self.is_first(s):
-            return None
-        x = self.stage_in[(s, mb)]
-        gx = None
-        if root.requires_grad and x.requires_grad:
-            (gx,) = torch.autograd.grad(
-                root, x, grad_outputs=grad, retain_graph=True, allow_unused=True
-            )
+        x = self.stage_in.pop((s, mb))
+        gx, pending = input_backward(self.stage_root.pop((s, mb)), grad, x, self.params[s])
+        self.pending[(s, mb)] = pending
+        self.weight_pending_bytes[s] += pending.saved_bytes
+        self.peak_weight_pending_bytes[s] = max(
+            self.peak_weight_pending_bytes[s], self.weight_pending_bytes[s]
+        )
         return self._input_gradient(s, x, gx)
 
     def _weight_grad(self, a: Action) -> None:
         s, mb = a.stage, a.microbatch
-        root = self.stage_root.pop((s, mb))
-        self.stage_in.pop((s, mb))
-        grad = self.grad_in.pop((s, mb))
-        params = self.params[s]
-        if root.requires_grad and params:
-            grads = torch.autograd.grad(root, params, grad_outputs=grad, allow_unused=True)
-            for p, g in zip(params, grads, strict=True):
-                if g is None:
-                    continue
-                if p.grad is None:
-                    p.grad = g.detach()
-                else:
-                    p.grad.add_(g)  # AccumulateGrad's elementwise add: the same bits
+        pending = self.pending.pop((s, mb))
+        self.weight_pending_bytes[s] -= pending.saved_bytes
+        for p, g in zip(pending.params, weight_backward(pending), strict=True):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g.detach()
+            else:
+                p.grad.add_(g)  # AccumulateGrad's elementwise add: the same bits
         self._weights_done(a)
 
     def _weights_done(self, a: Action) -> None:

@@ -18,7 +18,8 @@ What a reader needs at a glance:
   (:mod:`pipesim.plot.binned`), and the title says so;
 - memory above the device capacity is drawn red (:mod:`pipesim.plot.memory`);
 - a comms schedule's sends and receives are marks on their rank's row
-  (:mod:`pipesim.plot.comms`; not in a binned figure).
+  (:mod:`pipesim.plot.comms`; in a binned figure, one mark per rank and bin
+  that holds any, sized by their count).
 
 Idle gaps are drawn as pale grey bars so that they stay visible and show their
 extent on hover; they are exactly :func:`pipesim.metrics.idle_intervals`.
@@ -51,7 +52,7 @@ from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
 from pipesim.metrics import idle_intervals_by_rank
 from pipesim.plot.binned import LARGE_BARS, N_BINS, bar_count, binned_traces
-from pipesim.plot.comms import comm_traces
+from pipesim.plot.comms import binned_comm_traces, comm_traces
 from pipesim.plot.memory import (
     Quantity,
     memory_axis_title,
@@ -378,6 +379,7 @@ def _draw_rows(
         traces: list[Any] = binned_traces(
             sim, link_rows=link_rows, n_lanes=len(labels), factor=factor
         )
+        traces += binned_comm_traces(sim, factor=factor, time_unit=unit)
     else:
         traces = bar_traces(sim, idle=idle, factor=factor, time_unit=unit)
         traces += comm_traces(sim, factor=factor, time_unit=unit)
