@@ -17,7 +17,7 @@ what is left of it as its timeout, and when it is spent the benchmark says so an
 summarises what it measured.
 
 Run: ``python benchmarks/bench_verify_torch.py [--steps 3] [--warmup 1] [--repeat 3]
-[--model mlp|gpt] [--budget-s 1200] [--case 1f1b ...]``
+[--model mlp|gpt] [--budget-s 1200] [--case 1f1b ...] [--threads 1]``
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+
+import torch
 
 from pipesim.schedules import generate
 from verify.crosscheck import CrossCheck, crosscheck
@@ -86,14 +88,19 @@ def main() -> int:
     parser.add_argument("--model", default="mlp", choices=("mlp", "gpt"))
     parser.add_argument("--budget-s", type=float, default=1200.0, help="bound of the whole run")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="default: all")
+    # Every rank runs the parent's thread count (the same kernels as the reference). One
+    # thread each by default: on a shared machine, idle OpenMP threads spinning on busy
+    # cores count as CPU time and drown a 10% difference in noise.
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     names = args.case or list(CASES)
     options = {"n_layers": 6, "width": 128} if args.model == "gpt" else {}
     deadline = time.monotonic() + args.budget_s
     print(
         f"model {args.model} {options}, {args.warmup} warm-up + {args.steps} timed steps per run, "
-        f"{args.repeat} repeats, {os.cpu_count()} cpus; per run: pipesim / torch median step "
-        "[lowest-highest], ratio, 1-min load at its start",
+        f"{args.repeat} repeats, {args.threads} threads per rank, {os.cpu_count()} cpus; "
+        "per run: pipesim / torch median step [lowest-highest], ratio, 1-min load at its start",
         flush=True,
     )
     done: dict[str, list[CrossCheck]] = {name: [] for name in names}

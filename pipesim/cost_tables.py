@@ -77,13 +77,16 @@ def overhead_tables(
     placement: Sequence[int],
     n_copies: int = 1,
     explicit_comms: bool = False,
+    posted_receives: bool = False,
 ) -> list[Time]:
     """Per cost key (``4 * stage + OP_INDEX[op]``), the time a unit of work holds its rank
     beyond its compute: ``dispatch_overhead`` once, ``send_overhead`` per cross-rank message
     it sends and ``receive_overhead`` per cross-rank message it takes (:mod:`pipesim.costs`).
     With ``explicit_comms`` (a comms schedule) the sends and receives are nodes of their
     own that pay the message overheads (:func:`comm_durations`), so work pays its dispatch
-    only: a rank is busy for the same total either way.
+    only; with ``posted_receives`` too, a RECV only posts and the work that takes the
+    message pays its ``receive_overhead``, once it has arrived, as in a compute schedule.
+    A rank is busy for the same total every way.
 
     Which messages cross ranks follows from the dependency rules and the placement
     alone: F of s sends to the stage that reads it, s + 1, and takes from s - 1;
@@ -98,8 +101,9 @@ def overhead_tables(
     n_stages = len(placement)
     per_copy = n_stages // n_copies
     dispatch = costs.dispatch_overhead
-    if explicit_comms:
+    if explicit_comms and not posted_receives:
         return [dispatch] * (4 * n_stages)
+    sends = not explicit_comms
     overheads: list[Time] = []
     for s in range(n_stages):
         here = placement[s]
@@ -113,12 +117,12 @@ def overhead_tables(
         sends_g = sends_g and placement[s - 1] != here
         # Each message pays the overheads of the link it takes (CostModel.link_between).
         forward = dispatch
-        if sends_f:
+        if sends and sends_f:
             forward += comm_overhead(costs.link_between(here, placement[s + 1]), send=True)
         if takes_f:
             forward += comm_overhead(costs.link_between(placement[reads], here), send=False)  # type: ignore[index]
         backward = dispatch
-        if sends_g:
+        if sends and sends_g:
             backward += comm_overhead(costs.link_between(here, placement[s - 1]), send=True)
         if takes_g:
             backward += comm_overhead(costs.link_between(placement[grad], here), send=False)  # type: ignore[index]
@@ -139,11 +143,16 @@ def comm_overhead(link: Link, /, *, send: bool) -> Time:
 def comm_durations(structure: StepStructure, pair_links: Sequence[Link], /) -> list[Time]:
     """Per send or receive node of a comms schedule, how long it holds its rank: the
     overhead of its message's link (:func:`comm_overhead`; 0 when it names no message).
+    A posted receive (``blocking_receives`` off) holds it for nothing: the receive
+    overhead is the cost of *taking* a message that has arrived, which the work that
+    needs it pays (:func:`overhead_tables`), as ``verify``'s transport posts an
+    ``irecv`` at the RECV and waits and checks the header where the message is used.
     How long the rank then waits for a message to arrive is the engine's to find."""
     durations: list[Time] = []
     pair_of = structure.pair_of
+    posted = not structure.blocking_receives
     for comm, message in zip(structure.comms, structure.comm_messages, strict=True):
-        if message < 0:
+        if message < 0 or (posted and not comm.op.is_send):
             durations.append(0)
             continue
         durations.append(comm_overhead(pair_links[pair_of[message]], send=comm.op.is_send))
@@ -160,6 +169,7 @@ def cost_tables(
     placement: Sequence[int] | None = None,
     n_copies: int = 1,
     explicit_comms: bool = False,
+    posted_receives: bool = False,
 ) -> CostTables:
     """The tables of ``costs`` for a schedule of ``n_stages`` (and these overlaps) whose
     stages sit on ranks ``placement`` (default: one rank per stage).
@@ -174,7 +184,11 @@ def cost_tables(
     costs = costs.for_stages(n_stages)
     where = tuple(range(n_stages)) if placement is None else tuple(placement)
     extra = overhead_tables(
-        costs, placement=where, n_copies=n_copies, explicit_comms=explicit_comms
+        costs,
+        placement=where,
+        n_copies=n_copies,
+        explicit_comms=explicit_comms,
+        posted_receives=posted_receives,
     )
     durations: list[Time] = []
     for cost in costs.stages:

@@ -9,7 +9,8 @@ pair's link, a ``simpy.Resource`` holding ``max_concurrent`` messages at once
 (see :mod:`pipesim.costs` for the link model).
 
 Each rank keeps its own clock, the end of its last unit of work. A signal, or a
-message on a free link, arrives exactly when its producer ends, so its arrival
+message on a free link, arrives exactly when its producer ends (an overlapped pair's
+first message a send overhead earlier: :func:`pipesim.step.send_leads`), so its arrival
 time is known as soon as the producer's rank reaches the producer; a rank whose
 next work needs only arrivals of known time starts it at the latest of its clock
 and those times, with no SimPy event, and yields only when an arrival's time is
@@ -39,13 +40,18 @@ receives as nodes of their own, in program order (:func:`pipesim.structure.step_
   message has arrived, then holds it ``receive_overhead`` more; the work that
   needs the message comes after it in program order (``_simulate_comms_compute``:
   a RECV is ready once the peer issued the SEND; a blocking ``recv`` in gloo).
-- **posted receive** (``blocking_receives=False``): a RECV holds its rank for
-  ``receive_overhead`` only (posting an ``irecv``) and the work that needs the
-  message waits for it when it starts. torch's ``_PipelineScheduleRuntime`` runs a
-  comms schedule this way (``RECV_F`` posts into ``fwd_recv_ops``, waited on by the
-  F that needs it), and so does ``pipesim verify`` (:mod:`verify.transport`). With
-  free sends and receives this is exactly the compute schedule, which waits for
-  messages at their consumers too; blocking receives can cost more where the
+- **posted receive** (``blocking_receives=False``): a RECV only posts an ``irecv``
+  (no time) and the work that needs the message waits for it when it starts, then
+  pays ``receive_overhead`` for taking it (:func:`pipesim.step.comm_durations`).
+  torch's ``_PipelineScheduleRuntime`` runs a comms schedule this way (``RECV_F``
+  posts into ``fwd_recv_ops``, waited on by the F that needs it), and so does
+  ``pipesim verify`` (:mod:`verify.transport`: the header is waited for and checked
+  where the message is used). Every unit of work then starts when it does in the
+  compute schedule, overheads and latencies included: that schedule's work pays its
+  receive overheads once the messages have arrived too, and a unit that sends two
+  messages (an overlapped F&B pair) lets the first leave once its own send overhead
+  is paid (:func:`pipesim.step.send_leads`), as its SENDs do here. Blocking
+  receives can cost more where the
   lowering puts a RECV ahead of work that does not need it
   (``tests/test_comms_engine.py`` measures by how much).
 
@@ -88,7 +94,7 @@ from pipesim.graph import check_structure
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
-from pipesim.step import CompiledStep, compile_step
+from pipesim.step import CompiledStep, compile_step, send_order
 from pipesim.structure import StepStructure, step_structure
 from pipesim.trace import (
     ActionRecord,
@@ -212,6 +218,11 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
     posts = rendezvous.posts if rendezvous is not None else None
     n_messages = structure.n_messages
+    # Messages that leave before their producer ends (pipesim.step.send_leads; a
+    # rendezvous send leaves when its producer ends and its receive is posted), and such
+    # a producer's outputs in the order they leave.
+    leads = step.leads if rendezvous is None else {}
+    early = send_order(structure, leads)
 
     def run_rank(rank: int, order: Sequence[int]) -> Any:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
@@ -261,17 +272,19 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                 if inflight > peak_inflight:
                     peak_inflight = inflight
             sending = None
-            for arrival in outputs[node]:
+            # An overlapped pair's first message leaves before its end (send_leads).
+            for arrival in early[node] if early and node in early else outputs[node]:
                 if rendezvous is not None and arrival < n_messages:
                     rendezvous.send(arrival)
                     continue
+                leaves = clock - leads[arrival] if leads and arrival in leads else clock
                 if on_link[arrival]:
                     assert links is not None
-                    if sending is None and clock != env.now:
-                        yield timeout(clock - env.now)  # a link is taken in time order
+                    if leaves != env.now:
+                        yield timeout(leaves - env.now)  # a link is taken in time order
                     sending = links.send(arrival, sending)
                     continue
-                arrival_at[arrival] = clock  # a signal, or a message on a free link
+                arrival_at[arrival] = leaves  # a signal, or a message on a free link
                 waiter = waiters[arrival]
                 if waiter is not None:
                     waiter.succeed()
@@ -613,8 +626,8 @@ def _transfer_records(
     for message, (source, node) in enumerate(zip(producers, consumers, strict=True)):
         if message in link_end:
             start, end = link_start[message], link_end[message]
-        else:
-            start = end = ends[senders[message]]
+        else:  # a free link: it arrives as it leaves
+            start = end = ends[senders[message]] - step.leads.get(message, 0)
         rows.append((start, ranks[source], ranks[node], message, end))
     rows.sort(key=_BY_START_SOURCE_DESTINATION)
     sizes, messages = step.message_bytes, structure.messages

@@ -95,20 +95,24 @@ def build_graph(schedule: Schedule, /, *, costs: CostModel | None = None) -> nx.
     for p_node, c_node, producer, consumer in index.data_edges():
         n_bytes = 0
         transfer: Time = 0
+        lead: Time = 0
         if ranks[p_node] != ranks[c_node]:
             if step is not None:
                 n_bytes = step.message_bytes[message]
                 transfer = step.latency[message] + step.occupancy[message]
+                lead = step.leads.get(message, 0)
             message += 1
         old = graph.get_edge_data(works[p_node], works[c_node])
-        if old is not None and old["kind"] == "data" and old["transfer_time"] >= transfer:
-            continue  # two messages between one pair of works: keep the slower
+        later = old is not None and old["kind"] == "data"
+        if later and old["transfer_time"] - old["lead"] >= transfer - lead:
+            continue  # two messages between one pair of works: keep the later
         graph.add_edge(
             works[p_node],
             works[c_node],
             kind="data",
             n_bytes=n_bytes,
             transfer_time=transfer,
+            lead=lead,
             producer=producer,
             consumer=consumer,
         )
@@ -428,13 +432,13 @@ def critical_path(
     next_on_rank = {a: b for order in schedule.orders for a, b in itertools.pairwise(order)}
     for u, v, attrs in graph.edges(data=True):
         weight = graph.nodes[u]["duration"]
-        if attrs["kind"] == "data":
-            weight += attrs["transfer_time"]
+        if attrs["kind"] == "data":  # (an overlapped pair's first message leaves early)
+            weight += attrs["transfer_time"] - attrs["lead"]
         if not costs.overlap_comm and next_on_rank.get(u) == v:
             # The sender waits for its own messages to arrive before its next action.
             weight += max(
                 (
-                    d["transfer_time"]
+                    d["transfer_time"] - d["lead"]
                     for _, w, d in graph.out_edges(u, data=True)
                     if d["kind"] == "data" and graph.nodes[w]["rank"] != graph.nodes[u]["rank"]
                 ),

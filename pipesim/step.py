@@ -35,10 +35,11 @@ effect=Effect(start_bytes=0, start_count=1, end_bytes=0, end_count=0))
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pipesim.actions import OP_INDEX
+from pipesim.actions import OP_INDEX, Overlap
 from pipesim.cost_tables import (
     CostTables,
     comm_durations,
@@ -74,6 +75,8 @@ __all__ = [
     "message_columns",
     "overhead_tables",
     "prerequisites",
+    "send_leads",
+    "send_order",
     "step_structure",
     "structure_tables",
 ]
@@ -116,6 +119,9 @@ class CompiledStep:
     """Per message: how long it holds its link (bytes / bandwidth)."""
     latency: tuple[Time, ...]
     """Per message: from leaving the link to arrival."""
+    leads: Mapping[int, Time] = field(default_factory=dict)
+    """Per message that leaves before its producer's end, by how much (:func:`send_leads`;
+    a comms schedule's messages leave at their SEND nodes instead)."""
 
     def row(self, node: int, /) -> StepRow:
         """Everything about ``node``."""
@@ -180,8 +186,61 @@ def structure_tables(structure: StepStructure, costs: CostModel, /) -> tuple[Cos
         placement=schedule.placement,
         n_copies=schedule.n_copies,
         explicit_comms=structure.explicit_comms,
+        posted_receives=structure.explicit_comms and not structure.blocking_receives,
     )
     return costs, tables
+
+
+def send_leads(structure: StepStructure, pair_links: Sequence[Link], /) -> dict[int, Time]:
+    """Per message that leaves before its producer's end, by how much (others: absent).
+
+    A unit of work pays each message's ``send_overhead`` after its compute
+    (:func:`overhead_tables`); a unit that sends two messages (an overlapped F&B pair)
+    posts them one after the other, each leaving once its own overhead is paid:
+    ``verify``'s and torch's runtimes post one ``isend`` per SEND, in the order
+    :func:`pipesim.comms.lower_comms` places them, the pair's parts in order. So a
+    message leaves the send overheads of the pair's later messages before the end.
+
+    >>> from pipesim.costs import Link
+    >>> from pipesim.schedule import Schedule
+    >>> s = Schedule.from_orders([["0F0", "0F1", "0B0", "0B1"],
+    ...                           ["1F0", "(1F1;1B0)OVERLAP_F_B", "1B1"],
+    ...                           ["2F0", "2B0", "2F1", "2B1"]])
+    >>> structure = step_structure(s)
+    >>> leads = send_leads(structure, [Link(send_overhead=3)] * len(structure.pairs))
+    >>> [(str(structure.messages[m].producer), lead) for m, lead in leads.items()]
+    [('1F1', 3)]
+    """
+    if not structure.overlaps:
+        return {}
+    works, producers, parts = structure.works, structure.producers, structure.message_parts
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for message, (producer, _) in parts.items():
+        node = producers[message]
+        work = works[node]
+        if isinstance(work, Overlap):
+            by_node.setdefault(node, []).append((work.parts.index(producer), message))
+    leads: dict[int, Time] = {}
+    for sent in by_node.values():
+        later: Time = 0
+        for _, message in sorted(sent, reverse=True):
+            if later:
+                leads[message] = later
+            later += pair_links[structure.pair_of[message]].send_overhead
+    return leads
+
+
+def send_order(structure: StepStructure, leads: Mapping[int, Time], /) -> dict[int, list[int]]:
+    """Per node that sends a message early (``leads``, :func:`send_leads`), its outputs
+    in the order they leave: the earliest first, then those that leave at its end."""
+    order: dict[int, list[int]] = {}
+    for message in leads:
+        order.setdefault(structure.producers[message], [])
+    for node, sent in order.items():
+        outputs = structure.outputs[node]
+        sent += sorted((a for a in outputs if a in leads), key=lambda a: -leads[a])
+        sent += [a for a in outputs if a not in leads]
+    return order
 
 
 def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> CompiledStep:
@@ -205,4 +264,5 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
         pair_links=pair_links,
         occupancy=occupancy,
         latency=latency,
+        leads={} if structure.explicit_comms else send_leads(structure, pair_links),
     )

@@ -136,20 +136,54 @@ def test_p2_m2_1f1b_by_hand_with_blocking_receives() -> None:
 
 
 def test_p2_m2_1f1b_by_hand_with_posted_receives() -> None:
-    # As above, but a receive only posts (2) and the work that needs the message waits:
-    #   0: 0F0 [0,1] SEND [1,2] (arr 5) 0F1 [2,3] SEND [3,4] (arr 7) 0RECV_B0 [4,6]
-    #   1: 1RECV_F0 [0,2] 1F0 waits to 5 [5,6] 1RECV_F1 [6,8] 1B0 [8,10] SEND [10,11] (arr 14)
-    #      1F1 [11,12] 1B1 [12,14] SEND [14,15] (arr 18)
-    #   0: 0B0 waits to 14 [14,16] 0RECV_B1 [16,18] 0B1 [18,20]
+    # As above, but a receive only posts (no time) and the work that needs the message
+    # waits for it, then pays the receive overhead (2) for taking it, as verify's
+    # transport waits and checks the header there (pipesim.step.comm_durations):
+    #   0: 0F0 [0,1] SEND [1,2] (arr 5) 0F1 [2,3] SEND [3,4] (arr 7) 0RECV_B0 [4,4]
+    #   1: 1RECV_F0 [0,0] 1F0 waits to 5 [5,8] 1RECV_F1 [8,8] 1B0 [8,10] SEND [10,11]
+    #      (arr 14) 1F1 (arrived at 7) [11,14] 1B1 [14,16] SEND [16,17] (arr 20)
+    #   0: 0B0 waits to 14 [14,18] 0RECV_B1 [18,18] 0B1 waits to 20 [20,24]
+    # 24: the compute schedule's makespan (above), where the receive overheads are paid
+    # the same way; before, a posted RECV paid them while the message was still on its
+    # way and the step came out at 20, shorter than the compute schedule's.
     comms = lower_comms(generate("1f1b", n_ranks=2, n_microbatches=2))
     sim = simulate(comms, costs=_hand_case(), blocking_receives=False)
     got = {str(r.work): (r.start, r.end) for r in sim.trace.actions}
+    got |= {str(r.comm): (r.start, r.end) for r in sim.trace.comms}
     assert got == {
-        "0F0": (0, 1), "0F1": (2, 3), "0B0": (14, 16), "0B1": (18, 20),
-        "1F0": (5, 6), "1B0": (8, 10), "1F1": (11, 12), "1B1": (12, 14),
+        "0F0": (0, 1), "0SEND_F0": (1, 2), "0F1": (2, 3), "0SEND_F1": (3, 4),
+        "0RECV_B0": (4, 4), "0B0": (14, 18), "0RECV_B1": (18, 18), "0B1": (20, 24),
+        "1RECV_F0": (0, 0), "1F0": (5, 8), "1RECV_F1": (8, 8), "1B0": (8, 10),
+        "1SEND_B0": (10, 11), "1F1": (11, 14), "1B1": (14, 16), "1SEND_B1": (16, 17),
     }  # fmt: skip
     cost = critical_path(comms, costs=_hand_case(), blocking_receives=False).length
-    assert sim.metrics.makespan == 20 == cost
+    assert sim.metrics.makespan == 24 == cost
+    assert simulate(comms.schedule, costs=_hand_case()).metrics.makespan == 24
+    assert sim.trace.totals().busy == (12, 12)  # the same overheads, paid elsewhere
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zb-h1", "zbv", "v-half"])
+def test_posted_receives_with_overheads_give_the_compute_schedules_step(name: str) -> None:
+    """With every overhead and a latency, posted receives run each unit of work when the
+    compute schedule does: both pay a message's receive overhead at the work that takes
+    it, once it has arrived, and its send overhead right after the work that made it
+    (no unit of these schedules sends two messages: see the overlapped pair below)."""
+    costs = CostModel.uniform(
+        forward=3,
+        backward=5,
+        input_grad=3,
+        weight_grad=2,
+        link=Link(latency=2, send_overhead=1, receive_overhead=2),
+        dispatch_overhead=1,
+    )
+    schedule = generate(name, n_ranks=4, n_microbatches=8)
+    compute = simulate(schedule, costs=costs)
+    posted = simulate(lower_comms(schedule), costs=costs, blocking_receives=False)
+    # (a unit of work ends before its SEND in one and with its send overhead in the other)
+    assert sorted((str(r.work), r.start) for r in posted.trace.actions) == sorted(
+        (str(r.work), r.start) for r in compute.trace.actions
+    )
+    assert posted.metrics.makespan == compute.metrics.makespan
 
 
 def test_a_blocking_send_holds_its_rank_until_arrival() -> None:
@@ -283,3 +317,41 @@ def test_torchs_own_comms_csv_simulates(torch_class: str, tmp_path) -> None:  # 
     blocking = simulate(comms, costs=OVERHEADS)
     assert blocking.metrics.makespan == critical_path(comms, costs=OVERHEADS).length
     assert simulate(comms).metrics.makespan > posted.metrics.makespan
+
+
+def test_an_overlapped_pair_sends_its_first_message_after_its_own_overhead() -> None:
+    # Rank 1 runs 1F1 and 1B0 as one overlapped unit that sends two messages. F=1, B=2,
+    # send 1, no receive overhead or latency. Worked by hand (rank: work [start, end]):
+    #   0: 0F0 [0,2] 0F1 [2,4]          1: 1F0 [2,4]          2: 2F0 [4,5] 2B0 [5,8]
+    #   1: (1F1;1B0) [8,13]: compute 3, then SEND_F1 [11,12] (1F1's activation leaves at
+    #      12, as the lowered SEND_F1 does and as verify's runtime posts it), SEND_B0
+    #      [12,13] (leaves at 13)
+    #   2: 2F1 [12,13] 2B1 [13,16]      0: 0B0 [13,15]        1: 1B1 [16,19]   0: 0B1 [19,21]
+    # Both messages leaving at the pair's end, after both overheads, made it 22, one
+    # send overhead longer than the comms schedule that runs the same sends.
+    from pipesim.plan.fastsim import fast_metrics
+    from pipesim.schedule import Schedule
+
+    schedule = Schedule.from_orders(
+        [
+            ["0F0", "0F1", "0B0", "0B1"],
+            ["1F0", "(1F1;1B0)OVERLAP_F_B", "1B1"],
+            ["2F0", "2B0", "2F1", "2B1"],
+        ],
+        name="hand-overlap",
+    )
+    costs = CostModel.uniform(link=Link(send_overhead=1))
+    sim = simulate(schedule, costs=costs)
+    got = {str(r.work): (r.start, r.end) for r in sim.trace.actions}
+    assert got == {
+        "0F0": (0, 2), "0F1": (2, 4), "1F0": (2, 4), "2F0": (4, 5), "2B0": (5, 8),
+        "(1F1;1B0)OVERLAP_F_B": (8, 13), "2F1": (12, 13), "2B1": (13, 16), "0B0": (13, 15),
+        "1B1": (16, 19), "0B1": (19, 21),
+    }  # fmt: skip
+    left = {str(t.producer): t.start for t in sim.trace.transfers}
+    assert (left["1F1"], left["1B0"]) == (12, 13)
+    posted = simulate(lower_comms(schedule), costs=costs, blocking_receives=False)
+    assert {str(r.comm): r.end for r in posted.trace.comms if r.rank == 1}["1SEND_F1"] == 12
+    assert sim.metrics.makespan == posted.metrics.makespan == 21
+    assert critical_path(schedule, costs=costs).length == 21
+    assert fast_metrics(schedule, costs=costs).makespan == 21

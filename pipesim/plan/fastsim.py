@@ -47,7 +47,7 @@ from pipesim.graph import validate
 from pipesim.memory import Effect
 from pipesim.metrics import Metrics, metrics_from_totals
 from pipesim.schedule import Schedule
-from pipesim.step import message_columns, structure_tables
+from pipesim.step import message_columns, send_leads, send_order, structure_tables
 from pipesim.structure import StepStructure, step_structure
 
 __all__ = [
@@ -96,6 +96,8 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
     require_eager(costs, evaluator="the fast evaluator (pipesim.plan.fastsim)")
     costs, tables = structure_tables(structure, costs)
     _, occupancy, latency, pair_links = message_columns(structure, costs, tables)
+    leads = send_leads(structure, pair_links)
+    early = send_order(structure, leads)
     durations = tables.durations
     n_messages = len(structure.messages)
     free = [link.is_free for link in pair_links]
@@ -117,12 +119,15 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
                 t = a
         end = t + durations[keys[node]]
         after = end
-        for message in outputs[node]:
+        # an overlapped pair's messages leave in send order (pipesim.step.send_leads)
+        sent = outputs[node] if not leads or node not in early else early[node]
+        for message in sent:
+            leaves = end - leads[message] if leads and message in leads else end
             if message >= n_messages or free[pair_of[message]]:
-                arrival[message] = end
+                arrival[message] = leaves
                 continue
             free_slots = slots[pair_of[message]]
-            begin = free_slots[0] if free_slots[0] > end else end
+            begin = free_slots[0] if free_slots[0] > leaves else leaves
             heapq.heapreplace(free_slots, begin + occupancy[message])
             arrived = begin + occupancy[message] + latency[message]
             arrival[message] = arrived

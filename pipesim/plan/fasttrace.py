@@ -15,7 +15,7 @@ from pipesim.engine import action_records, memory_records
 from pipesim.exact import Time
 from pipesim.plan.fastsim import compile_schedule
 from pipesim.schedule import Schedule
-from pipesim.step import compile_step
+from pipesim.step import compile_step, send_order
 from pipesim.trace import Trace, TransferRecord
 
 __all__ = ["fast_trace"]
@@ -42,6 +42,7 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
     starts: list[Time] = [0] * structure.n_nodes
     ends: list[Time] = [0] * structure.n_nodes
     transfers: list[tuple[tuple[Time, int, int], int, TransferRecord]] = []
+    early = send_order(structure, step.leads)
     assert structure.topological is not None
     for node in structure.topological:
         rank = structure.ranks[node]
@@ -51,16 +52,17 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
         end = t + step.durations[node]
         starts[node], ends[node] = t, end
         after = end
-        for message in structure.outputs[node]:
+        for message in early.get(node, structure.outputs[node]):
             if message >= n_messages:  # a happens_before signal
                 arrival[message] = end
                 continue
             pair = pair_of[message]
             m = messages[message]
+            leaves = end - step.leads.get(message, 0)  # pipesim.step.send_leads
             if step.pair_links[pair].is_free:
-                begin, arrived = end, end
+                begin, arrived = leaves, leaves
             else:
-                begin = max(slots[pair][0], end)
+                begin = max(slots[pair][0], leaves)
                 heapq.heapreplace(slots[pair], begin + step.occupancy[message])
                 arrived = begin + step.occupancy[message] + step.latency[message]
                 if not step.costs.overlap_comm:
