@@ -70,6 +70,7 @@ class PendingWeights:
 
     params: tuple[Tensor, ...]
     groups: tuple[_Group, ...] = ()
+    param_edges: tuple[GradientEdge, ...] = ()  # per parameter, its AccumulateGrad edge
     root: Tensor | None = None
     root_grad: Tensor | None = None
     saved_bytes: int = 0
@@ -162,7 +163,8 @@ def input_backward(
         )
         return gx, whole
     x_node = get_gradient_edge(x).node
-    param_index = {get_gradient_edge(p).node: i for i, p in enumerate(params)}
+    edges = tuple(get_gradient_edge(p) for p in params)  # each makes a view: once per I
+    param_index = {e.node: i for i, e in enumerate(edges)}
     marks, children = _leads_to(root.grad_fn, x_node, set(param_index))
     if not marks[root.grad_fn] & _TO_INPUT:
         return None, whole
@@ -186,7 +188,9 @@ def input_backward(
         for nodes, ps in grouped
     )
     saved = _distinct_bytes([gs for g in groups for gs in g.grads])
-    return gx, PendingWeights(params=tuple(params), groups=groups, saved_bytes=saved)
+    return gx, PendingWeights(
+        params=tuple(params), groups=groups, param_edges=edges, saved_bytes=saved
+    )
 
 
 def _clamp(grads: tuple[Tensor | None, ...]) -> Callable[[object], tuple[Tensor | None, ...]]:
@@ -196,7 +200,7 @@ def _clamp(grads: tuple[Tensor | None, ...]) -> Callable[[object], tuple[Tensor 
     return hook
 
 
-def _group_grads(group: _Group, params: Sequence[Tensor]) -> tuple[Tensor, ...]:
+def _group_grads(group: _Group, param_edges: Sequence[GradientEdge]) -> tuple[Tensor, ...]:
     edges = [
         (GradientEdge(n, i), g)
         for n, gs in zip(group.nodes, group.grads, strict=True)
@@ -211,7 +215,7 @@ def _group_grads(group: _Group, params: Sequence[Tensor]) -> tuple[Tensor, ...]:
     try:
         return torch.autograd.grad(
             [e for e, _ in edges],
-            [get_gradient_edge(params[i]) for i in group.params],
+            [param_edges[i] for i in group.params],
             grad_outputs=[g for _, g in edges],
             retain_graph=True,  # another group's walk may still pass a node of this one
         )
@@ -234,6 +238,6 @@ def weight_backward(pending: PendingWeights, /) -> list[Tensor | None]:
     out: list[Tensor | None] = [None] * len(params)
     for group in pending.groups:
         if group.params:
-            for i, g in zip(group.params, _group_grads(group, params), strict=True):
+            for i, g in zip(group.params, _group_grads(group, pending.param_edges), strict=True):
                 out[i] = g
     return out
