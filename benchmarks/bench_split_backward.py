@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -46,7 +47,7 @@ def _whole(stage: nn.Module, x: Tensor, grad: Tensor) -> list[Tensor]:
 
 def _timed(split: Callable[[Tensor, Tensor, Tensor, list[Tensor]], list[Tensor]]) -> Run:
     def run(stage: nn.Module, x: Tensor, grad: Tensor) -> list[Tensor]:
-        params = list(stage.parameters())
+        params: list[Tensor] = list(stage.parameters())
         out = stage(x)
         start = time.process_time()
         grads = split(out, grad, x, params)
@@ -72,8 +73,9 @@ def _torch(out: Tensor, grad: Tensor, x: Tensor, params: list[Tensor]) -> list[T
         stage_backward_weight,
     )
 
-    _, groups = stage_backward_input([out], [grad], [x], iter(params))
-    stage_backward_weight(iter(params), groups)
+    weights = cast("list[nn.Parameter]", params)  # the stage's own parameters
+    _, groups = stage_backward_input([out], [grad], [x], iter(weights))
+    stage_backward_weight(iter(weights), groups)
     return [p.grad for p in params]  # type: ignore[misc]
 
 
