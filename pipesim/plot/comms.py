@@ -97,24 +97,48 @@ def comm_traces(
         xs, ys, data = columns[kind]
         hover = _SEND_HOVER if kind == "SEND" else _RECV_HOVER
         traces.append(
-            go.Scatter(
+            _marks(
+                kind,
                 x=xs,
                 y=ys,
-                mode="markers",
-                name=_NAMES[kind],
-                legendgroup=kind,
-                showlegend=showlegend,
-                marker={
-                    "symbol": _SYMBOLS[kind],
-                    "size": 7,
-                    "color": COMM_COLORS[kind],
-                    "line": {"width": 0},
-                },
+                size=7,
                 customdata=data,
                 hovertemplate=hover.replace("{unit}", suffix),
+                showlegend=showlegend,
             )
         )
     return traces
+
+
+def _marks(
+    kind: str,
+    *,
+    x: list[Any],
+    y: list[float],
+    size: int | list[int],
+    customdata: list[list[Any]],
+    hovertemplate: str,
+    showlegend: bool,
+    meta: dict[str, Any] | None = None,
+) -> go.Scatter:
+    """One kind's marks (``"SEND"`` or ``"RECV"``): its symbol, colour and legend group."""
+    return go.Scatter(
+        x=x,
+        y=y,
+        mode="markers",
+        name=_NAMES[kind],
+        legendgroup=kind,
+        showlegend=showlegend,
+        marker={
+            "symbol": _SYMBOLS[kind],
+            "size": size,
+            "color": COMM_COLORS[kind],
+            "line": {"width": 0},
+        },
+        customdata=customdata,
+        hovertemplate=hovertemplate,
+        meta=meta,
+    )
 
 
 def comm_bin_counts(sim: Simulation, /, *, n_bins: int) -> dict[str, list[list[int]]]:
@@ -158,23 +182,16 @@ def binned_comm_traces(
             continue
         most = max(n for *_, n in marks)
         traces.append(
-            go.Scatter(
+            _marks(
+                kind,
                 x=[float(width * i + width / 2) for _, i, _ in marks],
                 y=[rank + _OFFSET[kind] for rank, _, _ in marks],
-                mode="markers",
-                name=_NAMES[kind],
-                legendgroup=kind,
-                showlegend=showlegend,
-                marker={
-                    "symbol": _SYMBOLS[kind],
-                    "size": [4 + round(6 * (n / most) ** 0.5) for *_, n in marks],
-                    "color": COMM_COLORS[kind],
-                    "line": {"width": 0},
-                },
+                size=[4 + round(6 * (n / most) ** 0.5) for *_, n in marks],
                 customdata=[
                     [n, rank, float(width * i), float(width * (i + 1))] for rank, i, n in marks
                 ],
                 hovertemplate=_BINNED_HOVER.replace("{what}", what).replace("{unit}", suffix),
+                showlegend=showlegend,
                 meta={"pipesim": "binned-comms", "n_bins": n_bins},
             )
         )
