@@ -8,11 +8,16 @@ schedule (the rule and why it cannot deadlock are in :mod:`pipesim.comms`).
 gloo on the CPU runs in exactly the same untagged, ordered mode, so the CPU
 test suite proves the order that NCCL will see.
 
-Every message is a fixed-size header followed by its payload. The header
+Every message is one buffer of bytes: a fixed-size header, then its payload
+(one ``isend`` per message, as torch's runtime posts; a separate header message
+doubled the gloo/NCCL operations and was most of pipesim's overhead). The header
 names the sender, the receiver, the producing and consuming actions, the dtype
 and the shape; the receiver compares it with what it expects before it touches
 the payload, so a mismatch is a :class:`TransportError` naming both ranks and
-the action, never a silently wrong tensor. Both halves are posted
+the action, never a silently wrong tensor. When the two ends even disagree on the
+payload's size in bytes, the receive itself fails (gloo: at once, "size mismatch";
+NCCL: at the deadline), again as a :class:`TransportError` naming both ranks and
+the action. Both halves are posted
 non-blocking (``isend`` / ``irecv``: torch's runtime posts receives the same
 way and waits only when the consuming action runs), and every wait has a
 deadline: on timeout, or when the peer has gone away, the error names the rank,
@@ -39,8 +44,10 @@ __all__ = ["HEADER_LENGTH", "OrderedTransport", "TransportError", "decode_header
 
 _MAGIC = 0x50495045  # "PIPE"
 _MAX_DIMS = 8
-HEADER_LENGTH = 11 + _MAX_DIMS
-"""int64 entries of a header: magic, src, dst, producer (3), consumer (3), dtype, ndim, dims."""
+HEADER_LENGTH = 12 + _MAX_DIMS
+"""int64 entries of a header: magic, src, dst, producer (3), consumer (3), dtype, ndim, dims,
+and one spare that makes it 160 bytes, so the payload behind it is aligned for every dtype."""
+_HEADER_BYTES = HEADER_LENGTH * 8
 _DTYPES = (
     torch.float32,
     torch.float64,
@@ -130,7 +137,7 @@ class OrderedTransport:
         self.rank, self.device, self.shapes = rank, device, shapes
         self.timeout_s = timeout_s
         self.on_wait = on_wait
-        self.pending: dict[Message, tuple[Any, Tensor, Any, Tensor]] = {}
+        self.pending: dict[Message, tuple[Any, Tensor]] = {}
         self.sends: list[tuple[Message, Any, Tensor]] = []
         self.polling = device.type == "cuda"  # NCCL's wait() does not block the host
 
@@ -142,32 +149,24 @@ class OrderedTransport:
                 f"rank {self.rank} was to send {message} as {_describe(shape, dtype)} but "
                 f"produced {_describe(tuple(tensor.shape), tensor.dtype)}"
             )
-        header = torch.tensor(
-            encode_header(message, tensor.dtype, tuple(tensor.shape)),
-            dtype=torch.int64,
-            device=self.device,
-        )
-        payload = tensor.detach().contiguous()
-        for t in (header, payload):
-            self.sends.append((message, dist.isend(t, message.dst_rank), t))
+        header = torch.tensor(encode_header(message, dtype, tuple(shape)), dtype=torch.int64)
+        packed = torch.empty(_HEADER_BYTES + tensor.nbytes, dtype=torch.uint8, device=self.device)
+        packed[:_HEADER_BYTES].view(torch.int64).copy_(header)
+        _payload_of(packed, shape, dtype).copy_(tensor.detach())
+        self.sends.append((message, dist.isend(packed, message.dst_rank), packed))
 
     def post(self, message: Message) -> None:
         """Post the receives of ``message``'s header and payload; returns at once."""
         shape, dtype = self.shapes[message]
-        header = torch.empty(HEADER_LENGTH, dtype=torch.int64, device=self.device)
-        payload = torch.empty(shape, dtype=dtype, device=self.device)
-        self.pending[message] = (
-            dist.irecv(header, message.src_rank),
-            header,
-            dist.irecv(payload, message.src_rank),
-            payload,
-        )
+        nbytes = torch.empty((), dtype=dtype).element_size() * _numel(shape)
+        packed = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8, device=self.device)
+        self.pending[message] = (dist.irecv(packed, message.src_rank), packed)
 
     def take(self, message: Message) -> Tensor:
         """Wait for ``message`` (posted before), check its header, return its payload."""
-        header_work, header, payload_work, payload = self.pending.pop(message)
-        self._wait(header_work, message, "the header of")
-        got = decode_header(header.tolist())
+        work, packed = self.pending.pop(message)
+        self._wait(work, message, "")
+        got = decode_header(packed[:_HEADER_BYTES].view(torch.int64).tolist())
         shape, dtype = self.shapes[message]
         expected = decode_header(encode_header(message, dtype, tuple(shape)))
         if got != expected:
@@ -182,8 +181,7 @@ class OrderedTransport:
                 f"{message.src_rank} as {_describe(shape, dtype)}, but received {seen}; the "
                 "two ranks disagree on the order or the shape of their messages"
             )
-        self._wait(payload_work, message, "")
-        return payload
+        return _payload_of(packed, shape, dtype)
 
     def finish(self) -> None:
         """Wait until every posted send has left (end of the step)."""
@@ -221,6 +219,18 @@ class OrderedTransport:
         finally:
             if self.on_wait is not None:
                 self.on_wait(None, -1)
+
+
+def _payload_of(packed: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """The payload part of a packed message, viewed (not copied) as ``dtype`` and ``shape``."""
+    return packed[_HEADER_BYTES:].view(dtype).view(shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _describe(shape: tuple[int, ...], dtype: torch.dtype) -> str:
