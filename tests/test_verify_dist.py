@@ -194,7 +194,7 @@ def test_a_hung_rank_ends_the_run_within_seconds_naming_ranks_actions_and_peer(
     # Start-up takes a few seconds; the hang itself is noticed after the 3 s wait deadline.
     assert time.monotonic() - start < 60
     text = str(info.value)
-    assert "rank 1 waited for the header of message 0F0 -> 1F0 (rank 0 -> 1) needed by 1F0" in text
+    assert "rank 1 waited for the message 0F0 -> 1F0 (rank 0 -> 1) needed by 1F0" in text
     assert "gave up after at most 3 s (peer: rank 0)" in text
     assert "rank 0 was running 0F0" in text
     _no_children_left()
