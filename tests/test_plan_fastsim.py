@@ -51,7 +51,10 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
             Link,
             latency=_TIMES,
             bandwidth_bytes_per_s=st.one_of(
-                st.none(), st.fractions(min_value=Fraction(1, 2), max_value=40)
+                st.none(),
+                # a bounded denominator: an unbounded draw can exceed pipesim's exact-number
+                # limit (MAX_NUMBER_DIGITS), which the cost model rightly refuses
+                st.fractions(min_value=Fraction(1, 2), max_value=40, max_denominator=16),
             ),
             max_concurrent=st.integers(min_value=1, max_value=3),
             send_overhead=st.one_of(st.just(0), _TIMES),
