@@ -256,9 +256,14 @@ class _Transition:
     taken_b: int
     sources: tuple[tuple[Time, int], ...]
     """Per message ``b`` takes: its producer's compute end and how many messages it sends."""
-    posts: tuple[tuple[Time, int] | None, ...]
+    posts_a: int
+    """Receives ``a``'s rank posts after ``a`` (and its sends), before ``b``."""
+    late_posts_a: int
+    """Of those, the receives whose messages had been sent when ``a`` ended."""
+    posts: tuple[tuple[Time, int, int] | None, ...]
     """Per message ``b`` takes: the compute end of the node after which its receive is
-    posted and how many messages that node sends (None: posted before the rank's first)."""
+    posted, how many messages that node sends and how many receives its rank posts there
+    before this one (None: posted before the rank's first)."""
     senders: tuple[tuple[tuple[Time, Time, int, int], ...], ...]
     """Per message ``b`` takes: its sending rank's nodes in order, each as compute start,
     compute end, messages taken and messages sent (to tell whether it was computing when
@@ -267,6 +272,8 @@ class _Transition:
     """The (source, destination) rank pairs of the messages ``a`` sends."""
     taken_pairs: frozenset[tuple[int, int]]
     """The rank pairs of the messages ``b`` takes."""
+    posted_pairs: frozenset[tuple[int, int]]
+    """The rank pairs of the receives posted between ``a`` and ``b``."""
 
 
 def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
@@ -275,12 +282,20 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
         counts = _counts(step.schedule)
         structure = counts.structure
         records = _records_by_node(structure, step.trace)
-        # Per message: the compute end of the node its receive is posted after, and how
-        # many messages that node sends (None: posted before the rank's first node).
-        posts = [
-            None if node < 0 else (records[node].end, counts.sent[node])
-            for node in receive_posts(structure)
-        ]
+        # Per message: the compute end of the node its receive is posted after, how many
+        # messages that node sends and receives its rank posts there before this one
+        # (None: posted before the rank's first node).
+        after = receive_posts(structure)
+        ahead: dict[int, int] = defaultdict(int)
+        posted_pairs: dict[int, set[tuple[int, int]]] = defaultdict(set)
+        late: dict[int, int] = defaultdict(int)
+        posts: list[tuple[Time, int, int] | None] = []
+        for message, node in zip(structure.messages, after, strict=True):
+            posts.append(None if node < 0 else (records[node].end, counts.sent[node], ahead[node]))
+            ahead[node] += 1
+            posted_pairs[node].add((message.src_rank, message.dst_rank))
+            if node >= 0 and records[message.producer_node].end < records[node].end:
+                late[node] += 1
         spans = [
             tuple((records[n].start, records[n].end, counts.taken[n], counts.sent[n]) for n in o)
             for o in structure.orders
@@ -302,11 +317,14 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
                         start_b=records[b].start,
                         sent_a=counts.sent[a],
                         taken_b=counts.taken[b],
+                        posts_a=ahead[a],
+                        late_posts_a=late[a],
                         sources=sources,
                         posts=tuple(posts[i] for i in taken),
                         senders=tuple(spans[m.src_rank] for m in ins),
                         sent_pairs=frozenset((m.src_rank, m.dst_rank) for m in outs),
                         taken_pairs=frozenset((m.src_rank, m.dst_rank) for m in ins),
+                        posted_pairs=frozenset(posted_pairs[a]),
                     )
                 )
     return found
@@ -319,14 +337,23 @@ def _fit_overheads(
     the gaps between units of work; the same per ordered rank pair (direction) where its
     messages can be told apart."""
     found = _transitions(steps)
-    idle = [t.gap for t in found if t.taken_b == 0 and t.sent_a == 0]
+    # The rendezvous model charges posting receives (Link.post_overhead): the dispatch
+    # comes from transitions without one; the eager model leaves it in the dispatch.
+    posting = send_mode != "eager"
+    idle = [
+        t.gap for t in found if t.taken_b == 0 and t.sent_a == 0 and not (posting and t.posts_a)
+    ]
     dispatch = mean(idle) if idle else 0
     fit = _message_costs if send_mode == "eager" else _rendezvous_costs
     link, counts = fit(found, dispatch)
-    pairs = sorted({p for t in found for p in t.sent_pairs | t.taken_pairs})
+    pairs = sorted({p for t in found for p in t.sent_pairs | t.taken_pairs | t.posted_pairs})
     by_pair = {}
     for pair in pairs:
-        only = [t for t in found if t.sent_pairs <= {pair} and t.taken_pairs <= {pair}]
+        only = [
+            t
+            for t in found
+            if t.sent_pairs <= {pair} and t.taken_pairs <= {pair} and t.posted_pairs <= {pair}
+        ]
         by_pair[pair], _ = fit(only, dispatch, fallback=link)
     return link, _whole(dispatch), {"dispatch": len(idle), **counts}, by_pair
 
@@ -387,18 +414,29 @@ def _rendezvous_costs(
 ) -> tuple[Link, dict[str, int]]:
     """Rules 2-4 and 5 of the module docstring (rendezvous sends), over ``found``."""
     base = fallback or Link()
-    local = [t for t in found if t.taken_b == 0 and t.sent_a]
-    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local]
+    # 2b: posting receives, from the gaps where nothing else happens but the dispatch.
+    posted = [
+        Fraction(t.gap - dispatch, t.posts_a)
+        for t in found
+        if t.taken_b == 0 and t.sent_a == 0 and t.posts_a and not t.late_posts_a
+    ]
+    post = mean(posted) if posted else base.post_overhead
+    local = [t for t in found if t.taken_b == 0 and t.sent_a and not t.late_posts_a]
+    posting = [Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a) for t in local]
     send = mean(posting) if posting else base.send_overhead
+
+    def free(t: _Transition) -> Time:
+        """When ``a``'s rank is done with ``a``'s sends and the receives it posts."""
+        return t.end_a + send * t.sent_a + post * t.posts_a
 
     def leaves(t: _Transition, receive: Time) -> tuple[Time, Time | None]:
         """When the last message ``b`` takes could leave, no handshake counted, and, when
         its receive came second while its sender was inside a node, when that node ends
         (else None): the engine's rule (:mod:`pipesim.engine`)."""
         times: list[tuple[Time, Time | None]] = []
-        for (end, k), post, spans in zip(t.sources, t.posts, t.senders, strict=True):
+        for (end, k), at, spans in zip(t.sources, t.posts, t.senders, strict=True):
             sent = end + send * k
-            posted = sent if post is None else post[0] + send * post[1]
+            posted = sent if at is None else at[0] + send * at[1] + post * at[2]
             if posted <= sent:
                 times.append((sent, None))
                 continue
@@ -412,12 +450,12 @@ def _rendezvous_costs(
 
     def fit(receive: Time) -> tuple[Time, Time, Time, Link, dict[str, int]]:
         taken = [(t, *leaves(t, receive)) for t in found if t.taken_b]
-        # A receive posted when the rank became free (right before the work that needs
-        # it, after its send) is waited for too: the handshake follows it.
+        # A late receive posted right before the work that needs it (after ``a``'s sends)
+        # is waited for too: the handshake follows it.
         waited = [
             (t, t.start_b - dispatch - last, ends)
             for t, last, ends in taken
-            if last > (free := t.end_a + send * t.sent_a) or (ends is not None and last == free)
+            if last > free(t) or (ends is not None and last >= t.end_a + send * t.sent_a)
         ]
         # As rule 3: latency (+ the sender's answer) + receive * taken, per kind, bound
         # which messages had arrived when the rank became free.
@@ -432,10 +470,10 @@ def _rendezvous_costs(
             bound = bounds[ends is None]
             if bound is None:
                 return last <= t.start_a
-            return last + bound <= t.end_a + send * t.sent_a
+            return last + bound <= free(t)
 
         arrived = [
-            Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b)
+            Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b)
             for t, last, ends in taken
             if had_arrived(t, last, ends)
         ]
@@ -456,6 +494,7 @@ def _rendezvous_costs(
             send_overhead=_whole(send),
             receive_overhead=_whole(new_receive),
             handshake=_whole(handshake),
+            post_overhead=_whole(post),
         )
         return new_receive, latency, handshake, link, counts
 
@@ -465,6 +504,7 @@ def _rendezvous_costs(
     *_, link, found_counts = fit(receive)
     counts = {
         "send_overhead": len(posting),
+        "post_overhead": len(posted),
         "receive_overhead": found_counts["arrived"],
         "latency": found_counts["early"],
         "handshake": found_counts["limited"],

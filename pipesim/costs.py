@@ -137,10 +137,14 @@ class Link:
     handshake: Time = 0
     """With ``CostModel.send_mode`` ``rendezvous``: at most how long after a receive
     posted later than its send a computing sender answers it (:mod:`pipesim.engine`)."""
+    post_overhead: Time = 0
+    """Time the receiving rank spends posting one receive (an ``irecv``), where
+    :func:`pipesim.comms.lower_comms` places its ``RECV``: after the sends of the work
+    before it (:mod:`pipesim.engine`; the SimPy engine alone models it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "latency", to_time(self.latency, name="link latency"))
-        for name in ("send_overhead", "receive_overhead", "handshake"):
+        for name in ("send_overhead", "receive_overhead", "handshake", "post_overhead"):
             object.__setattr__(self, name, to_time(getattr(self, name), name=f"link {name}"))
         if self.bandwidth_bytes_per_s is not None:
             object.__setattr__(
@@ -368,7 +372,7 @@ def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time
     overheads and bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
     denominators = {1, dispatch.denominator}
     denominators.update(t.denominator for t in (link.send_overhead, link.receive_overhead))
-    denominators.add(link.handshake.denominator)
+    denominators.update(t.denominator for t in (link.handshake, link.post_overhead))
     for stage in set(stages):  # broadcast models repeat one entry
         for time in (stage.forward, stage.backward, stage.input_grad, stage.weight_grad):
             denominators.add(time.denominator)
@@ -388,9 +392,10 @@ def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time
 
 
 def require_eager(costs: CostModel, /, *, evaluator: str) -> None:
-    """Refuse ``costs`` with rendezvous sends in an ``evaluator`` that models eager ones
+    """Refuse ``costs`` with rendezvous sends or a receive posting cost
+    (``Link.post_overhead``) in an ``evaluator`` that models eager sends and free posts
     only (the fast evaluators, the longest path, the planner): it would silently differ
-    from the SimPy engine, which alone models rendezvous (:mod:`pipesim.engine`).
+    from the SimPy engine, which alone models both (:mod:`pipesim.engine`).
 
     >>> require_eager(CostModel(send_mode="rendezvous"), evaluator="the longest path")
     Traceback (most recent call last):
@@ -403,6 +408,14 @@ def require_eager(costs: CostModel, /, *, evaluator: str) -> None:
             f"{costs.send_mode} (as pipesim calibrate --send-mode rendezvous writes it); "
             "simulate it with the SimPy engine (pipesim simulate --costs FILE), or set "
             "send_mode to eager"
+        )
+    links = (costs.link, *(costs.links.all_links() if costs.links is not None else ()))
+    posting = [link.post_overhead for link in links if link.post_overhead]
+    if posting:
+        raise CostError(
+            f"{evaluator} models receives posted at no cost, and this cost model has a link "
+            f"post_overhead of {posting[0]}; simulate it with the SimPy engine (pipesim "
+            "simulate --costs FILE), or set post_overhead to 0"
         )
 
 
@@ -537,7 +550,8 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
 
     def _link_dict(link: Link) -> dict[str, object]:
         fields_of = as_dict(link, _LINK_FIELDS)
-        for name in ("send_overhead", "receive_overhead", "handshake"):  # files stay as were
+        for name in ("send_overhead", "receive_overhead", "handshake", "post_overhead"):
+            # 0 left out: files stay as they were
             if not fields_of[name]:
                 del fields_of[name]
         return fields_of

@@ -216,8 +216,16 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
     waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
     blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
     has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
-    posts = rendezvous.posts if rendezvous is not None else None
+    # Per node (-1: before a rank's first), the receives posted after it, and what posting
+    # each costs its rank (Link.post_overhead, pipesim.cost_tables.post_times).
+    posting = step.posting
+    posts = (
+        rendezvous.posts
+        if rendezvous is not None
+        else (posted_after(structure) if any(posting) else None)
+    )
     n_messages = structure.n_messages
+    receivers = [m.dst_rank for m in structure.messages]
     # Messages that leave before their producer ends (pipesim.step.send_leads; a
     # rendezvous send leaves when its producer ends and its receive is posted), and such
     # a producer's outputs in the order they leave.
@@ -229,6 +237,9 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
         clock: Time = 0
+        if posts is not None and -1 in posts:  # receives posted before the rank's first node
+            mine = [m for m in posts[-1] if receivers[m] == rank]
+            clock = yield from post_receives(mine, clock)
         for node in order:
             start = clock
             for arrival in inputs[node]:
@@ -253,17 +264,15 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                     peak_inflight = inflight
             starts[node] = start
             ends[node] = clock = start + durations[node]
-            if posts is not None:
+            if rendezvous is not None:
                 # Rendezvous: the rank keeps to simulated time, so that a receive posted to
                 # it finds it inside a node or not (_Rendezvous), at one timeout per node.
                 if start != env.now:
                     yield timeout(start - env.now)
-                rendezvous.begin(rank)  # type: ignore[union-attr]
+                rendezvous.begin(rank)
                 if clock != env.now:
                     yield timeout(clock - env.now)
-                rendezvous.answer(rank)  # type: ignore[union-attr]
-                if node in posts:
-                    rendezvous.post(posts[node])  # type: ignore[union-attr]
+                rendezvous.answer(rank)
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -292,13 +301,26 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
                 clock = env.now
+            if posts is not None and node in posts:
+                # After its sends, the rank posts the receives the lowering puts here.
+                clock = yield from post_receives(posts[node], clock)
         waiting_at[rank] = -2
         peaks[rank] = (peak_bytes, peak_inflight)
 
+    def post_receives(messages: Sequence[int], clock: Time) -> Any:
+        """Post ``messages``' receives from ``clock`` on, one after the other, each paying
+        its posting time; returns when the rank is done."""
+        for message in messages:
+            if rendezvous is not None:
+                if clock != env.now:
+                    yield timeout(clock - env.now)
+                rendezvous.post((message,))
+            if posting:
+                clock += posting[message]
+        return clock
+
     for rank, program in enumerate(structure.programs):
         env.process(run_rank(rank, program))
-    if rendezvous is not None:
-        rendezvous.post(rendezvous.posts.get(-1, ()))
     env.run()
     stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
     if stuck:
@@ -356,6 +378,16 @@ def _time_columns(
     return [0] * n_nodes, [0] * n_nodes, [-1] * n_arrivals
 
 
+def posted_after(structure: StepStructure, /) -> dict[int, list[int]]:
+    """Per node (-1: before its rank's first), the messages whose receives its rank posts
+    after it (:func:`pipesim.comms.receive_posts`), in message order: the order of the
+    lowering's ``RECV`` actions there."""
+    posts: dict[int, list[int]] = {}
+    for message, node in enumerate(receive_posts(structure)):
+        posts.setdefault(node, []).append(message)
+    return posts
+
+
 class _Rendezvous:
     """Rendezvous sends (``CostModel.send_mode``): a message leaves once its send has been
     posted (its producer, or its SEND node, ended) and its receive too (the receiving rank
@@ -392,10 +424,7 @@ class _Rendezvous:
         """Per rank, when it last started a node."""
         self.inside = bytearray(step.structure.schedule.n_ranks)
         """Per rank, 1 while it runs a node."""
-        posts: dict[int, list[int]] = {}
-        for message, node in enumerate(receive_posts(step.structure)):
-            posts.setdefault(node, []).append(message)
-        self.posts = posts
+        self.posts = posted_after(step.structure)
         """Node (-1: the start) -> the messages whose receives are posted when it ends."""
         self.times: tuple[dict[int, Time], dict[int, Time]] = ({}, {})
         """When each message on a free link left and arrived (the links time their own)."""

@@ -47,6 +47,7 @@ from pipesim.cost_tables import (
     cost_tables,
     message_bytes,
     overhead_tables,
+    post_times,
 )
 from pipesim.costs import CostModel, Link
 from pipesim.deadlock import deadlock_error, find_cycle
@@ -74,6 +75,7 @@ __all__ = [
     "message_bytes",
     "message_columns",
     "overhead_tables",
+    "post_times",
     "prerequisites",
     "send_leads",
     "send_order",
@@ -122,6 +124,10 @@ class CompiledStep:
     leads: Mapping[int, Time] = field(default_factory=dict)
     """Per message that leaves before its producer's end, by how much (:func:`send_leads`;
     a comms schedule's messages leave at their SEND nodes instead)."""
+    posting: tuple[Time, ...] = ()
+    """Per message of a compute schedule, how long its receiver spends posting its
+    receive (:func:`post_times`); empty when none costs anything, and for a comms
+    schedule, whose RECV nodes hold it (:func:`comm_durations`)."""
 
     def row(self, node: int, /) -> StepRow:
         """Everything about ``node``."""
@@ -265,4 +271,12 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
         occupancy=occupancy,
         latency=latency,
         leads={} if structure.explicit_comms else send_leads(structure, pair_links),
+        posting=_posting(structure, pair_links),
     )
+
+
+def _posting(structure: StepStructure, pair_links: Sequence[Link]) -> tuple[Time, ...]:
+    """:attr:`CompiledStep.posting`: the receive posting times of a compute schedule."""
+    if structure.explicit_comms or not any(link.post_overhead for link in pair_links):
+        return ()
+    return post_times(structure, pair_links)

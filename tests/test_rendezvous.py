@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.calibration import MeasuredStep, compute_only, fit_costs, replay
+from pipesim.calibration import MeasuredStep, compute_only, fit_costs, measured_makespan, replay
 from pipesim.comms import lower_comms, receive_posts
 from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
 from pipesim.engine import simulate
@@ -207,3 +207,90 @@ def test_an_inexact_handshake_stays_exact() -> None:
         Fraction(89, 2),
         Fraction(279, 2),
     )
+
+
+# -- posting a receive costs its rank time (Link.post_overhead) -----------------------------
+@pytest.mark.parametrize("send_mode", ["eager", "rendezvous"])
+def test_posting_receives_holds_the_rank_by_hand(send_mode: str) -> None:
+    # GPipe p=2 m=2, F=10, B=20, each receive posting 3. Rank 1 posts 0F0's receive before
+    # its first node (0-3), 1F0 10-20, posts 0F1's after it (20-23), 1F1 23-33, 1B0 33-53,
+    # 1B1 53-73. Rank 0: 0F0 0-10, 0F1 10-20, posts 1B0's (20-23), 0B0 53-73, posts 1B1's
+    # (73-76), 0B1 76-96 (without the postings: 1F1 at 20, 0B1 70-90). Rendezvous: each
+    # receive is posted before its send or with it (0F1's at 20), so each message leaves
+    # when sent: the same.
+    costs = CostModel(
+        stages=(StageCost(forward=10, backward=20),),
+        link=Link(post_overhead=3),
+        send_mode=send_mode,
+    )
+    sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=2), costs=costs)
+    starts = {str(r.work): r.start for r in sim.trace.actions}
+    assert starts == {
+        **{"0F0": 0, "0F1": 10, "0B0": 53, "0B1": 76},
+        **{"1F0": 10, "1F1": 23, "1B0": 33, "1B1": 53},
+    }
+    assert sim.metrics.makespan == 96
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "dualpipev"])
+@pytest.mark.parametrize("send_mode", ["eager", "rendezvous"])
+def test_the_lowered_comms_schedule_pays_the_same_postings(name: str, send_mode: str) -> None:
+    # Posted after the work before each RECV in the compute schedule, held by the RECV nodes
+    # of the lowered comms schedule: two ways of running the rule, one step.
+    schedule = generate(name, n_ranks=2, n_microbatches=4)
+    costs = CostModel.uniform(
+        forward=10,
+        backward=25,
+        input_grad=13,
+        weight_grad=12,
+        send_mode=send_mode,
+        link=Link(handshake=6, latency=2, post_overhead=3),
+    )
+    compute = simulate(schedule, costs=costs)
+    comms = simulate(lower_comms(schedule), costs=costs, blocking_receives=False)
+    free = simulate(schedule, costs=replace(costs, link=replace(costs.link, post_overhead=0)))
+    assert compute.metrics.makespan == comms.metrics.makespan > free.metrics.makespan
+
+
+def test_fit_recovers_a_known_posting_cost() -> None:
+    # As test_fit_recovers_a_known_rendezvous_model, every receive posting costing 5.
+    truth = CostModel.uniform(
+        forward=40,
+        backward=90,
+        input_grad=50,
+        weight_grad=45,
+        dispatch_overhead=1,
+        link=Link(latency=3, send_overhead=2, receive_overhead=4, handshake=7, post_overhead=5),
+        send_mode="rendezvous",
+    )
+    steps = []
+    for name in ("1f1b", "gpipe"):
+        schedule = generate(name, n_ranks=2, n_microbatches=4)
+        trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
+        steps.append(MeasuredStep(schedule=schedule, trace=trace))
+    fit = fit_costs(steps, send_mode="rendezvous")
+    assert fit.costs.link == truth.link
+    assert fit.costs.dispatch_overhead == 1
+    assert fit.samples["post_overhead"] > 0
+    assert all(replay(s, fit.costs) == measured_makespan(s.trace) for s in steps)
+
+
+def test_evaluators_without_posting_refuse_it() -> None:
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
+    costs = CostModel(link=Link(post_overhead=1))
+    calls = [
+        lambda: evaluate(compile_schedule(schedule), costs),
+        lambda: fast_trace(schedule, costs),
+        lambda: critical_path(schedule, costs=costs),
+    ]
+    for call in calls:
+        with pytest.raises(CostError, match="models receives posted at no cost"):
+            call()
+
+
+def test_files_keep_the_posting_cost() -> None:
+    costs = CostModel(link=Link(post_overhead=Fraction(7, 2)), send_mode="rendezvous")
+    data = costs_to_dict(costs)
+    assert data["link"]["post_overhead"] == "7/2"
+    assert costs_from_dict(data) == costs
+    assert "post_overhead" not in costs_to_dict(CostModel())["link"]
