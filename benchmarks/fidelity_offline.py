@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{size['model']} {mode}: send {link.send_overhead / 1e3:.0f} us, receive "
                 f"{link.receive_overhead / 1e3:.0f} us, latency {link.latency / 1e3:.0f} us, "
-                f"handshake {link.handshake / 1e3:.0f} us, dispatch "
+                f"handshake {link.handshake / 1e3:.0f} us, post {link.post_overhead / 1e3:.0f} us, "
+                "dispatch "
                 f"{costs.dispatch_overhead / 1e3:.0f} us"
             )
             results[mode] += rows

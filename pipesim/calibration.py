@@ -29,7 +29,14 @@ measured steps (any schedules on one cut of the model, any micro-batch counts):
    **handshake** ``h`` from those waited for (a receive posted right before the work
    that needs it counts) that arrived before the sender's node ended: there ``b``'s
    compute starts ``h + L + d + r * taken`` after the receive was posted. Whether the
-   sender was inside a node uses the receive overhead, so the fit runs twice.
+   sender was inside a node uses the receive overhead, so the fit runs twice. This model
+   also charges **posting a receive** (``Link.post_overhead`` ``p``, paid after the sends
+   of the node the lowering puts the RECV after): the dispatch comes from gaps with no
+   receive posted, ``p`` from gaps with only receives posted, and the gaps of rules 2-4
+   pay ``p`` per receive posted in them. A receive posted after its message was sent can
+   stall its rank for milliseconds (gloo; 3.3-4.1 ms at one such post of the 6x256
+   interleaved calibration in each of three runs), which no overhead of the rank's own
+   describes: rules 2 (dispatch, post, send) leave such gaps out.
 
 Compute times are medians over every micro-batch, which keeps a noisy
 neighbour's stalls out. The overheads 2-4 are *means* over all such

@@ -62,6 +62,11 @@ schedule, where its program does) when the rank gets there. A receive posted aft
 send is answered at once by a sender that waits, else when the sender's running node
 ends or ``Link.handshake`` after the receive, whichever is first (:class:`_Rendezvous`
 states it, with the measurements).
+**Posting a receive** (``Link.post_overhead``, compute schedules): after a node and its
+sends, the rank posts the receives the lowering puts there, one after the other, each
+holding it ``post_overhead`` (in a comms schedule its RECV node holds it,
+:func:`pipesim.cost_tables.comm_durations`); a rendezvous receive counts as posted when
+its posting begins.
 This is the one place the message timing rule is written; the fast evaluators and the
 longest path model eager sends only and refuse rendezvous costs
 (:func:`pipesim.costs.require_eager`).
