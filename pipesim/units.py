@@ -93,7 +93,7 @@ _MAX_SIZE_TEXT = 200
 _WHOLE_BYTES = "a whole number of bytes (85899345920, 80e9)"
 _WITH_UNIT = (
     "a number with a unit: B, KB, MB, GB, TB (1000-based) or KiB, MiB, GiB, TiB "
-    "(1024-based), e.g. 80GiB"
+    "(1024-based), e.g. 80GiB or 80GB"
 )
 
 
@@ -111,7 +111,7 @@ def parse_bytes(value: object, /, *, name: str, minimum: int = 0, plain: str = _
     ...
     pipesim.errors.CostError: --memory-capacity: unknown unit 'GiBs' in '80 GiBs'; give a \
 whole number of bytes (85899345920, 80e9) or a number with a unit: B, KB, MB, GB, TB \
-(1000-based) or KiB, MiB, GiB, TiB (1024-based), e.g. 80GiB
+(1000-based) or KiB, MiB, GiB, TiB (1024-based), e.g. 80GiB or 80GB
     """
     forms = f"give {plain} or {_WITH_UNIT}"
     # Sizes are short; a long text is refused before the regex could backtrack over it.
@@ -134,7 +134,7 @@ whole number of bytes (85899345920, 80e9) or a number with a unit: B, KB, MB, GB
         raise CostError(f"{name}: {brief(value)} is not a whole number of bytes; {forms}")
     if n_bytes < minimum:
         what = "byte" if minimum == 1 else "bytes"
-        raise CostError(f"{name} must be at least {minimum} {what}, got {brief(value)}")
+        raise CostError(f"{name} must be at least {minimum} {what}, got {brief(value)}; {forms}")
     if n_bytes >= 10**MAX_NUMBER_DIGITS:
         raise CostError(
             f"{name} {brief(value)} is too large to compute with exactly: more than "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -255,17 +256,23 @@ SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
-        ((*SIM, "--forward-time", "nan"), ("forward must be finite", "'nan'")),
-        ((*SIM, "--backward-time", "inf"), ("backward must be finite", "'inf'")),
-        ((*SIM, "--forward-time", "-1"), ("forward must be non-negative", "'-1'")),
-        ((*SIM, "--forward-time", "fast"), ("forward must be a number like",)),
+        ((*SIM, "--forward-time", "nan"), ("--forward-time must be finite", "'nan'")),
+        ((*SIM, "--backward-time", "inf"), ("--backward-time must be finite", "'inf'")),
+        ((*SIM, "--forward-time", "-1"), ("--forward-time must be non-negative", "'-1'")),
+        ((*SIM, "--forward-time", "fast"), ("--forward-time must be a number like", "'fast'")),
         ((*SIM, "--forward-time", "1,2,3"), ("--forward-time has 3 values", "2 stages")),
         (
             (*SIM, "--activation-bytes", "1.5"),
-            ("stage 0: activation_bytes: '1.5' is not a whole number of bytes",),
+            ("--activation-bytes: '1.5' is not a whole number of bytes",),
         ),
-        ((*SIM, "--link-bandwidth", "0"), ("link bandwidth must be positive",)),
-        ((*SIM, "--link-latency", "NaN"), ("link latency must be finite",)),
+        (
+            ("plot", "1f1b:activation-bytes=12XB", "-p", "2", "-m", "2"),
+            ("setting activation-bytes of '1f1b': unknown unit 'XB' in '12XB'", "80GiB"),
+        ),
+        (("plot", "1f1b:forward-time=nan", "-p", "2", "-m", "2"), ("setting forward-time",)),
+        ((*SIM, "--link-bandwidth", "0"), ("--link-bandwidth must be positive",)),
+        ((*SIM, "--link-latency", "NaN"), ("--link-latency must be finite",)),
+        ((*SIM, "--inter-node-bandwidth", "-5"), ("--inter-node-bandwidth must be positive",)),
         ((*SIM, "--link-concurrency", "0"), ("--link-concurrency", "got 0")),
         (("simulate", "gpipe", "-p", "0", "-m", "4"), ("--stages", "0")),
         (("simulate", "gpipe", "-p", "2", "-m", "-3"), ("--microbatches", "-3")),
@@ -384,7 +391,7 @@ def test_console_script(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert bad.stderr.startswith("pipesim: error: ") and "Traceback" not in bad.stderr
 
 
@@ -419,3 +426,78 @@ def test_every_time_and_size_flag_says_its_unit() -> None:
     assert {"synthesize --memory-limit", "plot --activation-bytes", "trace --link-bandwidth"} <= (
         checked
     )
+
+
+def _flags_of_every_verb() -> list[tuple[str, argparse.ArgumentParser, argparse.Action]]:
+    """(verb, its parser, action) for every flag of every subcommand."""
+    from pipesim.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return [
+        (verb, sub, action)
+        for verb, sub in commands.choices.items()
+        for action in sub._actions
+        if action.option_strings
+    ]
+
+
+# Every flag that takes a size: named for bytes, or a memory capacity / limit.
+SIZE_FLAGS = [
+    (verb, sub, action, flag)
+    for verb, sub, action in _flags_of_every_verb()
+    for flag in action.option_strings
+    if flag.endswith("-bytes") or flag in ("--memory-capacity", "--memory-limit")
+]
+
+
+def test_the_size_flags_are_all_found() -> None:
+    found = {f"{verb} {flag}" for verb, _, _, flag in SIZE_FLAGS}
+    cost_verbs = ("simulate", "synthesize", "plot", "trace")
+    sizes = ("--activation-bytes", "--weight-grad-bytes", "--message-bytes", "--param-bytes")
+    expected = {f"{v} {f}" for v in cost_verbs for f in (*sizes, "--memory-capacity")}
+    assert expected | {"plan --memory-capacity", "synthesize --memory-limit"} <= found
+
+
+@pytest.mark.parametrize(
+    ("verb", "flag"), [(verb, flag) for verb, _, _, flag in SIZE_FLAGS], ids=lambda x: x
+)
+def test_a_bad_size_flag_names_the_flag_the_value_and_the_forms(
+    capsys: pytest.CaptureFixture[str], verb: str, flag: str
+) -> None:
+    # Read while the command line is parsed: no other argument is needed to see the error.
+    status, out, err = run(capsys, verb, flag, "12XB")
+    assert status == 2 and out == ""
+    assert err.startswith(f"pipesim: error: {flag}: unknown unit 'XB' in '12XB'; give "), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # a number without a unit is bytes, except for synthesize's limit in micro-batches
+    plain = "micro-batches without a unit (8, 2.5" if flag == "--memory-limit" else "80e9"
+    for form in ("80GiB", "80GB", plain):
+        assert form in err, (form, err)
+
+
+@pytest.mark.parametrize(
+    ("verb", "sub", "action", "flag"), SIZE_FLAGS, ids=[f"{v} {f}" for v, _, _, f in SIZE_FLAGS]
+)
+@pytest.mark.parametrize(("text", "n_bytes"), [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9)])
+def test_every_size_flag_reads_units(
+    verb: str,
+    sub: argparse.ArgumentParser,
+    action: argparse.Action,
+    flag: str,
+    text: str,
+    n_bytes: int,
+) -> None:
+    namespace = argparse.Namespace()
+    action(sub, namespace, text, flag)
+    value = getattr(namespace, action.dest)
+    if isinstance(value, tuple):  # a per-stage list: one value for every stage
+        (value,) = value
+    assert getattr(value, "n_bytes", value) == n_bytes  # synthesize: a MemoryLimit
+
+
+def test_a_bad_per_stage_size_names_the_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, *SIM, "--activation-bytes", "1GiB,2gb,1.5")
+    assert status == 2
+    assert err.startswith(
+        "pipesim: error: --activation-bytes (stage 2): '1.5' is not a whole number of bytes; "
+    ), err

@@ -82,7 +82,6 @@ def test_v_placement_file_keeps_the_v(tmp_path: Path, capsys) -> None:  # type: 
     ("argv", "message"),
     [
         (["--memory-limit", "0.5"], "below one micro-batch"),
-        (["--memory-limit", "8XB"], "unknown unit"),
         (["--memory-limit", "2", "--placement", "v", "--virtual", "3"], "virtual 2"),
         (["--memory-limit", "2", "--forward-time", "1,2"], "one per stage"),
     ],

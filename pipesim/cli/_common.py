@@ -22,6 +22,7 @@ from pipesim.actions import Comm
 from pipesim.cli._completion import mark_schedule_argument
 from pipesim.costs import CostModel, Link, Links, StageCost, load_costs
 from pipesim.errors import CostError, ParseError, PipesimError, UnknownNameError
+from pipesim.exact import to_time
 from pipesim.limits import MAX_LAYERS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import load_schedule
@@ -37,6 +38,7 @@ __all__ = [
     "LAYERS",
     "MICROBATCHES",
     "RANKS",
+    "VALUE_READERS",
     "VIRTUAL",
     "WARMUP",
     "add_cost_arguments",
@@ -47,11 +49,13 @@ __all__ = [
     "costs_from_args",
     "positive_int",
     "print_json",
+    "read_value",
     "require_fit",
     "schedule_from_args",
     "schedule_from_source",
     "seconds",
     "usage_error",
+    "value_argument",
     "whole_number",
 ]
 
@@ -143,6 +147,111 @@ got 'nan'
 
 
 _YEAR_S = 365 * 24 * 3600  # beyond it a timeout means "never" and overflows some waits
+
+
+# -- values the library reads, the flag named in its errors -------------------------------
+# A cost or size flag is read by the library's own reader (pipesim.units.parse_bytes,
+# pipesim.exact.to_time, ...) with ``name`` the flag as typed, so its message names the
+# flag, the value and the accepted forms; an error is a usage error (exit status 2).
+Reader = Callable[[str, str], object]
+
+
+def _per_stage(read: Callable[[str, str], object], /) -> Reader:
+    """``read`` over a comma-separated list, one value per stage: a tuple."""
+
+    def read_list(text: str, name: str) -> tuple[object, ...]:
+        items = text.split(",")
+        return tuple(
+            read(item.strip(), name if len(items) == 1 else f"{name} (stage {stage})")
+            for stage, item in enumerate(items)
+        )
+
+    return read_list
+
+
+def _size(text: str, name: str) -> int:
+    return parse_bytes(text, name=name)
+
+
+def _capacity(text: str, name: str) -> int:
+    return parse_bytes(text, name=name, minimum=1)
+
+
+def _time(text: str, name: str) -> object:
+    return to_time(text, name=name)
+
+
+def _rate(text: str, name: str) -> object:
+    return to_time(text, name=name, allow_zero=False)
+
+
+def _memory_limit(text: str, name: str) -> object:
+    from pipesim.synth.problem import parse_memory_limit
+
+    return parse_memory_limit(text, name=name)
+
+
+#: The reader of each value flag, by dest (plot's ``NAME:key=value`` settings use them too).
+VALUE_READERS: dict[str, Reader] = {
+    "forward_time": _per_stage(_time),
+    "backward_time": _per_stage(_time),
+    "input_grad_time": _per_stage(_time),
+    "weight_grad_time": _per_stage(_time),
+    "overlap_time": _per_stage(_time),
+    "activation_bytes": _per_stage(_size),
+    "weight_grad_bytes": _per_stage(_size),
+    "message_bytes": _per_stage(_size),
+    "param_bytes": _per_stage(_size),
+    "link_latency": _time,
+    "link_bandwidth": _rate,
+    "inter_node_latency": _time,
+    "inter_node_bandwidth": _rate,
+    "memory_capacity": _capacity,
+    "memory_limit": _memory_limit,
+}
+
+
+def read_value(dest: str, text: str, /, *, name: str) -> object:
+    """``text`` read as the value of flag ``dest``; an error naming ``name`` exits 2.
+
+    >>> read_value("activation_bytes", "1GiB,2GB", name="--activation-bytes")
+    (1073741824, 2000000000)
+    >>> read_value("memory_capacity", "12XB", name="--memory-capacity")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.PipesimError: --memory-capacity: unknown unit 'XB' in '12XB'; give a \
+whole number of bytes (85899345920, 80e9) or a number with a unit: B, KB, MB, GB, TB \
+(1000-based) or KiB, MiB, GiB, TiB (1024-based), e.g. 80GiB or 80GB
+    """
+    try:
+        return VALUE_READERS[dest](text, name)
+    except PipesimError as exc:
+        raise usage_error(str(exc)) from None
+
+
+class _ReadValue(argparse._StoreAction):
+    """Store a flag's value as :func:`read_value` reads it, naming the flag as typed."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            value = read_value(self.dest, values, name=option_string or self.dest)
+        except PipesimError as exc:
+            message = str(exc)
+        else:
+            setattr(namespace, self.dest, value)
+            return
+        parser.error(message)  # outside the except: nothing chained to the usage error
+
+
+def value_argument(group: argparse._ActionsContainer, flag: str, /, **kwargs: Any) -> None:
+    """Add ``flag``, whose value :data:`VALUE_READERS` reads when the command line is parsed."""
+    group.add_argument(flag, action=_ReadValue, **kwargs)
 
 
 def add_size_arguments(
@@ -373,11 +482,12 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (_, text) in _STAGE_FLAGS.items():
         # Every size goes through one parser, pipesim.units.parse_bytes.
         metavar = "SIZE[,SIZE...]" if flag.endswith("_bytes") else "T[,T...]"
-        group.add_argument("--" + flag.replace("_", "-"), metavar=metavar, help=text)
-    group.add_argument(
-        "--link-latency", metavar="T", help="link latency, in time units (default 0)"
+        value_argument(group, "--" + flag.replace("_", "-"), metavar=metavar, help=text)
+    value_argument(
+        group, "--link-latency", metavar="T", help="link latency, in time units (default 0)"
     )
-    group.add_argument(
+    value_argument(
+        group,
         "--link-bandwidth",
         metavar="BYTES_PER_T",
         help="link bandwidth in bytes per time unit: 450e9 for 450 GB/s with --time-unit s, "
@@ -396,17 +506,20 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help="ranks k*N .. k*N+N-1 share node k: the --link-* flags describe links inside a "
         "node, the --inter-node-* flags links between nodes",
     )
-    group.add_argument(
+    value_argument(
+        group,
         "--inter-node-latency",
         metavar="T",
         help="latency between nodes, in time units (default: --link-latency)",
     )
-    group.add_argument(
+    value_argument(
+        group,
         "--inter-node-bandwidth",
         metavar="BYTES_PER_T",
         help="bandwidth between nodes, in bytes per time unit (default: --link-bandwidth)",
     )
-    group.add_argument(
+    value_argument(
+        group,
         "--memory-capacity",
         metavar="SIZE",
         help="device memory capacity for the peak check (a SIZE: 80GiB, 85899345920)",
@@ -492,7 +605,7 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         raw = getattr(args, flag, None)
         if raw is None:
             continue
-        values = [v.strip() for v in raw.split(",")]
+        values = list(raw)  # one value per stage, read when the flags were parsed
         if len(values) == 1:
             values = values * n_stages
         if len(values) != n_stages:
@@ -517,11 +630,7 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         stages=tuple(stages),
         link=link,
         links=_node_links(args, link),
-        memory_capacity_bytes=(
-            None
-            if args.memory_capacity is None
-            else parse_bytes(args.memory_capacity, name="--memory-capacity", minimum=1)
-        ),
+        memory_capacity_bytes=args.memory_capacity,
         overlap_comm=not args.no_overlap_comm,
         time_unit=unit or "unit",
     )

@@ -28,12 +28,12 @@ from pipesim.cli._common import (
     print_json,
     require_fit,
     seconds,
+    value_argument,
     whole_number,
 )
 from pipesim.errors import PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
-from pipesim.units import parse_bytes
 
 _EPILOG = """\
 exit status:
@@ -98,7 +98,8 @@ def register(subparsers: Any) -> None:
     hardware.add_argument(
         "--global-batch", type=positive_int, metavar="B", help="sequences per optimizer step"
     )
-    hardware.add_argument(
+    value_argument(
+        hardware,
         "--memory-capacity",
         metavar="SIZE",
         help="override device memory: bytes, or a number with a unit (80GiB = 80 * 2^30 "
@@ -386,11 +387,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.timeout <= 0:
         raise PlanError(f"--timeout must be positive, got {args.timeout}")
-    capacity = (
-        None
-        if args.memory_capacity is None
-        else parse_bytes(args.memory_capacity, name="--memory-capacity", minimum=1)
-    )
     output = _output_kind(args.output) if args.output else None
     progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
     try:
@@ -410,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
             virtual=_ints(args.virtual, "--virtual") or (),
             schedules=_words(args.schedules),
             bytes_per_param=args.bytes_per_param,
-            memory_capacity_bytes=capacity,
+            memory_capacity_bytes=args.memory_capacity,
             memory_headroom=args.memory_headroom,
             min_mfu=args.min_mfu,
             engine=args.engine,

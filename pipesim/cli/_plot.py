@@ -35,6 +35,7 @@ from pipesim.cli._common import (
     comms_from_args,
     costs_from_args,
     describe_comms,
+    read_value,
     receive_mode,
     schedule_from_args,
     usage_error,
@@ -60,19 +61,19 @@ _SIZE_KEYS = {
 }
 _COST_KEYS = {
     "costs": "text",
-    "forward_time": "text",
-    "backward_time": "text",
-    "input_grad_time": "text",
-    "weight_grad_time": "text",
-    "overlap_time": "text",
-    "activation_bytes": "text",
-    "weight_grad_bytes": "text",
-    "message_bytes": "text",
-    "param_bytes": "text",
-    "link_latency": "text",
-    "link_bandwidth": "text",
+    "forward_time": "value",
+    "backward_time": "value",
+    "input_grad_time": "value",
+    "weight_grad_time": "value",
+    "overlap_time": "value",
+    "activation_bytes": "value",
+    "weight_grad_bytes": "value",
+    "message_bytes": "value",
+    "param_bytes": "value",
+    "link_latency": "value",
+    "link_bandwidth": "value",
     "link_concurrency": "count",
-    "memory_capacity": "text",
+    "memory_capacity": "value",
     "no_overlap_comm": "switch",
     "time_unit": "text",
 }
@@ -323,6 +324,8 @@ def apply_settings(
                 setattr(local, dest, COUNT_TYPES[dest](value))
             except argparse.ArgumentTypeError as exc:
                 raise usage_error(f"setting {key} of {source!r}: {exc}") from None
+        elif kind == "value":
+            setattr(local, dest, read_value(dest, value, name=f"setting {key} of {source!r}"))
         elif kind == "switch":
             if value.lower() not in {"", "true", "yes", "1", "false", "no", "0"}:
                 raise usage_error(

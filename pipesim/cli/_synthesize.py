@@ -12,6 +12,7 @@ from pipesim.cli._common import (
     costs_for_stages,
     print_json,
     seconds,
+    value_argument,
 )
 from pipesim.errors import PipesimError
 from pipesim.exact import as_number
@@ -44,7 +45,8 @@ def register(subparsers: Any) -> None:
         help="stage -> rank: looped (stage s on rank s mod p, the default) or v "
         "(rank r holds stages r and 2p-1-r, needs V = 2)",
     )
-    size.add_argument(
+    value_argument(
+        size,
         "--memory-limit",
         required=True,
         metavar="LIMIT",

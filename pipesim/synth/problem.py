@@ -80,9 +80,19 @@ class MemoryLimit:
         return f"{self.n_bytes:,} bytes"
 
 
-def parse_memory_limit(text: str | int | Fraction | MemoryLimit, /) -> MemoryLimit:
+def parse_memory_limit(
+    text: str | int | Fraction | MemoryLimit, /, *, name: str = "the memory limit"
+) -> MemoryLimit:
     """Read ``8``, ``2.5``, ``16/3`` (micro-batches) or ``512MiB`` / ``2e9B`` (bytes, read
-    by :func:`pipesim.units.parse_bytes`, as every size pipesim reads)."""
+    by :func:`pipesim.units.parse_bytes`, as every size pipesim reads); an error names
+    ``name`` (the CLI passes the flag, ``--memory-limit``).
+
+    >>> parse_memory_limit("-3", name="--memory-limit")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.CostError: --memory-limit must be positive, got '-3'; give a number of \
+micro-batches without a unit (8, 2.5, 16/3) or a size with a unit (20GiB, 20GB)
+    """
     if isinstance(text, MemoryLimit):
         return text
     if isinstance(text, int | Fraction) and not isinstance(text, bool):
@@ -90,14 +100,19 @@ def parse_memory_limit(text: str | int | Fraction | MemoryLimit, /) -> MemoryLim
     raw = str(text).strip()
     microbatches = "a number of micro-batches without a unit (8, 2.5, 16/3)"
     if raw[-1:].isalpha():  # a unit: bytes
-        n_bytes = parse_bytes(raw, name="the memory limit", minimum=1, plain=microbatches)
+        n_bytes = parse_bytes(raw, name=name, minimum=1, plain=microbatches)
         return MemoryLimit(n_bytes=n_bytes)
     try:
-        value = to_fraction(raw, name="the memory limit")
+        value = to_fraction(raw, name=name)
     except CostError:
         # Not a number either: parse_bytes refuses it too, naming every accepted form.
-        parse_bytes(raw, name="the memory limit", plain=microbatches)
+        parse_bytes(raw, name=name, plain=microbatches)
         raise
+    if value <= 0:
+        raise CostError(
+            f"{name} must be positive, got {brief(raw)}; give {microbatches} or a size with "
+            "a unit (20GiB, 20GB)"
+        )
     return MemoryLimit(microbatches=value)
 
 
