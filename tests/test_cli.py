@@ -501,3 +501,30 @@ def test_a_bad_per_stage_size_names_the_stage(capsys: pytest.CaptureFixture[str]
     assert err.startswith(
         "pipesim: error: --activation-bytes (stage 2): '1.5' is not a whole number of bytes; "
     ), err
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (("-p", "3"), "--stages 3 disagrees with 'g.json', which has 2 ranks"),
+        (("-m", "5"), "--microbatches 5 disagrees with 'g.json', which has 4 micro-batches"),
+        (("-v", "2"), "--virtual 2 disagrees with 'g.json', which has 1 stages per rank"),
+        (("--forward-only",), "--forward-only disagrees with 'g.json', which has backward"),
+        (("--group-size", "2"), "--group-size shapes a generated schedule"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["simulate", "plot", "trace", "verify"])
+def test_a_size_flag_given_with_a_schedule_file_must_agree_with_it(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    verb: str,
+    flags: tuple[str, ...],
+    fragment: str,
+) -> None:
+    # The file decides; a flag it would silently override is refused, one it agrees with kept.
+    monkeypatch.chdir(tmp_path)
+    save_schedule(generate("1f1b", n_ranks=2, n_microbatches=4), "g.json")
+    assert_refused(run(capsys, verb, "g.json", *flags), fragment)
+    status, out, _ = run(capsys, "simulate", "g.json", "-p", "2", "-m", "4", "-v", "1", "--json")
+    assert status == 0 and json.loads(out)["makespan"] == (4 + 2 - 1) * 3  # (m + p - 1)(F + B)

@@ -263,3 +263,41 @@ def test_good_numeric_options_are_read(argv: list[str], value: float) -> None:
 
     args = build_parser().parse_args(argv)
     assert (args.timeout if "--timeout" in argv else args.warmup) == value
+
+
+def _must_not_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the run started although its output cannot be written")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("calibrate", "-o", "no/such/c.json"), "cannot write -o 'no/such/c.json': the folder"),
+        (("calibrate", "-o", "folder"), "cannot write -o 'folder': it is a folder"),
+        (
+            ("verify", "1f1b", "-p", "2", "-m", "2", "-o", "no/r.json"),
+            "cannot write -o 'no/r.json'",
+        ),
+        (("verify", "1f1b", "-p", "2", "-m", "2", "--trace-out", "folder"), "--trace-out 'folder'"),
+        (("verify", "1f1b", "-p", "2", "-m", "2", "--costs-out", "no/c.json"), "--costs-out"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: tuple[str, ...],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    if argv[0] == "verify":
+        pytest.importorskip("torch")
+        monkeypatch.setattr("verify.compare.verify", _must_not_run)
+    else:  # refused before torch is imported: no torch needed to see it
+        monkeypatch.setattr("pipesim.cli._calibrate._calibrate", _must_not_run)
+    status = main(list(argv))
+    err = capsys.readouterr().err
+    assert status == (2 if argv[0] == "verify" else 1), err
+    assert err.startswith("pipesim: error: ") and message in err, err
+    assert err.count("\n") == 1

@@ -129,6 +129,17 @@ def test_preset_and_cost_file_models(tmp_path: Path, capsys: pytest.CaptureFixtu
             ["--global-batch", "1", "--stages", "1", "--tensor-parallel", "1"],
             "global batch 1 cannot be split",
         ),
+        # 8 devices at p = 1, 2, 4, 8: data parallel 8, 4, 2, 1 x micro-batch 3 = 24, 12, 6,
+        # 3; the nearest multiples of 3 around 64 are 21 x 3 and 22 x 3
+        (
+            ["--global-batch", "64", "--microbatch-sizes", "3", "--tensor-parallel", "1"],
+            "(here one of [3, 6, 12, 24]); use a global batch of 63 or 66,",
+        ),
+        # one piece of 1000 (p = 8, data parallel 1) is more than the whole batch of 32
+        (
+            ["--microbatch-sizes", "1000", "--stages", "8", "--tensor-parallel", "1"],
+            "(here one of [1000]); use a global batch of 1000,",
+        ),
         (["--accelerator", "v100"], "unknown accelerator 'v100'"),
         (["--schedules", "nope"], "unknown schedule 'nope'"),
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),

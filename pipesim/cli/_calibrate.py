@@ -21,6 +21,7 @@ from typing import Any
 
 from pipesim.cli._common import LAYERS, MICROBATCHES, RANKS, VIRTUAL, WARMUP, positive_int, seconds
 from pipesim.errors import PipesimError
+from pipesim.files import check_writable
 
 _INSTALL = "pip install 'pipesim[verify]'"
 
@@ -142,6 +143,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.output, what="-o")  # refused now, not after minutes of measuring
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         importlib.import_module("torch")

@@ -419,16 +419,51 @@ def schedule_from_source(
     if not path.exists():
         raise ParseError(f"schedule file {source!r} does not exist")
     schedule = load_schedule(path)
-    for flag, given, actual in (
-        ("--stages", stages, schedule.n_ranks),
-        ("--microbatches", microbatches, schedule.n_microbatches),
+    _check_file_flags(
+        schedule,
+        source,
+        stages=stages,
+        microbatches=microbatches,
+        virtual=virtual,
+        forward_only=forward_only,
+        options=options or {},
+    )
+    return schedule
+
+
+def _check_file_flags(
+    schedule: Schedule,
+    source: str,
+    *,
+    stages: int | None,
+    microbatches: int | None,
+    virtual: int | None,
+    forward_only: bool,
+    options: dict[str, Any],
+) -> None:
+    """A size flag given with a schedule file must agree with the file: the file decides,
+    and a flag that silently changed nothing would mislead."""
+    for flag, given, actual, what in (
+        ("--stages", stages, schedule.n_ranks, "ranks"),
+        ("--microbatches", microbatches, schedule.n_microbatches, "micro-batches"),
+        ("--virtual", virtual, schedule.n_stages // schedule.n_ranks, "stages per rank"),
     ):
         if given is not None and given != actual:
             raise PipesimError(
-                f"{flag} {given} disagrees with {source!r}, which has {actual}; drop the flag "
-                "or fix the file"
+                f"{flag} {given} disagrees with {source!r}, which has {actual} {what}; drop the "
+                "flag or fix the file"
             )
-    return schedule
+    if forward_only and not schedule.forward_only:
+        raise PipesimError(
+            f"--forward-only disagrees with {source!r}, which has backward actions; drop the "
+            "flag, or give a forward-only schedule file"
+        )
+    if options:
+        flags = ", ".join("--" + name.replace("_", "-") for name in options)
+        raise PipesimError(
+            f"{flags} shapes a generated schedule, and {source!r} is a schedule file, whose "
+            "order is already fixed; drop the flag"
+        )
 
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:

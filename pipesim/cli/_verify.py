@@ -293,8 +293,13 @@ def _run(args: argparse.Namespace) -> int:
     from verify.torchrun import torchrun_place
 
     schedule = schedule_from_args(args)
-    if args.costs_out:  # refused now, not after the run
-        check_writable(args.costs_out, what="--costs-out")
+    for flag, path in (
+        ("-o", args.output),
+        ("--costs-out", args.costs_out),
+        ("--trace-out", args.trace_out),
+    ):
+        if path:  # refused now, not after the run
+            check_writable(path, what=flag)
     try:
         if args.dist or torchrun_place() is not None:
             return _run_dist(args, schedule)

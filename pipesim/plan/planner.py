@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pipesim.costs import CostModel
-from pipesim.errors import PlanError
+from pipesim.errors import PlanError, brief
 from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
@@ -223,12 +223,14 @@ def sweep_points(
     points: list[Point] = []
     refused: list[PlanPoint] = []
     degrees_seen: list[int] = []
+    data_parallel_seen: list[int] = []
     for t in tensors:
         if pinned_stages is None:
             degrees = tuple(p for p in _divisors(devices // t) if p <= n_layers)
         else:
             degrees = tuple(p for p in pinned_stages if (devices // t) % p == 0)
         degrees_seen += degrees
+        data_parallel_seen += [devices // (t * p) for p in degrees]
         for p in degrees:
             d = devices // (t * p)
             for b in sizes:
@@ -271,13 +273,18 @@ def sweep_points(
             "--stages or --tensor-parallel"
         )
     if not points:
-        smallest = devices // (max(tensors) * max(degrees_seen, default=1))
+        # Each configuration swept splits the batch into data-parallel x micro-batch-size
+        # pieces: the nearest global batches some configuration divides are the fix.
+        pieces = sorted({d * b for d in set(data_parallel_seen) for b in sizes})
+        above = min(-(-global_batch // q) * q for q in pieces)
+        below = max(global_batch // q * q for q in pieces)
+        nearest = f"{below} or {above}" if below else str(above)
         raise PlanError(
             f"global batch {global_batch} cannot be split over {devices} devices with "
             f"pipeline degrees {sorted(set(degrees_seen))} and micro-batch sizes {list(sizes)}: "
-            f"it must be a multiple of data parallel x micro-batch size, at least {smallest}; "
-            f"use a global batch of {smallest * min(sizes)} or more (a multiple of it), or more "
-            "pipeline stages"
+            "it must be a multiple of data parallel x micro-batch size (here one of "
+            f"{brief(pieces)}); use a global batch of {nearest}, or other micro-batch sizes or "
+            "pipeline degrees"
         )
     return points, refused
 
