@@ -191,3 +191,31 @@ def test_help_and_readme_state_the_exit_statuses(capsys: pytest.CaptureFixture[s
     readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
     assert "`plan` exits 0 when the sweep finished, whatever it found" in readme
     assert "with `--require-fit`, 1 when no configuration is recommended" in readme
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "shown"),
+    [
+        ("--memory-headroom", "nan", "'nan'"),
+        ("--memory-headroom", "1", "1.0"),
+        ("--memory-headroom", "-0.1", "-0.1"),
+        ("--min-mfu", "2", "2.0"),
+        ("--min-mfu", "1e999", "inf"),
+        ("--min-mfu", "half", "'half'"),
+    ],
+)
+def test_a_bad_share_is_a_usage_error_naming_the_flag(
+    flag: str, value: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*BASE, f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"pipesim: error: {flag} must be a number from 0 to below 1, got {shown}")
+
+
+def test_a_share_is_read_as_given() -> None:
+    from pipesim.cli._common import read_value
+
+    assert read_value("memory_headroom", "0.25", name="--memory-headroom") == 0.25
+    assert read_value("min_mfu", "1", name="--min-mfu") == 1.0  # all of peak is allowed

@@ -61,7 +61,7 @@ __all__ = [
 
 
 _WHOLE = re.compile(r"\+?[0-9]+(?:_[0-9]+)*", re.ASCII)
-_DECIMAL = re.compile(r"\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _MAX_OPTION = 10**9  # any count given on the command line without a limit of its own
 
 
@@ -185,6 +185,17 @@ def _rate(text: str, name: str) -> object:
     return to_time(text, name=name, allow_zero=False)
 
 
+def _share(*, upper: float) -> Reader:
+    def read(text: str, name: str) -> object:
+        from pipesim.plan.planner import check_share
+
+        # A decimal is read as a float; anything else (nan, a word) is refused as written.
+        value = float(text) if _DECIMAL.fullmatch(text.strip()) else text
+        return check_share(value, name=name, upper=upper)
+
+    return read
+
+
 def _memory_limit(text: str, name: str) -> object:
     from pipesim.synth.problem import parse_memory_limit
 
@@ -208,6 +219,8 @@ VALUE_READERS: dict[str, Reader] = {
     "inter_node_bandwidth": _rate,
     "memory_capacity": _capacity,
     "memory_limit": _memory_limit,
+    "memory_headroom": _share(upper=1),  # what pipesim.plan.plan takes
+    "min_mfu": _share(upper=1.0000001),
 }
 
 

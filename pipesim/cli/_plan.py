@@ -105,9 +105,9 @@ def register(subparsers: Any) -> None:
         help="override device memory: bytes, or a number with a unit (80GiB = 80 * 2^30 "
         "bytes, 80GB = 80 * 10^9; B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
     )
-    hardware.add_argument(
+    value_argument(
+        hardware,
         "--memory-headroom",
-        type=float,
         default=0.10,
         metavar="F",
         help="share of device memory kept free for allocator fragmentation and workspaces "
@@ -183,9 +183,9 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="stop after S seconds and rank what was evaluated (default 600)",
     )
-    sweep.add_argument(
+    value_argument(
+        sweep,
         "--min-mfu",
-        type=float,
         metavar="F",
         help="the least MFU a winner must reach to be recommended (default: a quarter of "
         "the accelerator's assumed efficiency)",

@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_MICROBATCH_SIZES",
     "DEFAULT_VIRTUAL",
     "Dimensions",
+    "check_share",
     "configuration",
     "plan",
     "sweep_points",
@@ -305,7 +306,17 @@ def _refused(point: Point, reason: str) -> PlanPoint:
     )
 
 
-def _check_fraction(name: str, value: float, *, upper: float) -> float:
+def check_share(value: object, /, *, name: str, upper: float = 1) -> float:
+    """``value`` as a float when it is a number from 0 to below ``upper`` (a share of
+    memory or of peak FLOP/s); a PlanError naming ``name`` otherwise (NaN included).
+
+    >>> check_share(0.1, name="--memory-headroom")
+    0.1
+    >>> check_share(float("nan"), name="--memory-headroom")
+    Traceback (most recent call last):
+    ...
+    pipesim.errors.PlanError: --memory-headroom must be a number from 0 to below 1, got nan
+    """
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < upper:
         raise PlanError(f"{name} must be a number from 0 to below {upper:g}, got {value!r}")
     return float(value)
@@ -369,10 +380,10 @@ def plan(
     capacity = accelerator.memory_bytes if memory_capacity_bytes is None else memory_capacity_bytes
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise PlanError(f"memory capacity must be a whole number of bytes >= 1, got {capacity!r}")
-    headroom = _check_fraction("memory headroom", memory_headroom, upper=1)
+    headroom = check_share(memory_headroom, name="memory headroom")
     if min_mfu is None:
         min_mfu = accelerator.efficiency / 4
-    min_mfu = _check_fraction("min_mfu", min_mfu, upper=1.0000001)
+    min_mfu = check_share(min_mfu, name="min_mfu", upper=1.0000001)
     dims = Dimensions(
         tensor=None if tensor is None else tuple(tensor),
         stages=None if stages is None else tuple(stages),
