@@ -31,15 +31,16 @@ file written and read back gives the same trace.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipesim.actions import Action, Comm, parse_action
 from pipesim.comms import parse_step
 from pipesim.costs import CostModel, costs_from_dict, costs_to_dict
 from pipesim.engine import Simulation
-from pipesim.errors import ParseError, PipesimError
+from pipesim.errors import ParseError, PipesimError, brief
 from pipesim.exact import Time, to_time
 from pipesim.files import read_json, write_text
 from pipesim.schedule import Schedule
@@ -50,6 +51,7 @@ from pipesim.views import step_of
 __all__ = ["load_trace", "save_trace", "step_from_dict", "step_to_dict"]
 
 _FORMAT = "pipesim-trace"
+_Record = TypeVar("_Record")
 
 
 def _time(value: Time) -> int | str:
@@ -128,24 +130,81 @@ def step_from_dict(data: object, /, *, source: str = "trace") -> Simulation:
             f'"{_FORMAT}", as `pipesim verify --trace-out` writes, or the JSON report of '
             "`pipesim verify --json -o FILE`)"
         )
+    if data.get("version", 1) != 1:
+        raise ParseError(
+            f"{source}: trace format version {data['version']!r}, but this pipesim reads "
+            "version 1; write it again with this pipesim, or upgrade pipesim"
+        )
     schedule = schedule_from_dict(data.get("schedule"), source=f"{source}: schedule")
     unit = data.get("time_unit", "unit")
     costs = None
     if "costs" in data:
+        if not isinstance(data["costs"], dict):
+            raise ParseError(f"{source}: costs: expected a JSON object (a cost file's)")
         costs = costs_from_dict({**data["costs"], "time_unit": unit}, source=f"{source}: costs")
-    try:
-        trace = Trace(
-            n_ranks=int(data.get("n_ranks", schedule.n_ranks)),
-            actions=tuple(_action(row) for row in data.get("actions", [])),
-            transfers=tuple(_transfer(row) for row in data.get("transfers", [])),
-            memory=tuple(_memory(row) for row in data.get("memory", [])),
-            comms=tuple(_comm(row) for row in data.get("comms", [])),
+    n_ranks = data.get("n_ranks", schedule.n_ranks)
+    if isinstance(n_ranks, bool) or not isinstance(n_ranks, int) or n_ranks != schedule.n_ranks:
+        raise ParseError(
+            f"{source}: n_ranks is {brief(n_ranks)}, but its schedule {schedule.name!r} has "
+            f"{schedule.n_ranks} ranks; give the schedule the trace ran"
         )
-    except (TypeError, ValueError, PipesimError) as exc:
-        raise ParseError(f"{source}: a malformed record: {exc}") from None
+    trace = Trace(
+        n_ranks=n_ranks,
+        actions=_records(data, "actions", _action, source=source),
+        transfers=_records(data, "transfers", _transfer, source=source),
+        memory=_records(data, "memory", _memory, source=source),
+        comms=_records(data, "comms", _comm, source=source),
+    )
+    _check_records(trace, schedule, source=source)
     if costs is None:
         costs = CostModel(time_unit=unit)
     return step_of(trace, schedule=schedule, costs=costs)
+
+
+def _check_records(trace: Trace, schedule: Schedule, /, *, source: str) -> None:
+    """A file's records describe a run of ``schedule``: every rank they name is one of its
+    ranks, and the action records are its actions, each once, on its rank, each ending
+    no earlier than it starts. What the metrics and views assume of a trace the engine
+    made is checked here for one read from a file."""
+    ranks = range(schedule.n_ranks)
+    named = [
+        *((r.rank, f"{r.work} on rank {r.rank}") for r in trace.actions),
+        *(
+            (rank, f"a transfer from rank {t.src_rank} to rank {t.dst_rank}")
+            for t in trace.transfers
+            for rank in (t.src_rank, t.dst_rank)
+        ),
+        *((m.rank, f"a memory record of rank {m.rank}") for m in trace.memory),
+        *((rank, f"{c.comm} on rank {c.rank}") for c in trace.comms for rank in (c.rank, c.peer)),
+    ]
+    for rank, what in named:
+        if rank not in ranks:
+            raise ParseError(
+                f"{source}: {what} names rank {rank}, but schedule {schedule.name!r} has ranks "
+                f"0..{schedule.n_ranks - 1}; give the schedule the trace ran"
+            )
+    expected = {(rank, work) for rank, order in enumerate(schedule.orders) for work in order}
+    seen: set[tuple[int, object]] = set()
+    for record in trace.actions:
+        what = f"{source}: the record of {record.work} on rank {record.rank}"
+        if record.end < record.start:
+            raise ParseError(f"{what} ends at {record.end}, before it starts at {record.start}")
+        if (record.rank, record.work) not in expected:
+            raise ParseError(
+                f"{what} is not an action of schedule {schedule.name!r} on that rank; give "
+                "the schedule the trace ran"
+            )
+        if (record.rank, record.work) in seen:
+            raise ParseError(f"{what} is given twice; keep one")
+        seen.add((record.rank, record.work))
+    missing = sorted(((r, str(w)) for r, w in expected - seen))
+    if missing:
+        rank, work = missing[0]
+        raise ParseError(
+            f"{source}: {len(missing)} of the {len(expected)} actions of schedule "
+            f"{schedule.name!r} have no record, e.g. {work} on rank {rank}; a trace holds "
+            "every action of the step it ran"
+        )
 
 
 def load_trace(path: str | Path, /) -> Simulation:
@@ -160,6 +219,35 @@ def load_trace(path: str | Path, /) -> Simulation:
             )
         return step_from_dict(data["measured_trace"], source=f"{path}: measured_trace")
     return step_from_dict(data, source=str(path))
+
+
+# The fields of each kind of record, as the module docstring writes them.
+_SHAPES = {
+    "actions": "[rank, action, start, end]",
+    "transfers": "[src_rank, dst_rank, producer, consumer, n_bytes, start, end]",
+    "memory": "[rank, time, activation_bytes, inflight]",
+    "comms": "[rank, send_or_receive, peer_rank, n_bytes, posted, start, end]",
+}
+
+
+def _records(
+    data: dict[str, Any], key: str, parse: Callable[[Any], _Record], /, *, source: str
+) -> tuple[_Record, ...]:
+    """The records under ``key``, each read by ``parse``; a ParseError naming the first bad
+    one, its index and the shape it should have."""
+    rows = data.get(key, [])
+    shape = _SHAPES[key]
+    if not isinstance(rows, list):
+        raise ParseError(f"{source}: {key!r} must be a list of {shape} records, got {brief(rows)}")
+    records = []
+    for index, row in enumerate(rows):
+        try:
+            if not isinstance(row, list) or len(row) != shape.count(",") + 1:
+                raise ValueError(f"expected {shape}")
+            records.append(parse(row))
+        except (TypeError, ValueError, PipesimError) as exc:
+            raise ParseError(f"{source}: {key} record {index}, {brief(row)}: {exc}") from None
+    return tuple(records)
 
 
 def _t(value: object) -> Time:

@@ -120,6 +120,7 @@ CASES = [
     (("calibrate", "--virtual", "70000", "-o", "c.json"), 2, ("MAX_STAGES",)),
     (("calibrate", "--gpt-layers", "99999999", "-o", "c.json"), 2, ("MAX_LAYERS",)),
     (("calibrate", "--warmup", "-1", "-o", "c.json"), 2, ("--warmup", "'-1'")),
+    (("calibrate", "--threads", "100000", "-o", "c.json"), 2, ("--threads", "from 1 to 256")),
     (("calibrate", "--timeout", "-1", "-o", "c.json"), 2, ("--timeout", "'-1'")),
     (("verify", "1f1b", "-p", "2", "-m", "2", "--gpt-layers", "99999999"), 2, ("MAX_LAYERS",)),
     (("plot", "1f1b:p=5000", "-p", "2", "-m", "2"), 2, ("setting p", "MAX_RANKS")),

@@ -69,12 +69,55 @@ def test_a_verify_report_is_read_for_its_measured_trace(tmp_path: Path) -> None:
         load_trace(report)
 
 
-def test_malformed_record_is_named() -> None:
+def _bad_trace(change: str) -> dict[str, object]:
+    """1F1B on 2 ranks, m = 2, as a trace file's dictionary, with one thing changed.
+    Rank 0 runs 0F0 0F1 0B0 0B1 (p - r - 1 = 1 warm-up forward, then 1F1B); the first
+    action record is rank 0's 0F0 from 0 to 1."""
     sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2))
     data = step_to_dict(sim.trace, schedule=sim.schedule)
-    data["actions"][0] = [0, "0F0", 0]  # a missing end
-    with pytest.raises(ParseError, match=r"x\.json: a malformed record"):
-        step_from_dict(data, source="x.json")
+    first = data["actions"][0]
+    assert first == [0, "0F0", 0, 1]
+    changes = {
+        "short record": lambda: data["actions"].__setitem__(0, [0, "0F0", 0]),
+        "records not a list": lambda: data.update(actions=5),
+        "nan time": lambda: data["actions"].__setitem__(0, [0, "0F0", "nan", 1]),
+        "ends before it starts": lambda: data["actions"].__setitem__(0, [0, "0F0", 3, 1]),
+        "rank out of range": lambda: data["actions"].__setitem__(0, [7, "0F0", 0, 1]),
+        "foreign action": lambda: data["actions"].__setitem__(0, [0, "9F9", 0, 1]),
+        "action twice": lambda: data["actions"].append(first),
+        "action missing": lambda: data["actions"].pop(0),
+        "no actions": lambda: data.pop("actions"),
+        "memory rank": lambda: data["memory"].__setitem__(0, [5, 0, 1, 1]),
+        "costs a list": lambda: data.update(costs=[]),
+        "newer version": lambda: data.update(version=2),
+        "n_ranks": lambda: data.update(n_ranks=-1),
+    }
+    changes[change]()
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("short record", "actions record 0, [0, '0F0', 0]: expected [rank, action, start, end]"),
+        ("records not a list", "'actions' must be a list of [rank, action, start, end] records"),
+        ("nan time", "actions record 0, [0, '0F0', 'nan', 1]: time must be finite"),
+        ("ends before it starts", "the record of 0F0 on rank 0 ends at 1, before it starts at 3"),
+        ("rank out of range", "0F0 on rank 7 names rank 7, but schedule '1f1b' has ranks 0..1"),
+        ("foreign action", "the record of 9F9 on rank 0 is not an action of schedule '1f1b'"),
+        ("action twice", "the record of 0F0 on rank 0 is given twice"),
+        ("action missing", "1 of the 8 actions of schedule '1f1b' have no record, e.g. 0F0 on"),
+        ("no actions", "8 of the 8 actions of schedule '1f1b' have no record"),
+        ("memory rank", "a memory record of rank 5 names rank 5"),
+        ("costs a list", "costs: expected a JSON object"),
+        ("newer version", "trace format version 2, but this pipesim reads version 1"),
+        ("n_ranks", "n_ranks is -1, but its schedule '1f1b' has 2 ranks"),
+    ],
+)
+def test_a_malformed_trace_is_refused_naming_the_record(change: str, message: str) -> None:
+    with pytest.raises(ParseError) as info:
+        step_from_dict(_bad_trace(change), source="x.json")
+    assert str(info.value).startswith("x.json: ") and message in str(info.value), info.value
 
 
 def test_kind_errors_against_known_slowdowns() -> None:

@@ -19,7 +19,16 @@ import importlib
 import warnings
 from typing import Any
 
-from pipesim.cli._common import LAYERS, MICROBATCHES, RANKS, VIRTUAL, WARMUP, positive_int, seconds
+from pipesim.cli._common import (
+    LAYERS,
+    MICROBATCHES,
+    RANKS,
+    VIRTUAL,
+    WARMUP,
+    positive_int,
+    seconds,
+    whole_number,
+)
 from pipesim.errors import PipesimError
 from pipesim.files import check_writable
 
@@ -92,10 +101,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=positive_int,
+        # bounded: torch crashes (SIGSEGV, no message) starting 100000 threads per rank
+        type=whole_number(maximum=256),
         default=1,
         metavar="T",
-        help="intra-op threads per rank (default 1; recorded in the file)",
+        help="intra-op threads per rank, 1 to 256 (default 1; recorded in the file)",
     )
     parser.add_argument(
         "--warmup",
