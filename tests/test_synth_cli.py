@@ -125,3 +125,17 @@ def test_verify_replays_a_synthesized_schedule_bit_identical(tmp_path: Path, cap
     status = main(["verify", str(out), "--json", "--warmup", "0", "--devices", "cpu,cpu"])
     data = json.loads(capsys.readouterr().out)
     assert status == 0 and data["bit_identical"] is True
+
+
+@pytest.mark.parametrize(
+    ("unit", "forward", "bound"), [("ms", "1.5", "15.5 ms"), (None, "1", "13 units")]
+)
+def test_the_table_says_the_time_unit(capsys, unit: str | None, forward: str, bound: str) -> None:  # type: ignore[no-untyped-def]
+    # Rank 1 starts after one forward, then runs m = 4 times F + I + W (I = W = 1): the
+    # bound is F + 4 (F + 2), which 1F1B-like orders reach on two ranks (gap 0).
+    unit_flags = ["--time-unit", unit] if unit else []
+    argv = ["synthesize", "-p", "2", "-m", "4", "--memory-limit", "2", "--forward-time", forward]
+    assert main([*argv, *unit_flags]) == 0
+    out = capsys.readouterr().out
+    assert f"makespan ({bound.split()[1]})" in out
+    assert f"lower bound {bound}: gap 0.0%" in out

@@ -19,6 +19,7 @@ from pipesim.exact import as_number
 from pipesim.schedule_io import save_schedule
 from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
 from pipesim.text_table import format_table
+from pipesim.units import unit_suffix
 
 
 def register(subparsers: Any) -> None:
@@ -153,11 +154,16 @@ def format_result(result: SynthesisResult) -> str:
                 f"{max(best.peak_activation_bytes):,}",
             )
         )
-    lines.append(format_table(("schedule", "makespan", "bubble", "peak bytes"), rows))
+    unit = unit_suffix(pb.costs.time_unit)  # " units", " ns": every time says its unit
+    lines.append(
+        format_table(("schedule", f"makespan ({unit.strip()})", "bubble", "peak bytes"), rows)
+    )
     if best is None:
         lines.append("no built-in schedule fits this memory limit")
     proof = " (proven optimal)" if result.optimal else ""
-    lines.append(f"lower bound {_fmt(result.lower_bound)}: gap {float(result.gap):.1%}{proof}")
+    lines.append(
+        f"lower bound {_fmt(result.lower_bound)}{unit}: gap {float(result.gap):.1%}{proof}"
+    )
     return "\n".join(lines)
 
 
