@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -93,6 +93,7 @@ __all__ = [
     "MeasuredStep",
     "calibration_schedule",
     "compute_only",
+    "compute_span",
     "costs_for",
     "fit_costs",
     "mean",
@@ -632,9 +633,29 @@ def replay(step: MeasuredStep, costs: CostModel, /) -> Time:
     87
     """
     schedule = step.schedule
+    records = _records_by_node(step_structure(schedule), step.trace)
+    return compute_span(schedule, costs)([r.end - r.start for r in records])
+
+
+def compute_span(schedule: Schedule, costs: CostModel, /) -> Callable[[Sequence[Time]], Time]:
+    """The step pipesim predicts, as :func:`measured_makespan` spans it, as a function of
+    each unit of work's compute time (in ``step_structure(schedule).works`` order), with
+    the overheads of ``costs`` (dispatch, send, receive, latency, links) around them.
+
+    Compiled once, so that many sets of compute times (:func:`replay`, the draws of
+    :func:`pipesim.band.predict_band`) each cost one engine run. With the compute times of
+    ``costs`` themselves it is :func:`predict`. 1F1B, one micro-batch (units of work
+    0F0, 0B0, 1F0, 1B0), dispatch 2: a chain of four, so 2 + 10 + 2 + 10 + 2 + 20 + 2 +
+    20 from 0F0's compute start, and 5 more when 1F0 computes 15:
+
+    >>> costs = CostModel.uniform(forward=10, backward=20, dispatch_overhead=2)
+    >>> schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+    >>> span = compute_span(schedule, costs)
+    >>> predict(schedule, costs), span([10, 20, 10, 20]), span([10, 20, 15, 20])
+    (66, 66, 71)
+    """
     costs = costs.for_stages(schedule.n_stages)
     structure = step_structure(schedule)
-    records = _records_by_node(structure, step.trace)
     compiled = compile_step(structure, costs)
     # The same model with no compute: each node's duration is then its overheads alone.
     bare = replace(
@@ -645,6 +666,19 @@ def replay(step: MeasuredStep, costs: CostModel, /) -> Time:
         ),
     )
     overheads = compile_step(structure, bare).durations
-    durations = tuple(o + r.end - r.start for o, r in zip(overheads, records, strict=True))
-    trace = run_compiled(replace(compiled, durations=durations))
-    return measured_makespan(compute_only(trace, schedule, costs))
+    n_works = len(structure.works)
+
+    def span(compute: Sequence[Time], /) -> Time:
+        if len(compute) != n_works:
+            raise ValueError(
+                f"{len(compute)} compute times for the {n_works} units of work of "
+                f"{schedule.name!r}; give one per unit of work, in step_structure order"
+            )
+        durations = (
+            *(o + c for o, c in zip(overheads, compute, strict=False)),
+            *overheads[n_works:],
+        )
+        trace = run_compiled(replace(compiled, durations=durations))
+        return measured_makespan(compute_only(trace, schedule, costs))
+
+    return span

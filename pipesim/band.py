@@ -1,0 +1,184 @@
+"""A predicted step with a band: each unit of work's compute drawn from the calibration runs.
+
+:func:`pipesim.calibration.predict` simulates a step with one compute time per stage
+and op (the calibration's median). Measured compute times vary: within a run (the
+same W of a stage took 35 to 135 ms in one calibration of a GPT 6x512 on 2 CPU
+ranks, issue 11) and between runs, since a fresh pair of rank processes runs as a
+whole 0.8-1.2x as fast as another. :func:`predict_band` carries that into the
+prediction: each of ``draws`` times (seeded) it picks one of the calibration runs
+and draws every unit of work's compute time from that run's own samples of its
+stage and op (:func:`compute_samples`; an op without samples takes the cost model's
+time), simulates the step with the same engine and overheads as the prediction
+(:func:`pipesim.calibration.compute_span`), and reports the median step and a band
+(p10 to p90 by default, nearest-rank quantiles of the draws).
+
+Per run, not pooled: drawing each unit of work from every run's samples at once
+treats the runs' speeds as independent per action, and the band comes out too
+narrow. Measured on the saved steps of two full fidelity runs
+(``benchmarks/fidelity_offline.py --methods``, 104 configurations x 3 runs), the
+measured runs fell inside a pooled p10-p90 band 18-33% of the time and inside the
+per-run band 54-67%. The band's median is not a better point prediction than the
+median-based :func:`~pipesim.calibration.predict` (mean error 7.7% against 8.5% on
+one file, 5.6% against 5.2% on the other), so ``predict`` stays the prediction and
+the band says how far a run may land from it.
+
+1F1B with one micro-batch, no overheads: the step is the chain
+0F0, 1F0, 1B0, 0B0; 1F0 took 10 or 30 in the first of three runs and 50 in the
+others, every other op took 10, so a draw is 40, 60 or 80 (1/6, 1/6, 2/3):
+
+>>> from pipesim.costs import CostModel
+>>> from pipesim.schedules import generate
+>>> costs = CostModel.uniform(forward=10, backward=10)
+>>> schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+>>> runs = [{"1F": (10, 30)}, {"1F": (50,)}, {"1F": (50,)}]
+>>> band = predict_band(schedule, costs, runs, draws=400, seed=1)
+>>> sorted(set(band.spans)), band.low, band.median, band.high
+([40, 60, 80], 40, 80, 80)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pipesim.actions import Action, Op, Overlap
+from pipesim.calibration import MeasuredStep, compute_span
+from pipesim.costs import CostModel
+from pipesim.errors import CostError
+from pipesim.exact import Time, to_time
+from pipesim.schedule import Schedule
+from pipesim.structure import step_structure
+
+__all__ = ["PredictionBand", "compute_samples", "predict_band"]
+
+RunSamples = Mapping[str, Sequence[Time]]
+"""One calibration run's compute times per stage and op, keyed ``"0F"``, ``"1W"``, ..."""
+
+_KEY = re.compile(r"(\d+)([FBIW])")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PredictionBand:
+    """What :func:`predict_band` found, in the cost model's time unit."""
+
+    median: Time
+    """The median of the drawn steps (the lower middle one for an even count)."""
+    low: Time
+    """The ``quantiles[0]`` nearest-rank quantile of the drawn steps."""
+    high: Time
+    """The ``quantiles[1]`` nearest-rank quantile of the drawn steps."""
+    quantiles: tuple[float, float]
+    spans: tuple[Time, ...]
+    """Every drawn step, as :func:`~pipesim.calibration.measured_makespan` spans it, in
+    the order drawn."""
+
+
+def compute_samples(steps: Sequence[MeasuredStep], /) -> tuple[dict[str, tuple[Time, ...]], ...]:
+    """Per measured step (one calibration run), every unit of work's compute time per
+    stage and op, keyed ``"0F"``, ``"1W"``, ... (in start order); overlapped pairs are
+    left out (the calibration schedule has none, and a pair's parts are drawn apart).
+
+    >>> from pipesim.schedules import generate
+    >>> from pipesim.trace import ActionRecord, Trace
+    >>> schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+    >>> spans = {"0F0": (0, 10), "1F0": (12, 25), "1B0": (27, 50), "0B0": (52, 70)}
+    >>> records = tuple(ActionRecord(rank=r, work=w, start=spans[str(w)][0],
+    ...     end=spans[str(w)][1]) for r, order in enumerate(schedule.orders) for w in order)
+    >>> compute_samples([MeasuredStep(schedule=schedule, trace=Trace(n_ranks=2,
+    ...     actions=records))])
+    ({'0F': (10,), '1F': (13,), '1B': (23,), '0B': (18,)},)
+    """
+    found = []
+    for step in steps:
+        per: dict[str, list[Time]] = defaultdict(list)
+        for record in sorted(step.trace.actions, key=lambda r: (r.start, r.rank)):
+            if isinstance(record.work, Action):
+                per[f"{record.work.stage}{record.work.op.value}"].append(record.end - record.start)
+        found.append({key: tuple(values) for key, values in per.items()})
+    return tuple(found)
+
+
+def _checked(runs: Sequence[RunSamples]) -> list[dict[tuple[int, Op], tuple[Time, ...]]]:
+    """``runs`` keyed by (stage, op), every key and time checked (they may come from JSON)."""
+    if not runs:
+        raise CostError("no calibration runs to draw compute times from; give at least one")
+    checked = []
+    for k, run in enumerate(runs):
+        per = {}
+        for key, values in run.items():
+            match = _KEY.fullmatch(str(key))
+            if match is None:
+                raise CostError(
+                    f"run {k}: compute sample key {key!r} is not a stage and op like '0F' or "
+                    "'1W'; write the keys as compute_samples does"
+                )
+            if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
+                raise CostError(
+                    f"run {k}: the compute samples of {key!r} must be a list of at least one "
+                    f"time, got {values!r}"
+                )
+            times = tuple(to_time(v, name=f"run {k}: compute sample of {key!r}") for v in values)
+            per[(int(match[1]), Op(match[2]))] = times
+        checked.append(per)
+    return checked
+
+
+def _quantile(ordered: Sequence[Time], q: float) -> Time:
+    """The nearest-rank quantile: the ceil(q n)-th smallest (the smallest for q = 0)."""
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+def predict_band(
+    schedule: Schedule,
+    costs: CostModel,
+    runs: Sequence[RunSamples],
+    /,
+    *,
+    draws: int = 200,
+    seed: int = 0,
+    quantiles: tuple[float, float] = (0.1, 0.9),
+) -> PredictionBand:
+    """The step of ``schedule`` under ``costs``' overheads with every unit of work's compute
+    drawn from one of ``runs`` (picked per draw, :func:`compute_samples` of the
+    calibration's steps, keyed by the stages of ``costs``' cut: a schedule with two model
+    copies draws stage ``s`` from ``s mod`` its per-copy stage count), ``draws`` times
+    with ``random.Random(seed)``; see the module docstring."""
+    if draws < 1:
+        raise CostError(f"draws must be at least 1, got {draws}")
+    low_q, high_q = quantiles
+    if not 0 <= low_q <= high_q <= 1:
+        raise CostError(f"quantiles must satisfy 0 <= low <= high <= 1, got {quantiles}")
+    per_run = _checked(runs)
+    costs = costs.for_stages(schedule.n_stages)
+    per_copy = schedule.n_stages // schedule.n_copies
+    works = step_structure(schedule).works
+    span = compute_span(schedule, costs)
+    rng = random.Random(seed)
+
+    def compute(action: Action, run: Mapping[tuple[int, Op], tuple[Time, ...]]) -> Time:
+        values = run.get((action.stage % per_copy, action.op))
+        return rng.choice(values) if values else costs.stage(action.stage).duration(action.op)
+
+    spans = []
+    for _ in range(draws):
+        run = rng.choice(per_run)
+        times: list[Time] = []
+        for work in works:
+            if isinstance(work, Overlap) and costs.stage(work.parts[0].stage).overlap is not None:
+                times.append(costs.duration(work))  # a measured pair's own time
+                continue
+            parts = work.parts if isinstance(work, Overlap) else (work,)
+            times.append(sum((compute(a, run) for a in parts), start=0))
+        spans.append(span(times))
+    ordered = sorted(spans)
+    return PredictionBand(
+        median=_quantile(ordered, 0.5),
+        low=_quantile(ordered, low_q),
+        high=_quantile(ordered, high_q),
+        quantiles=(low_q, high_q),
+        spans=tuple(spans),
+    )
