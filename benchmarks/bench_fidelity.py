@@ -33,7 +33,11 @@ measured for it (calibrated overheads, messages and dependencies as in the
 prediction). It separates the model's own error from the run-to-run variation of
 compute speed between process pairs, which dominates the prediction error on a
 shared or virtual machine (measured: 0.8-1.2x per pair). The calibration schedule
-is also predicted from its own file (in sample) to show the floor.
+is also predicted from its own file (in sample) to show the floor. Each line also
+prints the p10-p90 ``band`` of :func:`pipesim.band.predict_band` (``--draws``
+seeded draws, each unit of work's compute drawn from one calibration run's own
+samples) and how many of the measured runs fell inside it (the summary counts them
+all: a calibrated band holds about 8 in 10).
 
 The machine's load (``os.getloadavg``, 1 min) is recorded; lines measured above
 ``--max-load`` are flagged BUSY and the summary is refused when any is
@@ -59,6 +63,7 @@ import sys
 import time
 from typing import Any
 
+from pipesim.band import PredictionBand, predict_band
 from pipesim.calibration import calibration_schedule, costs_for, predict, replay
 from pipesim.costs import SEND_MODES, CostModel, costs_to_dict
 from pipesim.errors import PipesimError
@@ -89,7 +94,14 @@ def _line(row: dict[str, Any]) -> str:
         f"predicted {row['predicted_ms']:9.2f} ms  measured {row['measured_ms']:9.2f} ms "
         f"(spread {row['spread_pct']:5.1f}%)  error {row['error_pct']:+6.1f}%  "
         f"excess {row['excess_pct']:5.1f}%  model {row['model_error_pct']:+5.1f}%  "
-        f"load {row['load']:.1f}" + ("  BUSY" if row["busy"] else "")
+        + (
+            f"band {row['band_ms'][0]:.0f}-{row['band_ms'][1]:.0f} ms "
+            f"({row['runs_in_band']}/{len(row['runs_ms'])} in)  "
+            if row["band_ms"]
+            else ""
+        )
+        + f"load {row['load']:.1f}"
+        + ("  BUSY" if row["busy"] else "")
     )
 
 
@@ -265,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
                 ],
             }
         )
-        fits = {}
+        fits, samples = {}, {}
         for k, (role, _, b) in enumerate(plan):
             if role.startswith("cal"):
                 costs, meta = fit_cut(
@@ -277,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
                     send_mode=args.send_mode,
                 )
                 fits[role] = costs
+                if role in ("cal:1", "cal:2"):
+                    samples[meta["n_stages"]] = meta["compute_samples_ns"]
                 _print_cut(meta["virtual"], b, costs)
                 _save_cut(args, options, costs, meta)
         cuts = {2: fits["cal:1"], 4: fits["cal:2"]}
@@ -303,6 +317,11 @@ def run(args: argparse.Namespace) -> int:
                 model, name, virtual, schedule.n_microbatches, predicted, got[k], load, max_load
             )
             row["model_error_pct"] = _model_error(got[k], costs)
+            band = None
+            if not role.startswith("scale:"):  # samples measured at this size only
+                runs = samples[schedule.n_stages // schedule.n_copies]
+                band = predict_band(schedule, costs, runs, draws=args.draws, seed=0)
+            _add_band(row, band, got[k])
             target.append(row)
             print(("  in sample: " if target is floor else "  ") + _line(row), flush=True)
         if args.effects and (layers, width) == sizes[0]:
@@ -311,6 +330,14 @@ def run(args: argparse.Namespace) -> int:
             with open(args.steps_out, "w", encoding="utf-8") as out:
                 json.dump(steps_out, out)
     return _summary(args, rows, floor)
+
+
+def _add_band(row: dict[str, Any], band: PredictionBand | None, got: Measurement) -> None:
+    """The band's p10 and p90 (ms) and how many measured runs fell inside it."""
+    row["band_ms"] = [float(band.low) / 1e6, float(band.high) / 1e6] if band else None
+    row["runs_in_band"] = (
+        sum(band.low <= t <= band.high for t in got.makespans_ns) if band else None
+    )
 
 
 def _plain(role: str, rows: int, got: Measurement) -> dict[str, Any]:
@@ -379,6 +406,8 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         "max_abs_model_error_pct": max(model),
         "mean_signed_model_error_pct": sum(r["model_error_pct"] for r in rows) / len(rows),
         "in_sample_error_pct": [r["error_pct"] for r in floor],
+        "runs_in_band": sum(r["runs_in_band"] for r in rows if r["band_ms"]),
+        "runs_with_band": sum(len(r["runs_ms"]) for r in rows if r["band_ms"]),
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
     }
@@ -402,7 +431,8 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         f"{summary['max_excess_pct']:.1f}%; model error (replay with each run's own compute "
         f"times) mean {summary['mean_abs_model_error_pct']:.1f}% max "
         f"{summary['max_abs_model_error_pct']:.1f}% (signed mean "
-        f"{summary['mean_signed_model_error_pct']:+.1f}%)"
+        f"{summary['mean_signed_model_error_pct']:+.1f}%); measured runs inside the p10-p90 "
+        f"band: {summary['runs_in_band']} of {summary['runs_with_band']}"
     )
     print(
         "in sample (calibration schedule from its own file): "
@@ -444,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         default="rendezvous",
         help="the message rule calibrated and predicted with (CostModel.send_mode)",
     )
+    parser.add_argument("--draws", type=int, default=200, help="draws per p10-p90 band (200)")
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
     parser.add_argument("--steps-out", default=None, help="write every measured step (JSON)")

@@ -17,8 +17,18 @@ messages it waited for, split by whether the receive was posted before or after 
 (what separates the two rules; times from the compute records, the receive posted when
 the rank finished the work before it in :func:`pipesim.comms.lower_comms`'s program).
 
-Run: ``python benchmarks/fidelity_offline.py --steps steps.json --messages``
-(about a minute for the full grid of two sizes on one core).
+``--methods`` compares, side by side on the same steps, ways to turn the calibration
+runs' compute times into a prediction of every ``grid`` configuration (and the
+calibration schedule in sample), each with the overheads fitted as above: ``median``
+(what ``predict`` uses: per stage and op the median over every micro-batch of every
+run), ``mean`` (the mean instead), ``runs`` (the mean of the predictions from each
+run's own medians), ``pooled`` and ``band`` (the median of ``--draws`` seeded draws of
+:func:`pipesim.band.predict_band`, every unit of work drawn from all runs' samples at
+once, or from one run's per draw), with the error mean / max and signed mean per size,
+and how many measured runs fell inside each draw's p10-p90 band.
+
+Run: ``python benchmarks/fidelity_offline.py --steps steps.json --messages --methods``
+(about a minute for the full grid of two sizes on one core, two more for the methods).
 """
 
 from __future__ import annotations
@@ -28,19 +38,24 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
-from pipesim.actions import parse_action
+from pipesim.actions import Op, parse_action
+from pipesim.band import compute_samples, predict_band
 from pipesim.calibration import (
     MeasuredStep,
     costs_for,
     fit_costs,
+    mean,
     measured_makespan,
+    median,
     predict,
     replay,
 )
 from pipesim.comms import receive_posts
 from pipesim.costs import SEND_MODES, CostModel
+from pipesim.exact import Time
 from pipesim.scaling import AffineCosts
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_dict
@@ -113,6 +128,109 @@ def evaluate(size: dict[str, Any], send_mode: str) -> tuple[list[dict[str, Any]]
     return rows, cuts[2]
 
 
+_FIELDS = {Op.F: "forward", Op.B: "backward", Op.I: "input_grad", Op.W: "weight_grad"}
+METHODS = ("median", "mean", "runs", "pooled", "band")
+
+
+def _with_compute(costs: CostModel, runs: list[dict[str, tuple[Time, ...]]], combine: Any) -> Any:
+    """``costs`` with each measured stage and op's compute ``combine``d from ``runs``'
+    samples (pooled), the overheads kept."""
+    pooled: dict[str, list[Time]] = defaultdict(list)
+    for run in runs:
+        for key, values in run.items():
+            pooled[key] += values
+    stages = []
+    for s, stage in enumerate(costs.stages):
+        times = {
+            _FIELDS[op]: round(combine(pooled[f"{s}{op.value}"]))
+            for op in Op
+            if pooled.get(f"{s}{op.value}")
+        }
+        stages.append(replace(stage, **times))
+    return replace(costs, stages=tuple(stages))
+
+
+def evaluate_methods(
+    size: dict[str, Any], send_mode: str, *, draws: int, seed: int
+) -> list[dict[str, Any]]:
+    """Every ``grid`` configuration (and the calibration in sample) of one model size,
+    predicted by each of :data:`METHODS` (see the module docstring): the error against
+    the median run (percent) and, for the two drawn ones, the measured runs inside the
+    p10-p90 band."""
+    runs = [(run["role"], *_steps(run)) for run in size["runs"]]
+    cuts: dict[int, CostModel] = {}
+    samples: dict[int, list[dict[str, tuple[Time, ...]]]] = {}
+    for role, schedule, steps in runs:
+        if role in ("cal:1", "cal:2"):
+            cuts[schedule.n_stages] = fit_costs(steps, time_unit="ns", send_mode=send_mode).costs
+            samples[schedule.n_stages] = list(compute_samples(steps))
+    rows = []
+    for role, schedule, steps in runs:
+        if role not in ("grid", "cal:1"):
+            continue
+        per_copy = schedule.n_stages // schedule.n_copies
+        cut, by_run = cuts[per_copy], samples[per_copy]
+
+        def with_(costs: CostModel, schedule: Schedule = schedule, per_copy: int = per_copy) -> Any:
+            return costs_for(schedule, {per_copy: costs})
+
+        spans = [measured_makespan(s.trace) for s in steps]
+        measured = statistics.median(map(float, spans))
+        pooled_run = {k: tuple(v for r in by_run for v in r.get(k, ())) for k in by_run[0]}
+        bands = {
+            name: predict_band(schedule, with_(cut), group, draws=draws, seed=seed)
+            for name, group in (("pooled", [pooled_run]), ("band", by_run))
+        }
+        predicted = {
+            "median": predict(schedule, with_(cut)),
+            "mean": predict(schedule, with_(_with_compute(cut, by_run, mean))),
+            "runs": statistics.mean(
+                float(predict(schedule, with_(_with_compute(cut, [r], median)))) for r in by_run
+            ),
+            **{name: band.median for name, band in bands.items()},
+        }
+        rows.append(
+            {
+                "model": size["model"],
+                "role": role,
+                "schedule": schedule.name if role == "grid" else "(calibration)",
+                "m": schedule.n_microbatches,
+                "errors": {k: _percent(v, measured) for k, v in predicted.items()},
+                "inside": {
+                    name: sum(band.low <= t <= band.high for t in spans)
+                    for name, band in bands.items()
+                },
+                "runs": len(spans),
+            }
+        )
+    return rows
+
+
+def _print_methods(rows: list[dict[str, Any]]) -> None:
+    print(f"{'size':>6} {'schedule':<18} {'m':>3} " + " ".join(f"{m:>7}" for m in METHODS))
+    for r in rows:
+        cells = " ".join(f"{r['errors'][m]:+6.1f}%" for m in METHODS)
+        print(f"{r['model']:>6} {r['schedule']:<18} {r['m']:>3} {cells}")
+    grid = [r for r in rows if r["role"] == "grid"]
+    for label in ["all", *sorted({r["model"] for r in grid})]:
+        group = [r for r in grid if label in ("all", r["model"])]
+        print(f"{label}, {len(group)} grid configurations (prediction error mean / max, signed):")
+        for m in METHODS:
+            errors = [r["errors"][m] for r in group]
+            line = (
+                f"  {m:>7}: {statistics.mean(map(abs, errors)):4.1f}% / "
+                f"{max(map(abs, errors)):4.1f}% ({statistics.mean(errors):+4.1f}%)"
+            )
+            if m in ("pooled", "band"):
+                inside = sum(r["inside"][m] for r in group)
+                line += f"; runs inside its p10-p90: {inside} of {sum(r['runs'] for r in group)}"
+            print(line)
+    for r in rows:
+        if r["role"] == "cal:1":
+            cells = ", ".join(f"{m} {r['errors'][m]:+.1f}%" for m in METHODS)
+            print(f"{r['model']} in sample (calibration schedule): {cells}")
+
+
 def _waits(size: dict[str, Any]) -> dict[str, list[float]]:
     """Per kind of message (receive posted before or after its send), how long after
     both were posted the consumer started, in us, for the messages it waited for."""
@@ -152,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", required=True, help="bench_fidelity.py --steps-out's file")
     parser.add_argument("--send-modes", default=",".join(SEND_MODES), help="rules to compare")
     parser.add_argument("--messages", action="store_true", help="also print the message waits")
+    parser.add_argument(
+        "--methods", action="store_true", help="also compare ways to combine the runs' compute"
+    )
+    parser.add_argument("--draws", type=int, default=200, help="draws per band (--methods)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draws (--methods)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.send_modes.split(",")]
     unknown = [m for m in modes if m not in SEND_MODES]
@@ -189,6 +312,16 @@ def main(argv: list[str] | None = None) -> int:
             for m in modes
         )
         print(f"{row['model']:>6} {row['schedule']:<18} {row['m']:>3}{cells}")
+    if args.methods:
+        mode = "rendezvous" if "rendezvous" in modes else modes[0]
+        print(f"methods ({mode} sends, {args.draws} draws, seed {args.seed}):")
+        _print_methods(
+            [
+                row
+                for size in data
+                for row in evaluate_methods(size, mode, draws=args.draws, seed=args.seed)
+            ]
+        )
     for mode in modes:
         grid = [r for r in results[mode] if r["role"] != "cal:1"]
         print(f"{mode}, {len(grid)} configurations out of sample:")

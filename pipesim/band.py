@@ -15,9 +15,9 @@ time), simulates the step with the same engine and overheads as the prediction
 Per run, not pooled: drawing each unit of work from every run's samples at once
 treats the runs' speeds as independent per action, and the band comes out too
 narrow. Measured on the saved steps of two full fidelity runs
-(``benchmarks/fidelity_offline.py --methods``, 104 configurations x 3 runs), the
-measured runs fell inside a pooled p10-p90 band 18-33% of the time and inside the
-per-run band 54-67%. The band's median is not a better point prediction than the
+(``benchmarks/fidelity_offline.py --methods``, 52 configurations x 3 runs each), the
+measured runs fell inside a pooled p10-p90 band 22% and 31% of the time, inside the
+per-run band 55% and 64%. The band's median is not a better point prediction than the
 median-based :func:`~pipesim.calibration.predict` (mean error 7.7% against 8.5% on
 one file, 5.6% against 5.2% on the other), so ``predict`` stays the prediction and
 the band says how far a run may land from it.
@@ -44,16 +44,17 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
-from pipesim.calibration import MeasuredStep, compute_span
+from pipesim.calibration import MeasuredStep, compute_span, median
 from pipesim.costs import CostModel
 from pipesim.errors import CostError
 from pipesim.exact import Time, to_time
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 
-__all__ = ["PredictionBand", "compute_samples", "predict_band"]
+__all__ = ["PredictionBand", "compute_samples", "predict_band", "run_spread"]
 
 RunSamples = Mapping[str, Sequence[Time]]
 """One calibration run's compute times per stage and op, keyed ``"0F"``, ``"1W"``, ..."""
@@ -100,6 +101,23 @@ def compute_samples(steps: Sequence[MeasuredStep], /) -> tuple[dict[str, tuple[T
                 per[f"{record.work.stage}{record.work.op.value}"].append(record.end - record.start)
         found.append({key: tuple(values) for key, values in per.items()})
     return tuple(found)
+
+
+def run_spread(runs: Sequence[RunSamples], /) -> dict[str, Fraction]:
+    """Per stage and op, how far apart the runs' own medians lie: (largest - smallest) /
+    the median of every run's samples pooled (0 for an op measured in one run only, or
+    always 0).
+
+    >>> run_spread([{"0F": (10, 12), "1W": (40,)}, {"0F": (14,), "1W": (40, 40)}])
+    {'0F': Fraction(1, 4), '1W': Fraction(0, 1)}
+    """
+    _checked(runs)
+    spread = {}
+    for key in dict.fromkeys(k for run in runs for k in run):
+        medians = [median(list(run[key])) for run in runs if key in run]
+        pooled = median([v for run in runs for v in run.get(key, ())])
+        spread[key] = Fraction(max(medians) - min(medians)) / pooled if pooled else Fraction(0)
+    return spread
 
 
 def _checked(runs: Sequence[RunSamples]) -> list[dict[tuple[int, Op], tuple[Time, ...]]]:

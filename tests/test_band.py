@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 
-from pipesim.band import PredictionBand, compute_samples, predict_band
+from pipesim.band import PredictionBand, compute_samples, predict_band, run_spread
 from pipesim.calibration import MeasuredStep, compute_only, costs_for, predict
 from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import simulate
@@ -141,3 +142,10 @@ def test_bad_input_is_refused_with_the_value(
     schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
     with pytest.raises(CostError, match=message):
         predict_band(schedule, _truth(2), runs, draws=draws, quantiles=quantiles)
+
+
+def test_run_spread_by_hand() -> None:
+    # 0F: run medians 11 (of 10, 12), 14 and 20 (of 17, 23); pooled median of
+    # 10, 12, 14, 17, 23 is 14: (20 - 11) / 14. 1W: measured in one run only: no spread.
+    runs = [{"0F": (10, 12), "1W": (40,)}, {"0F": (14,)}, {"0F": (17, 23)}]
+    assert run_spread(runs) == {"0F": Fraction(9, 14), "1W": Fraction(0)}

@@ -60,13 +60,21 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert (meta["n_ranks"], meta["n_stages"], meta["repeats"]) == (2, 2, 1)
     assert meta["assumed"] == []  # F, B, I and W all measured
     assert meta["samples"]["0I"] == 1 and meta["samples"]["1B"] == 1
+    # One run's own compute times per stage and op: two forwards and one of each backward
+    # per stage (m=2, the odd one split), their median the file's time; one run, no spread.
+    (run,) = meta["compute_samples_ns"]
+    assert sorted(run) == ["0B", "0F", "0I", "0W", "1B", "1F", "1I", "1W"]
+    assert [len(run[k]) for k in ("0F", "1F", "0B", "1W")] == [2, 2, 1, 1]
+    assert data["stages"][1]["forward"] == round(sum(run["1F"]) / 2)
+    assert data["stages"][0]["weight_grad"] == run["0W"][0]
+    assert set(meta["compute_run_spread_pct"].values()) == {0.0}
     costs = costs_from_dict(data)
     assert costs.time_unit == "ns"
     assert all(s.forward > 0 and s.backward > 0 and s.weight_grad > 0 for s in costs.stages)
     assert costs.stage(0).output_bytes == 2 * 96 * 4  # 2 rows of the MLP's 96-wide hidden
     assert costs_at_microbatch_size(costs, meta, 2) == costs  # measured at one size only
     assert predict(calibration_schedule(n_ranks=2, n_microbatches=2), costs) > 0
-    assert "gpipe" in text and "error: mean" in text
+    assert "gpipe" in text and "error: mean" in text and "p10-p90 band" in text
 
 
 def test_three_sizes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,10 @@ all measured, see :func:`calibration_schedule`), per-message send and receive
 overheads, link latency and a per-action dispatch overhead. Intra-op threads
 per rank are set explicitly (ranks sharing cores with more than one thread each
 run 3-12x slower when they overlap) and recorded with the rest of the
-provenance in the cost file's ``meta``.
+provenance in the cost file's ``meta``, with each run's own compute times per stage
+and op (``compute_samples_ns``, one mapping per run) and how far the runs' medians
+spread (``compute_run_spread_pct``), from which :func:`pipesim.band.predict_band`
+draws a band around the prediction.
 
 :func:`measure` runs any schedule the same way and returns the median
 measured step and its spread; :func:`pipesim.calibration.predict` gives
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 
+from pipesim.band import compute_samples, run_spread
 from pipesim.calibration import (
     MeasuredStep,
     calibration_schedule,
@@ -255,4 +259,13 @@ def fit_cut(
         warmup_steps=warmup,
         measured_makespans_ns=[int(t) for t in measured.makespans_ns],
     )
+    # Each run's own compute times (fresh rank processes each): how far the runs spread,
+    # and what pipesim.band.predict_band draws from.
+    runs = compute_samples(measured.steps)
+    meta["compute_run_spread_pct"] = {
+        key: round(float(value) * 100, 1) for key, value in run_spread(runs).items()
+    }
+    meta["compute_samples_ns"] = [
+        {key: [int(v) for v in values] for key, values in run.items()} for run in runs
+    ]
     return fit.costs, meta

@@ -9,7 +9,9 @@ and op medians plus per-message send / receive overheads, link latency and a
 per-action dispatch overhead (:mod:`pipesim.calibration`). With two
 ``--microbatch-sizes`` it also measures the second size, and the file scales to
 any size (:mod:`pipesim.scaling`). ``--check`` then runs other schedules, and
-prints pipesim's prediction from the file next to the measured median.
+prints pipesim's prediction from the file, with a p10-p90 band drawn from the
+calibration runs' own compute times (:mod:`pipesim.band`), next to the measured
+median.
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     _write(costs, meta, args.output)
     _print_costs(costs, meta, args.output)
     if checks:
-        return _check(args, costs, checks)
+        return _check(args, costs, checks, meta["compute_samples_ns"])
     return 0
 
 
@@ -233,6 +235,13 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
         f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
         f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
     )
+    spread = meta["compute_run_spread_pct"]
+    if spread:
+        widest = max(spread, key=spread.get)
+        print(
+            f"  runs' medians spread (largest - smallest) / median: mean "
+            f"{sum(spread.values()) / len(spread):.1f}%, widest {widest} {spread[widest]:.1f}%"
+        )
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
     print(f"wrote {path}")
@@ -271,16 +280,20 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
     return found
 
 
-def _check(args: argparse.Namespace, costs: Any, schedules: list[Any]) -> int:
+def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], runs: list[Any]) -> int:
+    """Predict and measure each of ``schedules``; the band is p10-p90 of
+    :func:`pipesim.band.predict_band` drawn from the calibration ``runs``' samples."""
+    from pipesim.band import predict_band
     from pipesim.calibration import costs_for, predict
     from verify.fidelity import measure
 
     errors = []
     cuts = {args.stages * args.virtual: costs}
-    print("schedule            m   predicted   measured (spread)   error")
+    print("schedule            m   predicted (p10-p90 band)        measured (spread)   error")
     for schedule in schedules:
         m = schedule.n_microbatches
         predicted = predict(schedule, costs_for(schedule, cuts))
+        band = predict_band(schedule, costs_for(schedule, cuts), runs)
         got = measure(
             schedule,
             model=args.model,
@@ -295,6 +308,7 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any]) -> int:
         errors.append(abs(error))
         print(
             f"{schedule.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
+            f"({float(band.low) / 1e6:.2f}-{float(band.high) / 1e6:.2f} ms) "
             f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}%"
         )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
