@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
-from pipesim.calibration import MeasuredStep, compute_span, median
+from pipesim.calibration import MeasuredStep, compute_span, cut_stages, median
 from pipesim.costs import CostModel
 from pipesim.errors import CostError
 from pipesim.exact import Time, to_time
@@ -162,8 +162,8 @@ def predict_band(
 ) -> PredictionBand:
     """The step of ``schedule`` under ``costs``' overheads with every unit of work's compute
     drawn from one of ``runs`` (picked per draw, :func:`compute_samples` of the
-    calibration's steps, keyed by the stages of ``costs``' cut: a schedule with two model
-    copies draws stage ``s`` from ``s mod`` its per-copy stage count), ``draws`` times
+    calibration's steps, keyed by the stages of the calibrated cut:
+    :func:`~pipesim.calibration.cut_stages` maps a schedule's stages onto it), ``draws`` times
     with ``random.Random(seed)``; see the module docstring."""
     if draws < 1:
         raise CostError(f"draws must be at least 1, got {draws}")
@@ -172,13 +172,13 @@ def predict_band(
         raise CostError(f"quantiles must satisfy 0 <= low <= high <= 1, got {quantiles}")
     per_run = _checked(runs)
     costs = costs.for_stages(schedule.n_stages)
-    per_copy = schedule.n_stages // schedule.n_copies
+    cut = cut_stages(schedule)
     works = step_structure(schedule).works
     span = compute_span(schedule, costs)
     rng = random.Random(seed)
 
     def compute(action: Action, run: Mapping[tuple[int, Op], tuple[Time, ...]]) -> Time:
-        values = run.get((action.stage % per_copy, action.op))
+        values = run.get((cut[action.stage], action.op))
         return rng.choice(values) if values else costs.stage(action.stage).duration(action.op)
 
     spans = []

@@ -95,6 +95,7 @@ __all__ = [
     "compute_only",
     "compute_span",
     "costs_for",
+    "cut_stages",
     "fit_costs",
     "mean",
     "measured_makespan",
@@ -600,7 +601,18 @@ def costs_for(schedule: Schedule, cuts: Mapping[int, CostModel], /) -> CostModel
             f"no calibration for a cut into {per_copy} stages (have {sorted(cuts)}); "
             f"calibrate with --virtual {max(per_copy // schedule.n_ranks, 1)}"
         )
-    return replace(costs, stages=costs.for_stages(per_copy).stages * schedule.n_copies)
+    cut = costs.for_stages(per_copy).stages
+    return replace(costs, stages=tuple(cut[k] for k in cut_stages(schedule)))
+
+
+def cut_stages(schedule: Schedule, /) -> tuple[int, ...]:
+    """Per stage of ``schedule``, the stage of the calibrated cut whose costs it takes
+    (:func:`costs_for`): itself, or with ``n_copies > 1`` its place in its model copy.
+
+    >>> cut_stages(generate("dualpipe", n_ranks=2, n_microbatches=4))
+    (0, 1, 0, 1)
+    """
+    return tuple(range(schedule.n_stages // schedule.n_copies)) * schedule.n_copies
 
 
 def predict(schedule: Schedule, costs: CostModel, /) -> Time:
