@@ -37,7 +37,10 @@ is also predicted from its own file (in sample) to show the floor. Each line als
 prints the p10-p90 ``band`` of :func:`pipesim.band.predict_band` (``--draws``
 seeded draws, each unit of work's compute drawn from one calibration run's own
 samples) and how many of the measured runs fell inside it (the summary counts them
-all: a calibrated band holds about 8 in 10).
+all: a calibrated band holds about 8 in 10), and the error of the ``drawn``
+prediction: the median of as many draws, each unit of work from every calibration
+run's samples at once (:func:`pipesim.band.pool_runs`), which carries the variation
+of compute times into the longest path; the summary sets it beside ``predict``'s.
 
 The machine's load (``os.getloadavg``, 1 min) is recorded; lines measured above
 ``--max-load`` are flagged BUSY and the summary is refused when any is
@@ -63,7 +66,7 @@ import sys
 import time
 from typing import Any
 
-from pipesim.band import PredictionBand, predict_band
+from pipesim.band import PredictionBand, pool_runs, predict_band
 from pipesim.calibration import calibration_schedule, costs_for, predict, replay
 from pipesim.costs import SEND_MODES, CostModel, costs_to_dict
 from pipesim.errors import PipesimError
@@ -94,6 +97,7 @@ def _line(row: dict[str, Any]) -> str:
         f"predicted {row['predicted_ms']:9.2f} ms  measured {row['measured_ms']:9.2f} ms "
         f"(spread {row['spread_pct']:5.1f}%)  error {row['error_pct']:+6.1f}%  "
         f"excess {row['excess_pct']:5.1f}%  model {row['model_error_pct']:+5.1f}%  "
+        + (f"drawn {row['drawn_error_pct']:+6.1f}%  " if row["band_ms"] else "")
         + (
             f"band {row['band_ms'][0]:.0f}-{row['band_ms'][1]:.0f} ms "
             f"({row['runs_in_band']}/{len(row['runs_ms'])} in)  "
@@ -317,11 +321,15 @@ def run(args: argparse.Namespace) -> int:
                 model, name, virtual, schedule.n_microbatches, predicted, got[k], load, max_load
             )
             row["model_error_pct"] = _model_error(got[k], costs)
-            band = None
+            band = drawn = None
             if not role.startswith("scale:"):  # samples measured at this size only
                 runs = samples[schedule.n_stages // schedule.n_copies]
                 band = predict_band(schedule, costs, runs, draws=args.draws, seed=0)
+                drawn = predict_band(schedule, costs, [pool_runs(runs)], draws=args.draws)
             _add_band(row, band, got[k])
+            row["drawn_error_pct"] = (
+                float((drawn.median - got[k].median_ns) / got[k].median_ns) * 100 if drawn else None
+            )
             target.append(row)
             print(("  in sample: " if target is floor else "  ") + _line(row), flush=True)
         if args.effects and (layers, width) == sizes[0]:
@@ -384,6 +392,14 @@ def _effects(args: argparse.Namespace, options: dict[str, int]) -> None:
         )
 
 
+def _stats(errors: list[float]) -> tuple[float, float, float]:
+    """Mean and max of the absolute errors, and the signed mean (0s without errors)."""
+    if not errors:
+        return (0.0, 0.0, 0.0)
+    absolute = [abs(e) for e in errors]
+    return (sum(absolute) / len(errors), max(absolute), sum(errors) / len(errors))
+
+
 def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[Any]) -> int:
     if not rows:
         print("no configuration was measured")
@@ -407,6 +423,9 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         "mean_signed_model_error_pct": sum(r["model_error_pct"] for r in rows) / len(rows),
         "in_sample_error_pct": [r["error_pct"] for r in floor],
         "runs_in_band": sum(r["runs_in_band"] for r in rows if r["band_ms"]),
+        "configurations_drawn": sum(1 for r in rows if r["band_ms"]),
+        "drawn_error_pct": _stats([r["drawn_error_pct"] for r in rows if r["band_ms"]]),
+        "error_pct_where_drawn": _stats([r["error_pct"] for r in rows if r["band_ms"]]),
         "runs_with_band": sum(len(r["runs_ms"]) for r in rows if r["band_ms"]),
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
@@ -434,6 +453,12 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         f"{summary['mean_signed_model_error_pct']:+.1f}%); measured runs inside the p10-p90 "
         f"band: {summary['runs_in_band']} of {summary['runs_with_band']}"
     )
+    for label, key in (("prediction", "error_pct_where_drawn"), ("drawn", "drawn_error_pct")):
+        mean_abs, max_abs, signed = summary[key]
+        print(
+            f"{label} error where drawn ({summary['configurations_drawn']} configurations): "
+            f"mean {mean_abs:.1f}% max {max_abs:.1f}% (signed mean {signed:+.1f}%)"
+        )
     print(
         "in sample (calibration schedule from its own file): "
         + ", ".join(f"{e:+.1f}%" for e in summary["in_sample_error_pct"])

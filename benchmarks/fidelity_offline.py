@@ -42,7 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipesim.actions import Op, parse_action
-from pipesim.band import compute_samples, predict_band
+from pipesim.band import compute_samples, pool_runs, predict_band
 from pipesim.calibration import (
     MeasuredStep,
     costs_for,
@@ -176,10 +176,9 @@ def evaluate_methods(
 
         spans = [measured_makespan(s.trace) for s in steps]
         measured = statistics.median(map(float, spans))
-        pooled_run = {k: tuple(v for r in by_run for v in r.get(k, ())) for k in by_run[0]}
         bands = {
             name: predict_band(schedule, with_(cut), group, draws=draws, seed=seed)
-            for name, group in (("pooled", [pooled_run]), ("band", by_run))
+            for name, group in (("pooled", [pool_runs(by_run)]), ("band", by_run))
         }
         predicted = {
             "median": predict(schedule, with_(cut)),

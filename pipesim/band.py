@@ -12,15 +12,15 @@ time), simulates the step with the same engine and overheads as the prediction
 (:func:`pipesim.calibration.compute_span`), and reports the median step and a band
 (p10 to p90 by default, nearest-rank quantiles of the draws).
 
-Per run, not pooled: drawing each unit of work from every run's samples at once
-treats the runs' speeds as independent per action, and the band comes out too
-narrow. Measured on the saved steps of two full fidelity runs
+Per run, or pooled (:func:`pool_runs`): drawing each unit of work from every run's
+samples at once treats the runs' speeds as independent per action, so its band comes
+out too narrow; measured on the saved steps of two full fidelity runs
 (``benchmarks/fidelity_offline.py --methods``, 52 configurations x 3 runs each), the
-measured runs fell inside a pooled p10-p90 band 22% and 31% of the time, inside the
-per-run band 55% and 64%. The band's median is not a better point prediction than the
-median-based :func:`~pipesim.calibration.predict` (mean error 7.7% against 8.5% on
-one file, 5.6% against 5.2% on the other), so ``predict`` stays the prediction and
-the band says how far a run may land from it.
+measured runs fell inside a pooled p10-p90 band 23% and 28% of the time, inside the
+per-run band 54% and 64%. The pooled draws' median is the better point prediction:
+mean error 7.2% and 5.5% against the median-based
+:func:`~pipesim.calibration.predict`'s 9.0% and 5.6% (max 33.2% and 24.8% against
+36.7% and 28.3%).
 
 1F1B with one micro-batch, no overheads: the step is the chain
 0F0, 1F0, 1B0, 0B0; 1F0 took 10 or 30 in the first of three runs and 50 in the
@@ -54,7 +54,7 @@ from pipesim.exact import Time, to_time
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 
-__all__ = ["PredictionBand", "compute_samples", "predict_band", "run_spread"]
+__all__ = ["PredictionBand", "compute_samples", "pool_runs", "predict_band", "run_spread"]
 
 RunSamples = Mapping[str, Sequence[Time]]
 """One calibration run's compute times per stage and op, keyed ``"0F"``, ``"1W"``, ..."""
@@ -101,6 +101,20 @@ def compute_samples(steps: Sequence[MeasuredStep], /) -> tuple[dict[str, tuple[T
                 per[f"{record.work.stage}{record.work.op.value}"].append(record.end - record.start)
         found.append({key: tuple(values) for key, values in per.items()})
     return tuple(found)
+
+
+def pool_runs(runs: Sequence[RunSamples], /) -> dict[str, tuple[Time, ...]]:
+    """Every run's samples as one run: :func:`predict_band` of ``[pool_runs(runs)]`` draws
+    each unit of work from all runs at once (independently), not one run per draw.
+
+    >>> pool_runs([{"0F": (10, 12)}, {"0F": (14,), "1W": (40,)}])
+    {'0F': (10, 12, 14), '1W': (40,)}
+    """
+    pooled: dict[str, list[Time]] = defaultdict(list)
+    for run in runs:
+        for key, values in run.items():
+            pooled[key].extend(values)
+    return {key: tuple(values) for key, values in pooled.items()}
 
 
 def run_spread(runs: Sequence[RunSamples], /) -> dict[str, Fraction]:
