@@ -24,7 +24,8 @@ measured steps (any schedules on one cut of the model, any micro-batch counts):
 5. **rendezvous sends** (``send_mode="rendezvous"``, :mod:`pipesim.engine`): a message
    leaves when its receive is posted too (after the node the receiving rank runs
    before the RECV, :func:`pipesim.comms.receive_posts`) and, if that came second while
-   the sender was inside a node, answered; rules 3-4 use that departure (the sender's
+   the sender was inside a node (or waking up for the node that takes a message of the
+   node the receive was posted after), answered; rules 3-4 use that departure (the sender's
    answer left out), the latency comes from the messages that left at once, and the
    **handshake** ``h`` from those waited for (a receive posted right before the work
    that needs it counts) that arrived before the sender's node ended: there ``b``'s
@@ -269,14 +270,14 @@ class _Transition:
     """Receives ``a``'s rank posts after ``a`` (and its sends), before ``b``."""
     late_posts_a: int
     """Of those, the receives whose messages had been sent when ``a`` ended."""
-    posts: tuple[tuple[Time, int, int] | None, ...]
+    posts: tuple[tuple[Time, int, int, int] | None, ...]
     """Per message ``b`` takes: the compute end of the node after which its receive is
-    posted, how many messages that node sends and how many receives its rank posts there
-    before this one (None: posted before the rank's first)."""
-    senders: tuple[tuple[tuple[Time, Time, int, int], ...], ...]
+    posted, how many messages that node sends, how many receives its rank posts there
+    before this one, and the node (None: posted before the rank's first)."""
+    senders: tuple[tuple[tuple[Time, Time, int, int, frozenset[int]], ...], ...]
     """Per message ``b`` takes: its sending rank's nodes in order, each as compute start,
-    compute end, messages taken and messages sent (to tell whether it was computing when
-    the receive was posted)."""
+    compute end, messages taken, messages sent and the nodes whose messages it takes (to
+    tell whether it was computing, or waking up, when the receive was posted)."""
     sent_pairs: frozenset[tuple[int, int]]
     """The (source, destination) rank pairs of the messages ``a`` sends."""
     taken_pairs: frozenset[tuple[int, int]]
@@ -298,20 +299,35 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
         ahead: dict[int, int] = defaultdict(int)
         posted_pairs: dict[int, set[tuple[int, int]]] = defaultdict(set)
         late: dict[int, int] = defaultdict(int)
-        posts: list[tuple[Time, int, int] | None] = []
+        posts: list[tuple[Time, int, int, int] | None] = []
         for message, node in zip(structure.messages, after, strict=True):
-            posts.append(None if node < 0 else (records[node].end, counts.sent[node], ahead[node]))
+            posts.append(
+                None if node < 0 else (records[node].end, counts.sent[node], ahead[node], node)
+            )
             ahead[node] += 1
             posted_pairs[node].add((message.src_rank, message.dst_rank))
             if node >= 0 and records[message.producer_node].end < records[node].end:
                 late[node] += 1
+        n_messages = len(structure.messages)
         spans = [
-            tuple((records[n].start, records[n].end, counts.taken[n], counts.sent[n]) for n in o)
+            tuple(
+                (
+                    records[n].start,
+                    records[n].end,
+                    counts.taken[n],
+                    counts.sent[n],
+                    frozenset(
+                        structure.messages[i].producer_node
+                        for i in structure.inputs[n]
+                        if i < n_messages
+                    ),
+                )
+                for n in o
+            )
             for o in structure.orders
         ]
         for order in structure.orders:
             for a, b in itertools.pairwise(order):
-                n_messages = len(structure.messages)
                 taken = [i for i in structure.inputs[b] if i < n_messages]
                 ins = [structure.messages[i] for i in taken]
                 outs = [structure.messages[i] for i in structure.outputs[a] if i < n_messages]
@@ -440,21 +456,24 @@ def _rendezvous_costs(
 
     def leaves(t: _Transition, receive: Time) -> tuple[Time, Time | None]:
         """When the last message ``b`` takes could leave, no handshake counted, and, when
-        its receive came second while its sender was inside a node, when that node ends
-        (else None): the engine's rule (:mod:`pipesim.engine`)."""
+        its receive came second while its sender was inside a node or waking up for one
+        (it takes a message of the node the receive was posted after), when that node
+        ends (else None): the engine's rule (:mod:`pipesim.engine`)."""
         times: list[tuple[Time, Time | None]] = []
         for (end, k), at, spans in zip(t.sources, t.posts, t.senders, strict=True):
             sent = end + send * k
             posted = sent if at is None else at[0] + send * at[1] + post * at[2]
-            if posted <= sent:
+            if at is None or posted <= sent:
                 times.append((sent, None))
                 continue
-            ends = [
-                e + send * n_sent
-                for s, e, n_taken, n_sent in spans
-                if s - dispatch - receive * n_taken < posted < e + send * n_sent
-            ]
-            times.append((posted, ends[0] if ends else None))
+            ends = None
+            for s, e, n_taken, n_sent, takes in spans:
+                begins, done = s - dispatch - receive * n_taken, e + send * n_sent
+                if begins < posted < done or (begins >= posted and at[3] in takes):
+                    ends = done
+                if begins >= posted or ends is not None:
+                    break
+            times.append((posted, ends))
         return max(times, key=lambda x: x[0])
 
     def fit(receive: Time) -> tuple[Time, Time, Time, Link, dict[str, int]]:

@@ -266,8 +266,9 @@ class CostModel:
     """When a message leaves its sender (the rule is :mod:`pipesim.engine`'s): ``eager``
     when its send is posted; ``rendezvous`` once its receive is posted too (where
     :func:`pipesim.comms.lower_comms` places it) and, when that came second, the sender
-    answered it: at once if waiting, else at the end of its running node or
-    ``Link.handshake`` later (gloo's transport, measured in issue 11)."""
+    answered it: at once if waiting (and not woken by the poster's own message), else at
+    the end of its running node or ``Link.handshake`` later (gloo's transport, measured
+    in issue 11)."""
 
     def __post_init__(self) -> None:
         check_time_unit(self.time_unit)

@@ -60,8 +60,10 @@ schedules alike): a message leaves once its send is posted *and* its receive is,
 receive posted where :func:`pipesim.comms.lower_comms` places the RECV (in a comms
 schedule, where its program does) when the rank gets there. A receive posted after its
 send is answered at once by a sender that waits, else when the sender's running node
-ends or ``Link.handshake`` after the receive, whichever is first (:class:`_Rendezvous`
-states it, with the measurements).
+ends or ``Link.handshake`` after the receive, whichever is first; a sender waiting for a
+message the poster sent since its last unit of work is waking up: it runs the node that
+needs it first, and answers as a computing sender (:class:`_Rendezvous` states it, with
+the measurements).
 **Posting a receive** (``Link.post_overhead``, compute schedules): after a node and its
 sends, the rank posts the receives the lowering puts there, one after the other, each
 holding it ``post_overhead`` (in a comms schedule its RECV node holds it,
@@ -274,10 +276,10 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
                 # it finds it inside a node or not (_Rendezvous), at one timeout per node.
                 if start != env.now:
                     yield timeout(start - env.now)
-                rendezvous.begin(rank)
+                rendezvous.begin(rank, clock)
                 if clock != env.now:
                     yield timeout(clock - env.now)
-                rendezvous.answer(rank)
+                rendezvous.answer(rank, node)
             if e_bytes or e_count:
                 held_bytes += e_bytes
                 inflight += e_count
@@ -399,8 +401,11 @@ class _Rendezvous:
     finished the node before the RECV, :func:`pipesim.comms.receive_posts`). When the
     receive came second, the sender answers it: at once if it is waiting (inside no
     node), else when its running node ends or ``Link.handshake`` after the receive,
-    whichever comes first. Then the message takes its link (occupancy, latency) as an
-    eager one does.
+    whichever comes first. A sender that waits for a message the poster sent since its
+    last unit of work (the poster sends, then posts) is waking up: it runs the node that
+    needs that message first and answers as above, at that node's end or a handshake
+    after the receive. Then the message takes its link (occupancy, latency) as an eager
+    one does.
 
     gloo's TCP transport pairs sends and receives so: a send whose receive is not posted
     waits for the receiver's notice (``Pair::onNotifyRecvReady``), which the sender's
@@ -410,7 +415,11 @@ class _Rendezvous:
     0.45-0.54 ms after its send (overheads included); one whose receive came second and
     was waited for, 4.5-5 ms after the receive (median; 2-8 ms), unless the sender
     ended its computation sooner or was waiting itself. Replaying the measured steps
-    with this rule halves the model's error (``fidelity_offline.py``)."""
+    with this rule halves the model's error (``fidelity_offline.py``). A sender woken by
+    the poster's own message is no waiting one: in 1F1B the first stage sends F, then
+    posts the receive of a B sent earlier, and that B left 1.6-5 ms after the receive
+    (1F1B m=16 at 8 rows per micro-batch, m=8 at 2) while the woken rank computed its
+    F: its main thread runs first, the progress thread after it."""
 
     def __init__(
         self, env: Any, step: CompiledStep, links: _Links | None, deliver: Callable[[int], None]
@@ -421,14 +430,23 @@ class _Rendezvous:
         self.sent: list[Time | None] = [None] * n_messages
         self.posted = bytearray(n_messages)
         self.left = bytearray(n_messages)
-        self.answering: dict[int, list[int]] = {}
+        self.answering: dict[int, list[tuple[int, int]]] = {}
         """Per sending rank, the messages whose receives came after their sends, not yet
-        answered."""
+        answered, each with the node whose end answers it."""
         self.senders = _senders(step.structure)
-        self.since: list[Time] = [-1] * step.structure.schedule.n_ranks
+        n_ranks = step.structure.schedule.n_ranks
+        self.since: list[Time] = [-1] * n_ranks
         """Per rank, when it last started a node."""
-        self.inside = bytearray(step.structure.schedule.n_ranks)
+        self.until: list[Time] = [-1] * n_ranks
+        """Per rank, when the node it last started ends."""
+        self.inside = bytearray(n_ranks)
         """Per rank, 1 while it runs a node."""
+        self.begun = [0] * n_ranks
+        """Per rank, how many nodes of its program it has started."""
+        self.work_ended: list[Time] = [-1] * n_ranks
+        """Per rank, when its last unit of work (not a send or receive) ended."""
+        self.left_at: list[Time] = [-1] * n_messages
+        """Per message, when it left (-1: not yet)."""
         self.posts = posted_after(step.structure)
         """Node (-1: the start) -> the messages whose receives are posted when it ends."""
         self.times: tuple[dict[int, Time], dict[int, Time]] = ({}, {})
@@ -447,35 +465,69 @@ class _Rendezvous:
                 continue
             pair = self.step.structure.pair_of[message]
             handshake = self.step.pair_links[pair].handshake
-            rank = self.step.structure.rank_of_node(self.senders[message])
-            # Posted second (a tie is no later) to a sender inside a node it started before
-            # (one that waits, or just ended or started one, answers now): whatever the order
-            # SimPy runs equal-time events in, the answer is the same.
-            now = self.env.now
-            busy = self.inside[rank] and self.since[rank] < now
-            if handshake and sent < now and busy:
+            node = self._answered_by(message) if handshake and sent < self.env.now else -1
+            if node >= 0:
                 later = self.env.timeout(handshake)
                 later.callbacks.append(lambda _, m=message: self._leave(m))
-                self.answering.setdefault(rank, []).append(message)
+                rank = self.step.structure.rank_of_node(self.senders[message])
+                self.answering.setdefault(rank, []).append((node, message))
             else:
                 self._leave(message)
 
-    def begin(self, rank: int) -> None:
-        """``rank`` starts a node now."""
-        self.since[rank] = self.env.now
-        self.inside[rank] = 1
+    def _answered_by(self, message: int) -> int:
+        """The node whose end answers ``message``'s receive, posted now after its send: the
+        node its sender runs past now, or the node it is waking up for (it waits for a
+        message the poster sent since its last unit of work); -1: answered now.
 
-    def answer(self, rank: int) -> None:
-        """``rank`` ended a node: the late receives posted to it meanwhile are answered."""
+        A tie is no later: a sender whose node ends now, or that starts one now, is judged
+        by the node it runs next, whatever the order SimPy runs equal-time events in."""
+        structure, now = self.step.structure, self.env.now
+        rank = structure.rank_of_node(self.senders[message])
+        position = self.begun[rank]
+        if self.inside[rank]:
+            if self.since[rank] < now < self.until[rank]:
+                return structure.programs[rank][position - 1]
+            if self.since[rank] == now:
+                position -= 1
+        program = structure.programs[rank]
+        if position >= len(program):
+            return -1
+        node = program[position]
+        poster = structure.messages[message].dst_rank
+        window = self.work_ended[poster]
+        for arrival in structure.inputs[node]:
+            if (
+                arrival < structure.n_messages
+                and structure.messages[arrival].src_rank == poster
+                and self.left_at[arrival] >= window >= 0
+            ):
+                return node  # woken by the poster's message: it runs that node first
+        return -1
+
+    def begin(self, rank: int, until: Time) -> None:
+        """``rank`` starts a node now that ends at ``until``."""
+        self.since[rank] = self.env.now
+        self.until[rank] = until
+        self.inside[rank] = 1
+        self.begun[rank] += 1
+
+    def answer(self, rank: int, node: int) -> None:
+        """``rank`` ended ``node``: the late receives it answers leave."""
         self.inside[rank] = 0
-        if rank in self.answering:
-            for message in self.answering.pop(rank):
-                self._leave(message)
+        if node < self.step.structure.n_nodes:
+            self.work_ended[rank] = self.env.now
+        waiting = self.answering.get(rank)
+        if waiting:
+            self.answering[rank] = [(n, m) for n, m in waiting if n != node]
+            for n, m in waiting:
+                if n == node:
+                    self._leave(m)
 
     def _leave(self, message: int) -> None:
         if self.left[message]:
             return
         self.left[message] = 1
+        self.left_at[message] = self.env.now
         if self.on_link[message]:
             assert self.links is not None
             self.links.send(message, None)
