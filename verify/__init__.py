@@ -9,6 +9,10 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.split_backward`: a backward as I now and W later, W from I's saved gradients;
 - :mod:`verify.local`: run a Schedule in one process on a list of devices;
 - :mod:`verify.dist`: one process per rank with torch.distributed (gloo on the CPU);
+- :mod:`verify.launch`: start the rank processes, watch them with a deadline, stop them all;
+- :mod:`verify.rank_status`: what each rank is doing, in words when a run fails or hangs;
+- :mod:`verify.rank`: one rank's step (its program of compute, sends and receives);
+- :mod:`verify.rank_results`: the ranks' results merged and checked against the unsplit model;
 - :mod:`verify.timing`: when each unit ran (CUDA events read once per step on GPUs);
 - :mod:`verify.transport`: untagged, ordered, header-checked messages between ranks;
 - :mod:`verify.torchrun`: one rank per process under ``torchrun -m verify`` (NCCL on GPUs);
@@ -48,18 +52,7 @@ from verify.compare import (
     verify,
 )
 from verify.crosscheck import CrossCheck, crosscheck, crosscheck_all
-from verify.dist import (
-    RankSpec,
-    as_rank,
-    assemble,
-    launch,
-    locate_from_results,
-    message_shapes,
-    report_from_results,
-    run_rank,
-    verify_distributed,
-    verify_distributed_all,
-)
+from verify.dist import verify_distributed, verify_distributed_all
 from verify.errors import ExactnessError, RunFailedError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
 from verify.fidelity import (
@@ -70,6 +63,7 @@ from verify.fidelity import (
     measure_all,
     threads_per_rank,
 )
+from verify.launch import as_rank, launch
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -83,6 +77,20 @@ from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, measured_step_dict, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
+from verify.rank import RankSpec, message_shapes, run_rank, run_specs
+from verify.rank_results import assemble, locate_from_results, report_from_results
+from verify.rank_status import (
+    COMPUTING,
+    FINISHED,
+    STARTING,
+    WAITING,
+    current_schedule,
+    describe_failure,
+    describe_states,
+    set_current_schedule,
+    set_state,
+    status_length,
+)
 from verify.report import VerifyReport, format_report
 from verify.runtime import SavedBytes, StageRuntime
 from verify.split_backward import PendingWeights, input_backward, weight_backward
@@ -97,8 +105,12 @@ from verify.transport import (
 )
 
 __all__ = [
+    "COMPUTING",
+    "FINISHED",
     "HEADER_LENGTH",
     "MODEL_NAMES",
+    "STARTING",
+    "WAITING",
     "ActionTiming",
     "CrossCheck",
     "DeviceEvent",
@@ -134,7 +146,10 @@ __all__ = [
     "crosscheck_all",
     "cuda_event",
     "cuda_synchronize",
+    "current_schedule",
     "decode_header",
+    "describe_failure",
+    "describe_states",
     "encode_header",
     "exact_settings",
     "exactness_problems",
@@ -163,10 +178,14 @@ __all__ = [
     "report_from_results",
     "run_rank",
     "run_schedule",
+    "run_specs",
     "save_costs",
     "schedule_accumulation_orders",
+    "set_current_schedule",
+    "set_state",
     "split_microbatches",
     "stage_bytes",
+    "status_length",
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",

@@ -38,9 +38,11 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to_json
 from pipesim.sigterm import exit_on_sigterm
 from verify.compare import build_stages, split_microbatches
-from verify.dist import RankSpec, as_rank, launch, message_shapes, run_rank
 from verify.errors import VerifyError
+from verify.launch import as_rank, launch
 from verify.models import load_model
+from verify.rank import RankSpec, message_shapes, run_rank
+from verify.rank_status import set_current_schedule
 
 __all__ = ["CrossCheck", "crosscheck", "crosscheck_all"]
 
@@ -236,7 +238,7 @@ def _both(
 ) -> None:
     for index, spec in enumerate(specs):
         if rank == 0:
-            status[3 * world_size] = index
+            set_current_schedule(status, world_size, index)
         csv_path = Path(workdir, f"schedule-{index}-rank{rank}.csv")
         if torch_first:
             theirs = _torch_steps(rank, spec, csv_path)

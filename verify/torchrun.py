@@ -25,16 +25,11 @@ import torch.distributed as dist
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from verify.compare import build_stages, split_microbatches
-from verify.dist import (
-    RankSpec,
-    locate_from_results,
-    message_shapes,
-    report_from_results,
-    run_rank,
-)
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings
 from verify.models import load_model
+from verify.rank import RankSpec, message_shapes, run_rank
+from verify.rank_results import locate_from_results, report_from_results
 from verify.report import VerifyReport
 
 __all__ = ["TorchrunPlace", "torchrun_place", "verify_torchrun"]

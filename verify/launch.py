@@ -1,0 +1,154 @@
+"""Start one process per rank on the CPU, watch them with a deadline, stop them all at once.
+
+:func:`launch` spawns the ranks (``multiprocessing``'s spawn context, so each
+rank imports torch afresh), polls their exit codes, and on the first failure,
+death or the overall deadline kills every rank still running and raises a
+:class:`~verify.errors.RunFailedError` that says, from the shared status array
+(:mod:`verify.rank_status`) and the ranks' error files, which rank did what.
+:func:`as_rank` is the rank side: a gloo process group through a file
+rendezvous in the launch's folder, torch's stderr kept in a log file there, and
+any failure written where the launcher reads it. :mod:`verify.dist` and
+:mod:`verify.crosscheck` run their rank bodies through both.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipesim.schedule import Schedule
+from verify.errors import RunFailedError
+from verify.rank import RankSpec, run_specs
+from verify.rank_status import (
+    current_schedule,
+    describe_failure,
+    describe_states,
+    status_length,
+)
+
+__all__ = ["as_rank", "launch"]
+
+_POLL_S = 0.02
+"""How often the launcher looks at the ranks' exit codes."""
+_GRACE_S = 1.0
+"""After one rank fails, how long the others get to notice (their waits fail fast) and
+write what they saw, before they are killed."""
+
+
+def launch(
+    specs: Sequence[RankSpec],
+    schedules: Sequence[Schedule],
+    *,
+    workdir: Path,
+    timeout_s: float,
+    target: Callable[..., None] | None = None,
+) -> None:
+    """Start one process per rank running ``target(rank, world_size, specs, workdir,
+    status)`` (default: the verify step, :func:`verify.rank.run_specs`), wait for all with a
+    deadline, and stop every rank on the first failure; RunFailedError says which rank did
+    what."""
+    target = _verify_worker if target is None else target
+    n_ranks = schedules[0].n_ranks
+    context = multiprocessing.get_context("spawn")
+    status = context.Array("q", status_length(n_ranks), lock=False)
+    processes = [
+        context.Process(
+            target=target, args=(rank, n_ranks, specs, str(workdir), status), daemon=True
+        )
+        for rank in range(n_ranks)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        _watch(processes, schedules, workdir=workdir, status=status, timeout_s=timeout_s)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            if process.pid is not None:
+                process.join(timeout=5)
+
+
+def _watch(
+    processes: Sequence[Any],
+    schedules: Sequence[Schedule],
+    *,
+    workdir: Path,
+    status: Any,
+    timeout_s: float,
+) -> None:
+    """Return when every rank has exited 0; raise on the first that did not, or at the
+    deadline."""
+    n_ranks = len(processes)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.exitcode for p in processes]
+        if all(code == 0 for code in codes):
+            return
+        if any(code not in (None, 0) for code in codes):
+            grace = time.monotonic() + _GRACE_S
+            while time.monotonic() < grace and any(p.exitcode is None for p in processes):
+                time.sleep(_POLL_S)
+            schedule = schedules[current_schedule(status, n_ranks)]
+            raise RunFailedError(
+                f"the distributed run of {schedule.name!r} failed: "
+                + describe_failure(schedule, processes, workdir, status)
+            )
+        if time.monotonic() > deadline:
+            schedule = schedules[current_schedule(status, n_ranks)]
+            raise RunFailedError(
+                f"the distributed run of {schedule.name!r} did not finish within "
+                f"{timeout_s:g} s; its ranks were stopped (raise the timeout for bigger "
+                "models): " + describe_states(schedule, status, range(n_ranks))
+            )
+        time.sleep(_POLL_S)
+
+
+def as_rank(
+    rank: int,
+    world_size: int,
+    specs: Sequence[RankSpec],
+    workdir: str,
+    status: Any,
+    *,
+    body: Callable[[int, int, Sequence[RankSpec], str, Any], None],
+) -> None:
+    """Run ``body`` as one rank of a gloo group on the CPU (a process :func:`launch`
+    started): stderr to a log file, a failure written where the launcher reads it."""
+    # torch's own warnings and C++ logs go to a file, not into pipesim's error output.
+    log = os.open(os.path.join(workdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(log, 2)
+    try:
+        torch.set_num_threads(specs[0].n_threads)  # the parent's count: same kernels, same bits
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{workdir}/rendezvous",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=specs[0].timeout_s),
+        )
+        try:
+            body(rank, world_size, specs, workdir, status)
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # every failure is reported to the launcher
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not text.startswith(f"rank {rank} "):
+            text = f"rank {rank} failed: {text}"
+        Path(workdir, f"rank{rank}.error").write_text(text + "\n")
+        raise SystemExit(1) from None
+
+
+def _verify_worker(
+    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+) -> None:
+    as_rank(rank, world_size, specs, workdir, status, body=run_specs)

@@ -1,0 +1,249 @@
+"""One rank's step: the per-rank driver loop of the multi-process executors.
+
+A rank rebuilds the model from its name (``mlp``, ``gpt`` or
+``package.module:factory``, the same seed, so the same bits), keeps only its
+own stages, and walks its program from :func:`pipesim.comms.lower_comms`: its
+compute work in the Schedule's order, with each send right after the work that
+produced it and each receive posted where the global order puts it. Messages go
+through :class:`verify.transport.OrderedTransport` without tags; a hand-over
+between two stages of one rank stays in the process. What each action computes
+is :class:`verify.runtime.StageRuntime`'s, as in :mod:`verify.local`. Each rank
+times its compute (not its waits) with :class:`verify.timing.UnitClock`:
+``time.perf_counter_ns`` on the CPU, CUDA events read once per step on a GPU,
+both placed on the host's ``perf_counter_ns``, a clock shared by the processes
+of one machine, so the ranks' timelines line up.
+
+:mod:`verify.dist` (processes it spawns), :mod:`verify.torchrun` (processes
+torchrun started) and :mod:`verify.crosscheck` run a rank with :func:`run_rank`;
+``report(state, value, peer)`` hears what the rank is doing
+(:mod:`verify.rank_status`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from pipesim.comms import Comm, CommSchedule, Message, lower_comms, messages
+from pipesim.schedule import Schedule
+from pipesim.schedule_io import schedule_from_json
+from verify.compare import build_stages, split_microbatches
+from verify.exactness import exact_settings
+from verify.models import load_model
+from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
+from verify.runtime import StageRuntime
+from verify.timing import UnitClock
+from verify.transport import OrderedTransport
+
+__all__ = ["RankSpec", "message_shapes", "run_rank", "run_specs"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankSpec:
+    """Everything a rank process needs to rebuild the run (picklable)."""
+
+    schedule_json: str
+    model: str
+    model_options: Mapping[str, int] = field(default_factory=dict)
+    seed: int | None = None
+    batch_size: int
+    timeout_s: float
+    """Deadline of every wait for a message."""
+    warmup: int = 1
+    n_threads: int = 1
+    shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]] | None = None
+    """Each message's shape and dtype; None: each rank runs the model once to find them."""
+    batch: tuple[Tensor, Tensor] | None = None
+    """The step's inputs and targets; None: each rank draws them (the same seed)."""
+    trace_grads: bool = False
+    """Keep the gradients after every B and W (to locate a gradient mismatch)."""
+
+
+def run_rank(
+    rank: int,
+    spec: RankSpec,
+    /,
+    *,
+    device: torch.device,
+    report: Callable[[int, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """One rank's measured step (after ``spec.warmup`` untimed ones), in a process group
+    that is already up; the result holds CPU tensors. ``report(state, value, peer)`` hears
+    what the rank is doing."""
+    schedule = schedule_from_json(spec.schedule_json)
+    model = load_model(spec.model, seed=spec.seed, **spec.model_options)
+    stages = build_stages(model, schedule)
+    x, target = model.make_batch(spec.batch_size) if spec.batch is None else spec.batch
+    xs = split_microbatches(x, schedule.n_microbatches)
+    ts = split_microbatches(target, schedule.n_microbatches)
+    comms = lower_comms(schedule)
+    shapes = spec.shapes if spec.shapes is not None else message_shapes(schedule, stages, xs)
+    for stage in schedule.stages_of(rank):
+        stages[stage].to(device)
+    result: dict[str, Any] = {}
+    walls, cpu = [], []
+    with exact_settings(model.layers, devices=[device]):
+        for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+            start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+            step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
+            step.report = report
+            result = step.run()
+            dist.barrier()
+            walls.append(time.perf_counter_ns() - start)
+            cpu.append(time.process_time_ns() - start_cpu)
+    result["step_wall_ns"] = walls  # each step's wall time, warm-ups first
+    result["step_cpu_ns"] = cpu  # and its CPU time (the process's threads, gloo's too)
+    return result
+
+
+def message_shapes(
+    schedule: Schedule, stages: Sequence[nn.Module], xs: Sequence[Tensor]
+) -> dict[Message, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every message, so that a receiver can post its buffer early: an
+    activation is its stage's output, a gradient has the shape of what it differentiates."""
+    per_copy = schedule.n_stages // schedule.n_copies
+    out: dict[tuple[int, int], tuple[tuple[int, ...], torch.dtype]] = {}
+    with torch.no_grad():
+        for mb, x in enumerate(xs):
+            for copy in range(schedule.n_copies):
+                h = x
+                for stage in range(copy * per_copy, (copy + 1) * per_copy):
+                    h = stages[stage](h)
+                    out[(stage, mb)] = (tuple(h.shape), h.dtype)
+    shapes = {}
+    for m in messages(schedule):
+        boundary = m.producer.stage if m.is_forward else m.consumer.stage
+        shapes[m] = out[(boundary, m.producer.microbatch)]
+    return shapes
+
+
+class _RankStep:
+    """One rank's step: its program of compute work, sends and receives."""
+
+    def __init__(
+        self,
+        rank: int,
+        comms: CommSchedule,
+        stages: Sequence[nn.Module],
+        xs: Sequence[Tensor],
+        ts: Sequence[Tensor],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]],
+        device: torch.device,
+        spec: RankSpec,
+    ) -> None:
+        schedule = comms.schedule
+        self.rank, self.comms, self.stages, self.device = rank, comms, stages, device
+        self.mine = schedule.stages_of(rank)
+        self.runtime = StageRuntime(
+            schedule,
+            {s: stages[s] for s in self.mine},
+            devices={s: device for s in self.mine},
+            inputs=xs,
+            targets=ts,
+            loss_fn=loss_fn,
+            trace_grads=spec.trace_grads,
+        )
+        found = messages(schedule)
+        self.index = {m: m.index for m in found}
+        self.by_comm: dict[Comm, Message] = {}
+        for m in found:
+            if m.crosses_ranks:
+                self.by_comm[m.send] = m
+                self.by_comm[m.recv] = m
+        self.needed_by = {m.consumer: m for m in found}
+        self.sent_by = {m.producer: m for m in found}
+        self.report: Callable[[int, int, int], None] | None = None
+        self.transport = OrderedTransport(
+            rank=rank,
+            device=device,
+            shapes=shapes,
+            timeout_s=spec.timeout_s,
+            on_wait=self._on_wait,
+        )
+
+    def _on_wait(self, message: Message | None, peer: int) -> None:
+        if self.report is not None and message is not None:
+            self.report(WAITING, self.index[message], peer)
+
+    def run(self) -> dict[str, Any]:
+        local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
+        outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
+        timings: list[tuple[str, int, int]] = []
+        # CUDA events around each unit, read once after the step: no synchronize in between.
+        clock = UnitClock([self.device])
+        for position, step in enumerate(self.comms.programs[self.rank]):
+            if isinstance(step, Comm):
+                message = self.by_comm[step]
+                if step.op.is_send:
+                    self.transport.send(message, outbox.pop(message))
+                else:
+                    self.transport.post(message)
+                continue
+            incoming: list[Tensor | None] = []
+            for action in step.parts:
+                needed = self.needed_by.get(action)
+                if needed is None:
+                    incoming.append(None)
+                elif needed.crosses_ranks:
+                    incoming.append(self.transport.take(needed))
+                else:
+                    incoming.append(local.pop(needed))
+            if self.report is not None:
+                self.report(COMPUTING, position, -1)
+            start = clock.mark(self.device)
+            for action, value in zip(step.parts, incoming, strict=True):
+                handed = self.runtime.run(action, value)
+                out = self.sent_by.get(action)
+                if out is not None and handed is not None:
+                    (outbox if out.crosses_ranks else local)[out] = handed
+            end = clock.mark(self.device)
+
+            def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
+                # On the host's perf_counter_ns, which the ranks of one machine share.
+                timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
+
+            clock.span(self.device, start, end, done)
+        self.transport.finish()
+        clock.finish()
+        if self.report is not None:
+            self.report(FINISHED, 0, -1)
+        rt = self.runtime
+
+        def cpu(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().cpu()
+
+        return {
+            "device": str(self.device),
+            "outputs": {mb: cpu(t) for mb, t in rt.outputs.items()},
+            "losses": {mb: cpu(t) for mb, t in rt.losses.items()},
+            "grads": {s: [cpu(p.grad) for p in self.stages[s].parameters()] for s in self.mine},
+            "timings": timings,
+            "transfer_bytes": dict(rt.transfer_bytes),
+            "activation_bytes": dict(rt.activation_bytes),
+            "accumulated": {s: list(order) for s, order in rt.accumulated.items()},
+            "grad_trace": rt.grad_trace if rt.trace_grads else {},
+        }
+
+
+def run_specs(
+    rank: int, world_size: int, specs: Sequence[RankSpec], workdir: str, status: Any
+) -> None:
+    """The verify step of each of ``specs`` in turn, as rank ``rank``; each result saved to
+    ``workdir/rank{rank}-{index}.pt``, the rank's state kept in ``status``."""
+
+    def report(state: int, value: int, peer: int) -> None:
+        set_state(status, rank, state, value, peer)
+
+    for index, spec in enumerate(specs):
+        if rank == 0:
+            set_current_schedule(status, world_size, index)
+        result = run_rank(rank, spec, device=torch.device("cpu"), report=report)
+        torch.save(result, Path(workdir) / f"rank{rank}-{index}.pt")
