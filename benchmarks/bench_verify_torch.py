@@ -3,8 +3,9 @@
 
 Goal (issue 12): pipesim's executor within 1.1x of torch's. Each run starts the rank
 processes once (verify.crosscheck) and runs, in every rank, ``--warmup`` untimed and
-``--steps`` timed steps of one runtime, then the same of the other (the order alternates
-between repeats, so neither side always runs on a warmer or quieter machine). A step's
+``--steps`` timed steps of each runtime, alternating: a step of one, then a step of the
+other, the order flipped every step (and which goes first flipped between repeats), so
+that both see the same load and neither always runs on a warmer machine. A step's
 wall time is the slowest rank's (step + barrier); its CPU time is the ranks' processes'
 CPU time added (their threads too), which load on a shared machine stretches less than
 wall time. Every run is checked bit for bit against torch.
@@ -16,7 +17,7 @@ median of the per-repeat ratios. ``--budget-s`` bounds the whole benchmark: a ru
 what is left of it as its timeout, and when it is spent the benchmark says so and
 summarises what it measured.
 
-Run: ``python benchmarks/bench_verify_torch.py [--steps 3] [--warmup 1] [--repeat 3]
+Run: ``python benchmarks/bench_verify_torch.py [--steps 10] [--warmup 2] [--repeat 3]
 [--model mlp|gpt] [--budget-s 1200] [--case 1f1b ...] [--threads 1]``
 """
 
@@ -80,8 +81,8 @@ def _summary(name: str, checks: Sequence[CrossCheck]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed steady steps per run")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    parser.add_argument("--steps", type=int, default=10, help="timed steady steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--repeat", type=int, default=3)
     # The small MLP by default: what an executor adds per step shows most beside little
     # compute; --model gpt (6 blocks, width 128) for a compute-bound step.

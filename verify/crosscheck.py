@@ -9,7 +9,8 @@ initial parameters, and are compared directly: the last stage's output (torch me
 the micro-batch outputs with ``torch.cat``), each micro-batch's loss and every stage's
 gradients (both divide once by the micro-batch count, torch's ``scale_grads``). Each
 also runs a few steps so that the steady-state wall time per step of the two can be
-set side by side (``benchmarks/bench_verify_torch.py``).
+set side by side (``benchmarks/bench_verify_torch.py``): a step of one, then a step of
+the other, the order flipped every step, so that both see the same load.
 
 ``crosscheck(generate("1f1b", n_ranks=2, n_microbatches=4))`` starts two processes
 (tests/test_verify_crosscheck.py runs every schedule torch ships); with no schedules
@@ -39,9 +40,10 @@ from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to
 from pipesim.sigterm import exit_on_sigterm
 from verify.compare import build_stages, split_microbatches
 from verify.errors import VerifyError
+from verify.exactness import exact_settings
 from verify.launch import as_rank, launch
 from verify.models import load_model
-from verify.rank import RankSpec, message_shapes, run_rank
+from verify.rank import RankRunner, RankSpec, message_shapes
 from verify.rank_status import set_current_schedule
 
 __all__ = ["CrossCheck", "crosscheck", "crosscheck_all"]
@@ -112,8 +114,8 @@ def crosscheck_all(
     torch_first: bool = False,
 ) -> tuple[CrossCheck, ...]:
     """:func:`crosscheck` for several schedules of one rank count in the same processes;
-    ``timeout_s`` bounds the whole run. Each rank runs pipesim's steps and then torch's
-    (``torch_first``: the other way round, so that a benchmark can alternate)."""
+    ``timeout_s`` bounds the whole run. Each rank alternates pipesim's steps and torch's,
+    pipesim's first (``torch_first``: torch's), the order flipped every step."""
     if len({s.n_ranks for s in schedules}) > 1:
         raise VerifyError("cross-check schedules of one rank count at a time")
     if warmup < 0 or steps < 1:
@@ -139,7 +141,7 @@ def crosscheck_all(
                 seed=seed,
                 batch_size=rows,
                 timeout_s=timeout_s,
-                warmup=warmup + steps - 1,  # run_rank's untimed steps before its last
+                warmup=warmup + steps - 1,  # the steps before the last (compared) one
                 n_threads=torch.get_num_threads(),
                 shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
                 batch=(x, target),
@@ -239,65 +241,78 @@ def _both(
     for index, spec in enumerate(specs):
         if rank == 0:
             set_current_schedule(status, world_size, index)
-        csv_path = Path(workdir, f"schedule-{index}-rank{rank}.csv")
-        if torch_first:
-            theirs = _torch_steps(rank, spec, csv_path)
-        ours = run_rank(rank, spec, device=torch.device("cpu"))
-        if not torch_first:
-            theirs = _torch_steps(rank, spec, csv_path)
+        ours = RankRunner(rank, spec, device=torch.device("cpu"))
+        theirs = _TorchRunner(rank, spec, Path(workdir, f"schedule-{index}-rank{rank}.csv"))
+        walls: dict[str, list[int]] = {"pipesim": [], "torch": []}
+        cpu: dict[str, list[int]] = {"pipesim": [], "torch": []}
+        results: dict[str, dict[str, Any]] = {}
+        with exact_settings(ours.layers, devices=[torch.device("cpu")]):
+            # Step by step, each runtime's step next to the other's and the order flipped
+            # every step: both see the same load on a shared machine.
+            for step in range(spec.warmup + 1):
+                first = (step % 2 == 0) == torch_first
+                for side in ("torch", "pipesim") if first else ("pipesim", "torch"):
+                    runner = theirs if side == "torch" else ours
+                    results[side], wall_ns, cpu_ns = runner.timed_step()
+                    walls[side].append(wall_ns)
+                    cpu[side].append(cpu_ns)
         torch.save(
             {
-                "pipesim": ours,
-                "torch": theirs,
-                "pipesim_walls": ours["step_wall_ns"],
-                "torch_walls": theirs["walls"],
-                "pipesim_cpu": ours["step_cpu_ns"],
-                "torch_cpu": theirs["cpu"],
+                "pipesim": results["pipesim"],
+                "torch": results["torch"],
+                "pipesim_walls": walls["pipesim"],
+                "torch_walls": walls["torch"],
+                "pipesim_cpu": cpu["pipesim"],
+                "torch_cpu": cpu["torch"],
             },
             Path(workdir) / f"rank{rank}-{index}.pt",
         )
 
 
-def _torch_steps(rank: int, spec: RankSpec, csv_path: Path) -> dict[str, Any]:
-    """``spec.warmup + 1`` steps of torch's runtime on this rank's stages (the last kept)."""
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+class _TorchRunner:
+    """torch's runtime on this rank's stages of ``spec``'s schedule, loaded from torch's
+    compute-only CSV (written to ``csv_path``), run step by step."""
 
-    schedule = schedule_from_json(spec.schedule_json)
-    csv_path.write_text(schedule_to_csv(schedule))  # what torch reads: its compute-only CSV
-    model = load_model(spec.model, seed=spec.seed, **spec.model_options)
-    stages = build_stages(model, schedule)
-    assert spec.batch is not None
-    x, target = spec.batch
-    mine = schedule.stages_of(rank)
-    device = torch.device("cpu")
-    wrapped = [PipelineStage(stages[s], s, schedule.n_stages, device) for s in mine]
-    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
-        wrapped, schedule.n_microbatches, loss_fn=model.loss_fn, scale_grads=True
-    )
-    runtime._load_csv(str(csv_path), format="compute_only")
-    first, last = 0 in mine, schedule.n_stages - 1 in mine
-    walls, cpu = [], []
-    output = None
-    losses: list[Tensor] = []
-    for _ in range(spec.warmup + 1):
-        for s in mine:
-            for p in stages[s].parameters():
+    def __init__(self, rank: int, spec: RankSpec, csv_path: Path) -> None:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+        schedule = schedule_from_json(spec.schedule_json)
+        csv_path.write_text(schedule_to_csv(schedule))  # what torch reads
+        model = load_model(spec.model, seed=spec.seed, **spec.model_options)
+        self.stages = build_stages(model, schedule)
+        assert spec.batch is not None
+        self.x, self.target = spec.batch
+        self.mine = schedule.stages_of(rank)
+        device = torch.device("cpu")
+        wrapped = [PipelineStage(self.stages[s], s, schedule.n_stages, device) for s in self.mine]
+        self.runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+            wrapped, schedule.n_microbatches, loss_fn=model.loss_fn, scale_grads=True
+        )
+        self.runtime._load_csv(str(csv_path), format="compute_only")
+        self.first, self.last = 0 in self.mine, schedule.n_stages - 1 in self.mine
+
+    def timed_step(self) -> tuple[dict[str, Any], int, int]:
+        """One step of torch's runtime and the barrier after it: its outputs, losses and
+        gradients, wall and CPU nanoseconds."""
+        for s in self.mine:
+            for p in self.stages[s].parameters():
                 p.grad = None
-        losses = []
+        losses: list[Tensor] = []
         start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
-        kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
-        output = runtime.step(*((x,) if first else ()), **kwargs)
+        kwargs: dict[str, Any] = {"target": self.target, "losses": losses} if self.last else {}
+        output = self.runtime.step(*((self.x,) if self.first else ()), **kwargs)
         dist.barrier()
-        walls.append(time.perf_counter_ns() - start)
-        cpu.append(time.process_time_ns() - start_cpu)
-    return {
-        "output": output.detach() if isinstance(output, Tensor) and last else None,
-        "losses": {k: loss.detach() for k, loss in enumerate(losses)},
-        "grads": {
-            s: [None if p.grad is None else p.grad.detach().clone() for p in stages[s].parameters()]
-            for s in mine
-        },
-        "walls": walls,
-        "cpu": cpu,
-    }
+        wall_ns, cpu_ns = time.perf_counter_ns() - start, time.process_time_ns() - start_cpu
+        result = {
+            "output": output.detach() if isinstance(output, Tensor) and self.last else None,
+            "losses": {k: loss.detach() for k, loss in enumerate(losses)},
+            "grads": {
+                s: [
+                    None if p.grad is None else p.grad.detach().clone()
+                    for p in self.stages[s].parameters()
+                ]
+                for s in self.mine
+            },
+        }
+        return result, wall_ns, cpu_ns

@@ -31,9 +31,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from pipesim.comms import Comm, CommSchedule, Message, lower_comms, messages
+from pipesim.actions import Work
+from pipesim.comms import Comm, Message, lower_comms, messages
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json
+from pipesim.structure import step_structure
 from verify.compare import build_stages, split_microbatches
 from verify.exactness import exact_settings
 from verify.models import load_model
@@ -42,7 +44,7 @@ from verify.runtime import StageRuntime
 from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
-__all__ = ["RankSpec", "message_shapes", "run_rank", "run_specs"]
+__all__ = ["RankRunner", "RankSpec", "message_shapes", "run_rank", "run_specs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,32 +77,77 @@ def run_rank(
     report: Callable[[int, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """One rank's measured step (after ``spec.warmup`` untimed ones), in a process group
-    that is already up; the result holds CPU tensors. ``report(state, value, peer)`` hears
-    what the rank is doing."""
-    schedule = schedule_from_json(spec.schedule_json)
-    model = load_model(spec.model, seed=spec.seed, **spec.model_options)
-    stages = build_stages(model, schedule)
-    x, target = model.make_batch(spec.batch_size) if spec.batch is None else spec.batch
-    xs = split_microbatches(x, schedule.n_microbatches)
-    ts = split_microbatches(target, schedule.n_microbatches)
-    comms = lower_comms(schedule)
-    shapes = spec.shapes if spec.shapes is not None else message_shapes(schedule, stages, xs)
-    for stage in schedule.stages_of(rank):
-        stages[stage].to(device)
+    that is already up; the result holds CPU tensors, and each step's wall and CPU time
+    (``step_wall_ns``, ``step_cpu_ns``, warm-ups first). ``report(state, value, peer)``
+    hears what the rank is doing."""
+    runner = RankRunner(rank, spec, device=device, report=report)
     result: dict[str, Any] = {}
     walls, cpu = [], []
-    with exact_settings(model.layers, devices=[device]):
+    with exact_settings(runner.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
-            start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
-            step = _RankStep(rank, comms, stages, xs, ts, model.loss_fn, shapes, device, spec)
-            step.report = report
-            result = step.run()
-            dist.barrier()
-            walls.append(time.perf_counter_ns() - start)
-            cpu.append(time.process_time_ns() - start_cpu)
-    result["step_wall_ns"] = walls  # each step's wall time, warm-ups first
-    result["step_cpu_ns"] = cpu  # and its CPU time (the process's threads, gloo's too)
+            result, wall_ns, cpu_ns = runner.timed_step()
+            walls.append(wall_ns)
+            cpu.append(cpu_ns)
+    result["step_wall_ns"] = walls
+    result["step_cpu_ns"] = cpu
     return result
+
+
+class RankRunner:
+    """One rank's steps of ``spec``'s schedule, set up once (the model rebuilt from its name
+    and cut, this rank's stages on ``device``, the program lowered, the transport made) and
+    run as often as asked: :func:`run_rank` runs its warm-ups and measured step,
+    :mod:`verify.crosscheck` alternates its steps with torch's. Run the steps under
+    :func:`verify.exactness.exact_settings` of ``layers``."""
+
+    def __init__(
+        self,
+        rank: int,
+        spec: RankSpec,
+        /,
+        *,
+        device: torch.device,
+        report: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        schedule = schedule_from_json(spec.schedule_json)
+        model = load_model(spec.model, seed=spec.seed, **spec.model_options)
+        self.stages = build_stages(model, schedule)
+        x, target = model.make_batch(spec.batch_size) if spec.batch is None else spec.batch
+        self.xs = split_microbatches(x, schedule.n_microbatches)
+        self.ts = split_microbatches(target, schedule.n_microbatches)
+        shapes = spec.shapes
+        if shapes is None:
+            shapes = message_shapes(schedule, self.stages, self.xs)
+        for stage in schedule.stages_of(rank):
+            self.stages[stage].to(device)
+        self.layers, self.loss_fn = model.layers, model.loss_fn
+        self.spec, self.device = spec, device
+        self.plan = _RankPlan(rank, schedule, report=report)
+        self.transport = OrderedTransport(
+            rank=rank,
+            device=device,
+            shapes=shapes,
+            timeout_s=spec.timeout_s,
+            on_wait=self.plan.on_wait,
+        )
+
+    def timed_step(self) -> tuple[dict[str, Any], int, int]:
+        """One step and the barrier after it: its result, wall and CPU nanoseconds (the
+        process's threads, gloo's too)."""
+        start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+        step = _RankStep(
+            self.plan,
+            self.transport,
+            self.stages,
+            self.xs,
+            self.ts,
+            self.loss_fn,
+            self.device,
+            self.spec,
+        )
+        result = step.run()
+        dist.barrier()
+        return result, time.perf_counter_ns() - start, time.process_time_ns() - start_cpu
 
 
 def message_shapes(
@@ -124,35 +171,20 @@ def message_shapes(
     return shapes
 
 
-class _RankStep:
-    """One rank's step: its program of compute work, sends and receives."""
+class _RankPlan:
+    """What every step of one rank shares, derived from the schedule once per run (torch's
+    runtime, too, lowers its schedule once and reuses it every step): the rank's program
+    from :func:`pipesim.comms.lower_comms`, the message each send and receive carries, the
+    message each action takes and hands on, and the step's structure for the runtime."""
 
     def __init__(
-        self,
-        rank: int,
-        comms: CommSchedule,
-        stages: Sequence[nn.Module],
-        xs: Sequence[Tensor],
-        ts: Sequence[Tensor],
-        loss_fn: Callable[[Tensor, Tensor], Tensor],
-        shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]],
-        device: torch.device,
-        spec: RankSpec,
+        self, rank: int, schedule: Schedule, *, report: Callable[[int, int, int], None] | None
     ) -> None:
-        schedule = comms.schedule
-        self.rank, self.comms, self.stages, self.device = rank, comms, stages, device
+        self.rank, self.schedule, self.report = rank, schedule, report
+        self.program = lower_comms(schedule).programs[rank]
+        self.structure = step_structure(schedule)
         self.mine = schedule.stages_of(rank)
-        self.runtime = StageRuntime(
-            schedule,
-            {s: stages[s] for s in self.mine},
-            devices={s: device for s in self.mine},
-            inputs=xs,
-            targets=ts,
-            loss_fn=loss_fn,
-            trace_grads=spec.trace_grads,
-        )
         found = messages(schedule)
-        self.index = {m: m.index for m in found}
         self.by_comm: dict[Comm, Message] = {}
         for m in found:
             if m.crosses_ranks:
@@ -160,61 +192,92 @@ class _RankStep:
                 self.by_comm[m.recv] = m
         self.needed_by = {m.consumer: m for m in found}
         self.sent_by = {m.producer: m for m in found}
-        self.report: Callable[[int, int, int], None] | None = None
-        self.transport = OrderedTransport(
-            rank=rank,
-            device=device,
-            shapes=shapes,
-            timeout_s=spec.timeout_s,
-            on_wait=self._on_wait,
-        )
 
-    def _on_wait(self, message: Message | None, peer: int) -> None:
+    def on_wait(self, message: Message | None, peer: int) -> None:
+        """The transport is about to wait for ``message`` from or to ``peer``."""
         if self.report is not None and message is not None:
-            self.report(WAITING, self.index[message], peer)
+            self.report(WAITING, message.index, peer)
+
+
+class _RankStep:
+    """One rank's step: its program of compute work, sends and receives."""
+
+    def __init__(
+        self,
+        plan: _RankPlan,
+        transport: OrderedTransport,
+        stages: Sequence[nn.Module],
+        xs: Sequence[Tensor],
+        ts: Sequence[Tensor],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        device: torch.device,
+        spec: RankSpec,
+    ) -> None:
+        self.plan, self.transport, self.stages, self.device = plan, transport, stages, device
+        self.runtime = StageRuntime(
+            plan.schedule,
+            {s: stages[s] for s in plan.mine},
+            devices={s: device for s in plan.mine},
+            inputs=xs,
+            targets=ts,
+            loss_fn=loss_fn,
+            trace_grads=spec.trace_grads,
+            structure=plan.structure,
+        )
+        self.local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
+        self.outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
+        self.timings: list[tuple[str, int, int]] = []  # (unit, start, end) on perf_counter_ns
 
     def run(self) -> dict[str, Any]:
-        local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
-        outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
-        timings: list[tuple[str, int, int]] = []
+        """Walk the program; the step's results as CPU tensors, and each unit's timing."""
+        plan, transport = self.plan, self.transport
         # CUDA events around each unit, read once after the step: no synchronize in between.
         clock = UnitClock([self.device])
-        for position, step in enumerate(self.comms.programs[self.rank]):
+        for position, step in enumerate(plan.program):
             if isinstance(step, Comm):
-                message = self.by_comm[step]
+                message = plan.by_comm[step]
                 if step.op.is_send:
-                    self.transport.send(message, outbox.pop(message))
+                    transport.send(message, self.outbox.pop(message))
                 else:
-                    self.transport.post(message)
-                continue
-            incoming: list[Tensor | None] = []
-            for action in step.parts:
-                needed = self.needed_by.get(action)
-                if needed is None:
-                    incoming.append(None)
-                elif needed.crosses_ranks:
-                    incoming.append(self.transport.take(needed))
-                else:
-                    incoming.append(local.pop(needed))
-            if self.report is not None:
-                self.report(COMPUTING, position, -1)
-            start = clock.mark(self.device)
-            for action, value in zip(step.parts, incoming, strict=True):
-                handed = self.runtime.run(action, value)
-                out = self.sent_by.get(action)
-                if out is not None and handed is not None:
-                    (outbox if out.crosses_ranks else local)[out] = handed
-            end = clock.mark(self.device)
-
-            def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
-                # On the host's perf_counter_ns, which the ranks of one machine share.
-                timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
-
-            clock.span(self.device, start, end, done)
-        self.transport.finish()
+                    transport.post(message)
+            else:
+                self._unit(position, step, clock)
+        transport.finish()
         clock.finish()
-        if self.report is not None:
-            self.report(FINISHED, 0, -1)
+        if plan.report is not None:
+            plan.report(FINISHED, 0, -1)
+        return self._result()
+
+    def _unit(self, position: int, step: Work, clock: UnitClock) -> None:
+        """Take the unit's inputs (received or handed over here), run it timed, keep what it
+        hands on for the next SEND or the next stage of this rank."""
+        plan = self.plan
+        incoming: list[Tensor | None] = []
+        for action in step.parts:
+            needed = plan.needed_by.get(action)
+            if needed is None:
+                incoming.append(None)
+            elif needed.crosses_ranks:
+                incoming.append(self.transport.take(needed))
+            else:
+                incoming.append(self.local.pop(needed))
+        if plan.report is not None:
+            plan.report(COMPUTING, position, -1)
+        start = clock.mark(self.device)
+        for action, value in zip(step.parts, incoming, strict=True):
+            handed = self.runtime.run(action, value)
+            out = plan.sent_by.get(action)
+            if out is not None and handed is not None:
+                (self.outbox if out.crosses_ranks else self.local)[out] = handed
+        end = clock.mark(self.device)
+
+        def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
+            # On the host's perf_counter_ns, which the ranks of one machine share.
+            self.timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
+
+        clock.span(self.device, start, end, done)
+
+    def _result(self) -> dict[str, Any]:
         rt = self.runtime
 
         def cpu(t: Tensor | None) -> Tensor | None:
@@ -224,8 +287,10 @@ class _RankStep:
             "device": str(self.device),
             "outputs": {mb: cpu(t) for mb, t in rt.outputs.items()},
             "losses": {mb: cpu(t) for mb, t in rt.losses.items()},
-            "grads": {s: [cpu(p.grad) for p in self.stages[s].parameters()] for s in self.mine},
-            "timings": timings,
+            "grads": {
+                s: [cpu(p.grad) for p in self.stages[s].parameters()] for s in self.plan.mine
+            },
+            "timings": self.timings,
             "transfer_bytes": dict(rt.transfer_bytes),
             "activation_bytes": dict(rt.activation_bytes),
             "accumulated": {s: list(order) for s, order in rt.accumulated.items()},

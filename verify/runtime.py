@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from pipesim.actions import Action, Op
 from pipesim.schedule import Schedule
-from pipesim.structure import step_structure
+from pipesim.structure import StepStructure, step_structure
 from verify.errors import VerifyError
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 
@@ -95,7 +95,8 @@ class StageRuntime:
     micro-batches in the order their weight gradients were added,
     ``peak_weight_pending_bytes`` per stage the most gradient bytes held at once
     between I and W; with ``trace_grads``, ``grad_trace`` per stage the gradients
-    after each B or W.
+    after each B or W. ``structure`` is ``step_structure(schedule)`` when a driver that
+    runs many steps has it already.
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class StageRuntime:
         targets: Sequence[Tensor] | None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
         trace_grads: bool = False,
+        structure: StepStructure | None = None,
     ) -> None:
         self.training = not schedule.forward_only
         self.trace_grads = trace_grads
@@ -119,7 +121,7 @@ class StageRuntime:
         self.n_microbatches = schedule.n_microbatches
         # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two);
         # which stage reads the input and which computes the loss is pipesim.dependencies' rule.
-        self.structure = step_structure(schedule)
+        self.structure = step_structure(schedule) if structure is None else structure
         self.mbs_per_copy = schedule.n_microbatches // schedule.n_copies
         self.params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}
         self.param_storage = {

@@ -140,6 +140,19 @@ class OrderedTransport:
         self.pending: dict[Message, tuple[Any, Tensor]] = {}
         self.sends: list[tuple[Message, Any, Tensor]] = []
         self.polling = device.type == "cuda"  # NCCL's wait() does not block the host
+        # Each message's header, made once and kept for every step (on the device, so that
+        # packing and checking it are one copy and one comparison there).
+        self.headers: dict[Message, Tensor] = {}
+
+    def header(self, message: Message) -> Tensor:
+        """``message``'s header as int64 on this rank's device (made once per message)."""
+        header = self.headers.get(message)
+        if header is None:
+            shape, dtype = self.shapes[message]
+            values = encode_header(message, dtype, tuple(shape))
+            header = torch.tensor(values, dtype=torch.int64, device=self.device)
+            self.headers[message] = header
+        return header
 
     def send(self, message: Message, tensor: Tensor) -> None:
         """Post ``tensor`` (header first) to ``message.dst_rank``; returns at once."""
@@ -149,16 +162,15 @@ class OrderedTransport:
                 f"rank {self.rank} was to send {message} as {_describe(shape, dtype)} but "
                 f"produced {_describe(tuple(tensor.shape), tensor.dtype)}"
             )
-        header = torch.tensor(encode_header(message, dtype, tuple(shape)), dtype=torch.int64)
         packed = torch.empty(_HEADER_BYTES + tensor.nbytes, dtype=torch.uint8, device=self.device)
-        packed[:_HEADER_BYTES].view(torch.int64).copy_(header)
+        packed[:_HEADER_BYTES].view(torch.int64).copy_(self.header(message))
         _payload_of(packed, shape, dtype).copy_(tensor.detach())
         self.sends.append((message, dist.isend(packed, message.dst_rank), packed))
 
     def post(self, message: Message) -> None:
         """Post the receives of ``message``'s header and payload; returns at once."""
         shape, dtype = self.shapes[message]
-        nbytes = torch.empty((), dtype=dtype).element_size() * _numel(shape)
+        nbytes = dtype.itemsize * _numel(shape)
         packed = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8, device=self.device)
         self.pending[message] = (dist.irecv(packed, message.src_rank), packed)
 
@@ -166,10 +178,10 @@ class OrderedTransport:
         """Wait for ``message`` (posted before), check its header, return its payload."""
         work, packed = self.pending.pop(message)
         self._wait(work, message, "")
-        got = decode_header(packed[:_HEADER_BYTES].view(torch.int64).tolist())
         shape, dtype = self.shapes[message]
-        expected = decode_header(encode_header(message, dtype, tuple(shape)))
-        if got != expected:
+        header = packed[:_HEADER_BYTES].view(torch.int64)
+        if not torch.equal(header, self.header(message)):
+            got = decode_header(header.tolist())
             seen = (
                 "something that is not a pipesim header"
                 if got is None
