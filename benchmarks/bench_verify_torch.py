@@ -13,9 +13,10 @@ wall time. Every run is checked bit for bit against torch.
 One line is printed (and flushed) per schedule and repeat as it finishes, with the load
 (os.getloadavg) when it started; the summary gives, per schedule, the median over the
 repeats of each side's median step, the spread (lowest-highest repeat median) and the
-median of the per-repeat ratios. ``--budget-s`` bounds the whole benchmark: a run gets
-what is left of it as its timeout, and when it is spent the benchmark says so and
-summarises what it measured.
+median of the per-repeat ratios, and ("paired") the median over all timed steps of each
+pipesim step's time over the torch step's next to it. ``--budget-s`` bounds the whole
+benchmark: a run gets what is left of it as its timeout, and when it is spent the
+benchmark says so and summarises what it measured.
 
 Run: ``python benchmarks/bench_verify_torch.py [--steps 10] [--warmup 2] [--repeat 3]
 [--model mlp|gpt] [--budget-s 1200] [--case 1f1b ...] [--threads 1]``
@@ -50,8 +51,8 @@ def _line(label: str, check: CrossCheck, load: float, order: str) -> str:
     return (
         f"{label:<26} wall {_spread(check.pipesim_steps_s)} / {_spread(check.torch_steps_s)} "
         f"ms = {ours / theirs:5.2f}x   cpu {_spread(check.pipesim_cpu_s)} / "
-        f"{_spread(check.torch_cpu_s)} ms = {cpu_ours / cpu_theirs:5.2f}x   load {load:4.1f}  "
-        + order
+        f"{_spread(check.torch_cpu_s)} ms = {cpu_ours / cpu_theirs:5.2f}x   {_paired([check])}   "
+        f"load {load:4.1f}  " + order
     )
 
 
@@ -59,6 +60,14 @@ def _spread(seconds: Sequence[float]) -> str:
     """``median [lowest-highest]`` in milliseconds."""
     ms = [s * 1e3 for s in seconds]
     return f"{statistics.median(ms):8.2f} [{min(ms):.1f}-{max(ms):.1f}]"
+
+
+def _paired(checks: Sequence[CrossCheck]) -> str:
+    """The median over every timed step of pipesim's step / the torch step run next to it
+    (the two see the same load), wall and CPU."""
+    wall = [a / b for c in checks for a, b in zip(c.pipesim_steps_s, c.torch_steps_s, strict=True)]
+    cpu = [a / b for c in checks for a, b in zip(c.pipesim_cpu_s, c.torch_cpu_s, strict=True)]
+    return f"paired {statistics.median(wall):4.2f}x wall {statistics.median(cpu):4.2f}x cpu"
 
 
 def _summary(name: str, checks: Sequence[CrossCheck]) -> str:
@@ -75,7 +84,7 @@ def _summary(name: str, checks: Sequence[CrossCheck]) -> str:
     return (
         f"{name:<26} wall {_spread(walls[0])} / {_spread(walls[1])} ms = {wall_ratio:5.2f}x   "
         f"cpu {_spread(cpus[0])} / {_spread(cpus[1])} ms = {cpu_ratio:5.2f}x   "
-        f"({len(checks)} repeats)"
+        f"{_paired(checks)}   ({len(checks)} repeats)"
     )
 
 

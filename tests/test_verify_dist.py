@@ -7,7 +7,9 @@ deadline, and the schedules share process launches (verify_distributed_all).
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -25,12 +27,15 @@ from helpers import processes_with, schedule_cases, sigterm_once_ranks_joined  #
 
 from pipesim.calibration import MeasuredStep, fit_costs  # noqa: E402
 from pipesim.cli import main  # noqa: E402
+from pipesim.comms import Comm, lower_comms  # noqa: E402
 from pipesim.costs import costs_from_dict  # noqa: E402
 from pipesim.schedules import generate  # noqa: E402
 from pipesim.trace_io import load_trace  # noqa: E402
-from verify.compare import verify  # noqa: E402
+from verify.compare import build_stages, split_microbatches, verify  # noqa: E402
 from verify.dist import verify_distributed, verify_distributed_all  # noqa: E402
 from verify.errors import RunFailedError  # noqa: E402
+from verify.models import load_model  # noqa: E402
+from verify.rank import message_shapes  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -39,6 +44,7 @@ import multiprocessing
 import os
 import signal
 import time
+import torch
 from torch import nn
 
 
@@ -72,6 +78,22 @@ def sleepy():  # stage 0 of 2 (rank 0) hangs in its first forward
 
 def failing():
     return [nn.Linear(4, 4), InRanks(_boom), nn.Linear(4, 2)]
+
+
+class Cast(nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        return x.to(self.dtype)
+
+
+def uneven():
+    """Four stages of two entries whose boundaries differ in width and dtype: float32 x 10,
+    float64 x 3, float64 x 7 (the last stage casts back for the loss)."""
+    return [nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3), Cast(torch.float64),
+            nn.Linear(3, 7).double(), nn.Tanh(), Cast(torch.float32), nn.Linear(7, 5)]
 
 
 def dying():  # stage 1 of 2 (rank 1) is killed in its first forward
@@ -176,6 +198,32 @@ def test_every_registered_schedule_is_bit_identical_over_untagged_gloo(
             local = verify(schedule, model=f"{models}:tiny", warmup=0)
             assert report.grad_norms == local.grad_norms
             assert report.accumulation_orders == local.accumulation_orders
+
+
+def test_consecutive_messages_of_different_sizes_and_dtypes_are_bit_identical(
+    models: str,
+) -> None:
+    """Boundaries of different widths and dtypes: consecutive messages between two ranks
+    differ in bytes, and every one arrives whole (checked against the unsplit model)."""
+    schedules = [
+        generate(name, n_ranks=2, n_microbatches=4, virtual=2)
+        for name in ("interleaved-1f1b", "zbv", "dualpipev")
+    ]
+    model = load_model(f"{models}:uneven")
+    for schedule in schedules:
+        # the premise: some rank sends two messages in a row of different sizes in bytes
+        stages = build_stages(model, schedule)
+        shapes = message_shapes(schedule, stages, split_microbatches(model.make_batch(8)[0], 4))
+        sizes = {m: math.prod(shape) * dtype.itemsize for m, (shape, dtype) in shapes.items()}
+        by_comm = {m.send: m for m in shapes if m.crosses_ranks}
+        for program in lower_comms(schedule).programs:
+            sent = [sizes[by_comm[c]] for c in program if isinstance(c, Comm) and c.op.is_send]
+            assert any(a != b for a, b in itertools.pairwise(sent)), schedule.name
+        assert {dtype for _, dtype in shapes.values()} == {torch.float32, torch.float64}
+    reports = verify_distributed_all(schedules, model=f"{models}:uneven", warmup=1, timeout_s=200)
+    for schedule, report in zip(schedules, reports, strict=True):
+        assert report.bit_identical, (schedule.name, report.mismatches)
+        assert report.grads_equal is True
 
 
 def _no_children_left() -> None:

@@ -144,6 +144,7 @@ def verify_distributed_all(
             seed=seed,
             batch_size=rows,
             timeout_s=timeout_s if wait_timeout_s is None else min(wait_timeout_s, timeout_s),
+            group_timeout_s=timeout_s,
             warmup=max(warmup, 0),
             n_threads=torch.get_num_threads(),
             shapes=message_shapes(schedule, stages, xs),

@@ -134,7 +134,7 @@ def as_rank(
             init_method=f"file://{workdir}/rendezvous",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=specs[0].timeout_s),
+            timeout=timedelta(seconds=_group_timeout_s(specs)),
         )
         try:
             body(rank, world_size, specs, workdir, status)
@@ -146,6 +146,11 @@ def as_rank(
             text = f"rank {rank} failed: {text}"
         Path(workdir, f"rank{rank}.error").write_text(text + "\n")
         raise SystemExit(1) from None
+
+
+def _group_timeout_s(specs: Sequence[RankSpec]) -> float:
+    """The process group's deadline: the specs' longest (RankSpec.group_timeout_s)."""
+    return max(s.timeout_s if s.group_timeout_s is None else s.group_timeout_s for s in specs)
 
 
 def _verify_worker(

@@ -58,6 +58,11 @@ class RankSpec:
     batch_size: int
     timeout_s: float
     """Deadline of every wait for a message."""
+    group_timeout_s: float | None = None
+    """Deadline of joining the process group (every rank started, imported torch and
+    connected) and of the barrier after each step; None: ``timeout_s``. Starting processes
+    on a loaded machine can take far longer than one message may: the launcher gives the
+    group the run's overall deadline, which bounds everything anyway."""
     warmup: int = 1
     n_threads: int = 1
     shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]] | None = None

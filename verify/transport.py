@@ -165,14 +165,23 @@ class OrderedTransport:
         packed = torch.empty(_HEADER_BYTES + tensor.nbytes, dtype=torch.uint8, device=self.device)
         packed[:_HEADER_BYTES].view(torch.int64).copy_(self.header(message))
         _payload_of(packed, shape, dtype).copy_(tensor.detach())
-        self.sends.append((message, dist.isend(packed, message.dst_rank), packed))
+        try:
+            work = dist.isend(packed, message.dst_rank)
+        except RuntimeError as exc:  # the peer has gone away (gloo: connection closed)
+            raise self._failed(f"could not send {message}", message.dst_rank, exc) from None
+        self.sends.append((message, work, packed))
 
     def post(self, message: Message) -> None:
         """Post the receives of ``message``'s header and payload; returns at once."""
         shape, dtype = self.shapes[message]
         nbytes = dtype.itemsize * _numel(shape)
         packed = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8, device=self.device)
-        self.pending[message] = (dist.irecv(packed, message.src_rank), packed)
+        try:
+            work = dist.irecv(packed, message.src_rank)
+        except RuntimeError as exc:
+            where = f"could not post the receive of {message} needed by {message.consumer}"
+            raise self._failed(where, message.src_rank, exc) from None
+        self.pending[message] = (work, packed)
 
     def take(self, message: Message) -> Tensor:
         """Wait for ``message`` (posted before), check its header, return its payload."""
@@ -203,6 +212,10 @@ class OrderedTransport:
         if self.pending:
             left = ", ".join(str(m) for m in self.pending)
             raise TransportError(f"rank {self.rank} posted receives it never used: {left}")
+
+    def _failed(self, what: str, peer: int, exc: Exception) -> TransportError:
+        text = _first_words(str(exc)) or type(exc).__name__
+        return TransportError(f"rank {self.rank} {what} (peer: rank {peer}): {text}")
 
     def _wait(self, work: Any, message: Message, what: str, *, peer: int | None = None) -> None:
         peer = message.src_rank if peer is None else peer
