@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from pipesim.actions import Work
+from pipesim.actions import Action
 from pipesim.comms import Comm, Message, lower_comms, messages
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json
@@ -176,27 +176,53 @@ def message_shapes(
     return shapes
 
 
+@dataclass(frozen=True, slots=True)
+class _Send:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _Receive:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """A unit of compute work: per action, the message it takes and the one it hands on."""
+
+    text: str
+    parts: tuple[tuple[Action, Message | None, Message | None], ...]
+
+
 class _RankPlan:
     """What every step of one rank shares, derived from the schedule once per run (torch's
     runtime, too, lowers its schedule once and reuses it every step): the rank's program
-    from :func:`pipesim.comms.lower_comms`, the message each send and receive carries, the
-    message each action takes and hands on, and the step's structure for the runtime."""
+    from :func:`pipesim.comms.lower_comms` with the message of each send and receive and
+    the messages each action takes and hands on looked up, and the step's structure for
+    the runtime."""
 
     def __init__(
         self, rank: int, schedule: Schedule, *, report: Callable[[int, int, int], None] | None
     ) -> None:
         self.rank, self.schedule, self.report = rank, schedule, report
-        self.program = lower_comms(schedule).programs[rank]
         self.structure = step_structure(schedule)
         self.mine = schedule.stages_of(rank)
         found = messages(schedule)
-        self.by_comm: dict[Comm, Message] = {}
+        by_comm: dict[Comm, Message] = {}
         for m in found:
             if m.crosses_ranks:
-                self.by_comm[m.send] = m
-                self.by_comm[m.recv] = m
-        self.needed_by = {m.consumer: m for m in found}
-        self.sent_by = {m.producer: m for m in found}
+                by_comm[m.send] = m
+                by_comm[m.recv] = m
+        needed_by = {m.consumer: m for m in found}
+        sent_by = {m.producer: m for m in found}
+        self.program: list[_Send | _Receive | _Unit] = []
+        for step in lower_comms(schedule).programs[rank]:
+            if isinstance(step, Comm):
+                message = by_comm[step]
+                self.program.append(_Send(message) if step.op.is_send else _Receive(message))
+            else:
+                parts = tuple((a, needed_by.get(a), sent_by.get(a)) for a in step.parts)
+                self.program.append(_Unit(str(step), parts))
 
     def on_wait(self, message: Message | None, peer: int) -> None:
         """The transport is about to wait for ``message`` from or to ``peer``."""
@@ -229,8 +255,10 @@ class _RankStep:
             trace_grads=spec.trace_grads,
             structure=plan.structure,
         )
-        self.local: dict[Message, Tensor] = {}  # hand-overs between two stages of this rank
-        self.outbox: dict[Message, Tensor] = {}  # produced, sent by the next SEND of the program
+        # By message index: hand-overs between two stages of this rank, and what was produced
+        # for the next SEND of the program.
+        self.local: dict[int, Tensor] = {}
+        self.outbox: dict[int, Tensor] = {}
         self.timings: list[tuple[str, int, int]] = []  # (unit, start, end) on perf_counter_ns
 
     def run(self) -> dict[str, Any]:
@@ -238,45 +266,40 @@ class _RankStep:
         plan, transport = self.plan, self.transport
         # CUDA events around each unit, read once after the step: no synchronize in between.
         clock = UnitClock([self.device])
-        for position, step in enumerate(plan.program):
-            if isinstance(step, Comm):
-                message = plan.by_comm[step]
-                if step.op.is_send:
-                    transport.send(message, self.outbox.pop(message))
-                else:
-                    transport.post(message)
+        for position, entry in enumerate(plan.program):
+            if isinstance(entry, _Unit):
+                self._unit(position, entry, clock)
+            elif isinstance(entry, _Send):
+                transport.send(entry.message, self.outbox.pop(entry.message.index))
             else:
-                self._unit(position, step, clock)
+                transport.post(entry.message)
         transport.finish()
         clock.finish()
         if plan.report is not None:
             plan.report(FINISHED, 0, -1)
         return self._result()
 
-    def _unit(self, position: int, step: Work, clock: UnitClock) -> None:
+    def _unit(self, position: int, unit: _Unit, clock: UnitClock) -> None:
         """Take the unit's inputs (received or handed over here), run it timed, keep what it
         hands on for the next SEND or the next stage of this rank."""
-        plan = self.plan
         incoming: list[Tensor | None] = []
-        for action in step.parts:
-            needed = plan.needed_by.get(action)
+        for _, needed, _ in unit.parts:
             if needed is None:
                 incoming.append(None)
             elif needed.crosses_ranks:
                 incoming.append(self.transport.take(needed))
             else:
-                incoming.append(self.local.pop(needed))
-        if plan.report is not None:
-            plan.report(COMPUTING, position, -1)
+                incoming.append(self.local.pop(needed.index))
+        if self.plan.report is not None:
+            self.plan.report(COMPUTING, position, -1)
         start = clock.mark(self.device)
-        for action, value in zip(step.parts, incoming, strict=True):
+        for (action, _, out), value in zip(unit.parts, incoming, strict=True):
             handed = self.runtime.run(action, value)
-            out = plan.sent_by.get(action)
             if out is not None and handed is not None:
-                (self.outbox if out.crosses_ranks else self.local)[out] = handed
+                (self.outbox if out.crosses_ranks else self.local)[out.index] = handed
         end = clock.mark(self.device)
 
-        def done(start_ns: int, end_ns: int, text: str = str(step)) -> None:
+        def done(start_ns: int, end_ns: int, text: str = unit.text) -> None:
             # On the host's perf_counter_ns, which the ranks of one machine share.
             self.timings.append((text, clock.origin_ns + start_ns, clock.origin_ns + end_ns))
 

@@ -137,26 +137,28 @@ class OrderedTransport:
         self.rank, self.device, self.shapes = rank, device, shapes
         self.timeout_s = timeout_s
         self.on_wait = on_wait
-        self.pending: dict[Message, tuple[Any, Tensor]] = {}
+        # By message index (hashing a Message hashes its two actions, every lookup).
+        self.shape_of = {m.index: shape_dtype for m, shape_dtype in shapes.items()}
+        self.pending: dict[int, tuple[Message, Any, Tensor]] = {}
         self.sends: list[tuple[Message, Any, Tensor]] = []
         self.polling = device.type == "cuda"  # NCCL's wait() does not block the host
         # Each message's header, made once and kept for every step (on the device, so that
         # packing and checking it are one copy and one comparison there).
-        self.headers: dict[Message, Tensor] = {}
+        self.headers: dict[int, Tensor] = {}
 
     def header(self, message: Message) -> Tensor:
         """``message``'s header as int64 on this rank's device (made once per message)."""
-        header = self.headers.get(message)
+        header = self.headers.get(message.index)
         if header is None:
-            shape, dtype = self.shapes[message]
+            shape, dtype = self.shape_of[message.index]
             values = encode_header(message, dtype, tuple(shape))
             header = torch.tensor(values, dtype=torch.int64, device=self.device)
-            self.headers[message] = header
+            self.headers[message.index] = header
         return header
 
     def send(self, message: Message, tensor: Tensor) -> None:
         """Post ``tensor`` (header first) to ``message.dst_rank``; returns at once."""
-        shape, dtype = self.shapes[message]
+        shape, dtype = self.shape_of[message.index]
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
             raise TransportError(
                 f"rank {self.rank} was to send {message} as {_describe(shape, dtype)} but "
@@ -173,7 +175,7 @@ class OrderedTransport:
 
     def post(self, message: Message) -> None:
         """Post the receives of ``message``'s header and payload; returns at once."""
-        shape, dtype = self.shapes[message]
+        shape, dtype = self.shape_of[message.index]
         nbytes = dtype.itemsize * _numel(shape)
         packed = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8, device=self.device)
         try:
@@ -181,13 +183,13 @@ class OrderedTransport:
         except RuntimeError as exc:
             where = f"could not post the receive of {message} needed by {message.consumer}"
             raise self._failed(where, message.src_rank, exc) from None
-        self.pending[message] = (work, packed)
+        self.pending[message.index] = (message, work, packed)
 
     def take(self, message: Message) -> Tensor:
         """Wait for ``message`` (posted before), check its header, return its payload."""
-        work, packed = self.pending.pop(message)
+        _, work, packed = self.pending.pop(message.index)
         self._wait(work, message, "")
-        shape, dtype = self.shapes[message]
+        shape, dtype = self.shape_of[message.index]
         header = packed[:_HEADER_BYTES].view(torch.int64)
         if not torch.equal(header, self.header(message)):
             got = decode_header(header.tolist())
@@ -210,7 +212,7 @@ class OrderedTransport:
             self._wait(work, message, "", peer=message.dst_rank)
         self.sends = []
         if self.pending:
-            left = ", ".join(str(m) for m in self.pending)
+            left = ", ".join(str(m) for m, _, _ in self.pending.values())
             raise TransportError(f"rank {self.rank} posted receives it never used: {left}")
 
     def _failed(self, what: str, peer: int, exc: Exception) -> TransportError:
