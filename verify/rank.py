@@ -135,6 +135,9 @@ class RankRunner:
             timeout_s=spec.timeout_s,
             on_wait=self.plan.on_wait,
         )
+        # Every rank ready before any step starts: a rank slow to set up on a loaded machine
+        # must not use up its peers' deadline for its first message.
+        dist.barrier()
 
     def timed_step(self) -> tuple[dict[str, Any], int, int]:
         """One step and the barrier after it: its result, wall and CPU nanoseconds (the
