@@ -115,42 +115,16 @@ def verify_distributed_all(
     if not schedules:
         return ()
     sizes = list(batch_size) if isinstance(batch_size, Sequence) else [batch_size] * len(schedules)
-    if len(sizes) != len(schedules):
-        raise VerifyError(f"{len(sizes)} batch sizes for {len(schedules)} schedules; give one each")
-    for schedule in schedules:
-        validate(schedule)
-    n_ranks = {s.n_ranks for s in schedules}
-    if len(n_ranks) != 1:
-        raise VerifyError(f"the schedules have different rank counts {sorted(n_ranks)}; give one")
-    if not isinstance(model, str):
-        raise VerifyError(
-            "verify_distributed rebuilds the model in every process: give its name "
-            "(mlp, gpt or package.module:factory), not a model object"
-        )
+    _check(schedules, sizes, model)
     options = dict(model_options or {})
     cpu = [torch.device("cpu")] * schedules[0].n_ranks
-    prepared = []
-    for schedule, size in zip(schedules, sizes, strict=True):
-        reference_model = load_model(model, seed=seed, **options)
-        n_mb = schedule.n_microbatches
-        rows = -(-32 // n_mb) * n_mb if size is None else size
-        x, target = reference_model.make_batch(rows)
-        xs = split_microbatches(x, n_mb)
-        stages = build_stages(reference_model, schedule)
-        spec = RankSpec(
-            schedule_json=schedule_to_json(schedule),
-            model=model,
-            model_options=options,
-            seed=seed,
-            batch_size=rows,
-            timeout_s=timeout_s if wait_timeout_s is None else min(wait_timeout_s, timeout_s),
-            group_timeout_s=timeout_s,
-            warmup=max(warmup, 0),
-            n_threads=torch.get_num_threads(),
-            shapes=message_shapes(schedule, stages, xs),
-            batch=(x, target),
-        )
-        prepared.append((schedule, reference_model, stages, spec))
+    wait_s = timeout_s if wait_timeout_s is None else min(wait_timeout_s, timeout_s)
+    # One message may take wait_s; joining the group and the barriers get the run's deadline.
+    timeouts = {"timeout_s": wait_s, "group_timeout_s": timeout_s}
+    prepared = [
+        _prepare(s, size, model=model, options=options, seed=seed, warmup=warmup, **timeouts)
+        for s, size in zip(schedules, sizes, strict=True)
+    ]
     reports = []
     with (
         exit_on_sigterm(),
@@ -168,6 +142,55 @@ def verify_distributed_all(
                 report = _locate(report, schedule, reference_model, stages, spec, timeout_s)
             reports.append(report)
     return tuple(reports)
+
+
+def _check(schedules: Sequence[Schedule], sizes: Sequence[int | None], model: object) -> None:
+    if len(sizes) != len(schedules):
+        raise VerifyError(f"{len(sizes)} batch sizes for {len(schedules)} schedules; give one each")
+    for schedule in schedules:
+        validate(schedule)
+    n_ranks = {s.n_ranks for s in schedules}
+    if len(n_ranks) != 1:
+        raise VerifyError(f"the schedules have different rank counts {sorted(n_ranks)}; give one")
+    if not isinstance(model, str):
+        raise VerifyError(
+            "verify_distributed rebuilds the model in every process: give its name "
+            "(mlp, gpt or package.module:factory), not a model object"
+        )
+
+
+def _prepare(
+    schedule: Schedule,
+    size: int | None,
+    *,
+    model: str,
+    options: Mapping[str, int],
+    seed: int | None,
+    warmup: int,
+    timeout_s: float,
+    group_timeout_s: float,
+) -> tuple[Schedule, VerifyModel, tuple[nn.Module, ...], RankSpec]:
+    """The reference model, its stages and the ranks' spec for ``schedule`` (the batch drawn
+    here, every message's shape found here, so the ranks need not run the model first)."""
+    reference_model = load_model(model, seed=seed, **options)
+    n_mb = schedule.n_microbatches
+    rows = -(-32 // n_mb) * n_mb if size is None else size
+    x, target = reference_model.make_batch(rows)
+    stages = build_stages(reference_model, schedule)
+    spec = RankSpec(
+        schedule_json=schedule_to_json(schedule),
+        model=model,
+        model_options=options,
+        seed=seed,
+        batch_size=rows,
+        timeout_s=timeout_s,
+        group_timeout_s=group_timeout_s,
+        warmup=max(warmup, 0),
+        n_threads=torch.get_num_threads(),
+        shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
+        batch=(x, target),
+    )
+    return schedule, reference_model, stages, spec
 
 
 def _locate(
