@@ -32,6 +32,7 @@ from pipesim.errors import ParseError, PipesimError, brief
 from pipesim.files import parse_json, read_text, write_text
 from pipesim.limits import MAX_RANKS, check_range
 from pipesim.schedule import Schedule
+from pipesim.suggest import did_you_mean
 
 __all__ = [
     "load_schedule",
@@ -45,6 +46,19 @@ __all__ = [
 ]
 
 _FORMAT = "pipesim-schedule"
+# The keys of a schedule file, as schedule_to_dict writes them.
+_KEYS = (
+    "format",
+    "version",
+    "name",
+    "n_ranks",
+    "n_stages",
+    "n_microbatches",
+    "placement",
+    "ranks",
+    "happens_before",
+    "n_copies",
+)
 
 
 def schedule_to_dict(schedule: Schedule, /) -> dict[str, Any]:
@@ -84,6 +98,17 @@ pairs of action strings, got 5
         raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
     if data.get("format", _FORMAT) != _FORMAT:
         raise ParseError(f"{source}: 'format' is {brief(data['format'])}, expected {_FORMAT!r}")
+    unknown = sorted(str(key) for key in data if key not in _KEYS)
+    if unknown:  # a misspelt key would otherwise be a setting silently not applied
+        raise ParseError(
+            f"{source}: unknown keys {brief(unknown)}{did_you_mean(unknown[0], _KEYS)}; valid "
+            f"keys are {list(_KEYS)}"
+        )
+    if data.get("version", 1) != 1:
+        raise ParseError(
+            f"{source}: schedule format version {brief(data['version'])}, but this pipesim "
+            "reads version 1; write it again with this pipesim, or upgrade pipesim"
+        )
     ranks = data.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(r, list) for r in ranks):
         raise ParseError(
@@ -111,7 +136,7 @@ pairs of action strings, got 5
         raise ParseError(f"{source}: 'name' must be a string, got {brief(name)}")
     happens_before = _happens_before(data.get("happens_before", []), source)
     try:
-        return Schedule.from_orders(
+        schedule = Schedule.from_orders(
             orders,
             placement=placement,
             n_microbatches=data.get("n_microbatches"),
@@ -121,6 +146,14 @@ pairs of action strings, got 5
         )
     except PipesimError as exc:
         raise type(exc)(f"{source}: {exc}") from None
+    # The counts the ranks and placement decide, stated again by the file: they must agree.
+    for key, actual in (("n_ranks", schedule.n_ranks), ("n_stages", schedule.n_stages)):
+        if key in data and data[key] != actual:
+            raise ParseError(
+                f"{source}: {key!r} is {brief(data[key])}, but its ranks and placement make "
+                f"{actual}; fix or drop {key!r}"
+            )
+    return schedule
 
 
 def _happens_before(pairs: object, source: str) -> list[tuple[Action, Action]]:

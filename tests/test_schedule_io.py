@@ -193,3 +193,23 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text('{"ranks": [["0F0"]\n')
     with pytest.raises(ParseError, match=r"bad\.json: not valid JSON at line 2"):
         load_schedule(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"extra": 1}, "unknown keys ['extra']; valid keys are ['format', 'version', "),
+        ({"rank": []}, "unknown keys ['rank'] (did you mean 'ranks'?)"),
+        ({"version": 2}, "schedule format version 2, but this pipesim reads version 1"),
+        ({"n_stages": 5}, "'n_stages' is 5, but its ranks and placement make 2"),
+        ({"n_ranks": 3}, "'n_ranks' is 3, but its ranks and placement make 2"),
+    ],
+)
+def test_a_key_the_file_gets_wrong_is_refused(change: dict[str, object], message: str) -> None:
+    # What schedule_to_dict writes reads back; a key it does not write, or a count the
+    # orders contradict, would otherwise be silently ignored.
+    data = schedule_to_dict(generate("1f1b", n_ranks=2, n_microbatches=2))
+    assert schedule_from_dict(data, source="s.json").n_stages == 2
+    with pytest.raises(ParseError) as info:
+        schedule_from_dict({**data, **change}, source="s.json")
+    assert str(info.value).startswith("s.json: ") and message in str(info.value), info.value
