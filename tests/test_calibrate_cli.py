@@ -75,6 +75,7 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert costs_at_microbatch_size(costs, meta, 2) == costs  # measured at one size only
     assert predict(calibration_schedule(n_ranks=2, n_microbatches=2), costs) > 0
     assert "gpipe" in text and "error: mean" in text and "p10-p90 band" in text
+    assert "drawn error: mean" in text
 
 
 def test_three_sizes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

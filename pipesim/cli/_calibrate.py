@@ -10,8 +10,8 @@ per-action dispatch overhead (:mod:`pipesim.calibration`). With two
 ``--microbatch-sizes`` it also measures the second size, and the file scales to
 any size (:mod:`pipesim.scaling`). ``--check`` then runs other schedules, and
 prints pipesim's prediction from the file, with a p10-p90 band drawn from the
-calibration runs' own compute times (:mod:`pipesim.band`), next to the measured
-median.
+calibration runs' own compute times and the median of draws from all of them
+(:mod:`pipesim.band`), next to the measured median.
 """
 
 from __future__ import annotations
@@ -282,18 +282,24 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
 
 def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], runs: list[Any]) -> int:
     """Predict and measure each of ``schedules``; the band is p10-p90 of
-    :func:`pipesim.band.predict_band` drawn from the calibration ``runs``' samples."""
-    from pipesim.band import predict_band
+    :func:`pipesim.band.predict_band` drawn from the calibration ``runs``' samples, the
+    drawn prediction the median of draws from all of them at once (``pool_runs``)."""
+    from pipesim.band import pool_runs, predict_band
     from pipesim.calibration import costs_for, predict
     from verify.fidelity import measure
 
-    errors = []
+    errors, drawn_errors = [], []
     cuts = {args.stages * args.virtual: costs}
-    print("schedule            m   predicted (p10-p90 band)        measured (spread)   error")
+    print(
+        "schedule            m   predicted (p10-p90 band)   drawn   measured (spread)   "
+        "error  drawn"
+    )
     for schedule in schedules:
         m = schedule.n_microbatches
-        predicted = predict(schedule, costs_for(schedule, cuts))
-        band = predict_band(schedule, costs_for(schedule, cuts), runs)
+        schedule_costs = costs_for(schedule, cuts)
+        predicted = predict(schedule, schedule_costs)
+        band = predict_band(schedule, schedule_costs, runs)
+        drawn = predict_band(schedule, schedule_costs, [pool_runs(runs)]).median
         got = measure(
             schedule,
             model=args.model,
@@ -305,11 +311,19 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], runs: lis
             timeout_s=args.timeout,
         )
         error = float((predicted - got.median_ns) / got.median_ns) * 100
+        drawn_error = float((drawn - got.median_ns) / got.median_ns) * 100
         errors.append(abs(error))
+        drawn_errors.append(abs(drawn_error))
         print(
             f"{schedule.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
             f"({float(band.low) / 1e6:.2f}-{float(band.high) / 1e6:.2f} ms) "
-            f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}%"
+            f"{float(drawn) / 1e6:9.2f} ms "
+            f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}% "
+            f"{drawn_error:+6.1f}%"
         )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
+    print(
+        f"drawn error: mean {sum(drawn_errors) / len(drawn_errors):.1f}%, "
+        f"max {max(drawn_errors):.1f}%"
+    )
     return 0
