@@ -77,7 +77,7 @@ from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, measured_step_dict, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
-from verify.rank import RankRunner, RankSpec, message_shapes, run_rank, run_specs
+from verify.rank import RankRunner, RankSpec, message_shapes, prepare_spec, run_rank, run_specs
 from verify.rank_results import assemble, locate_from_results, report_from_results
 from verify.rank_status import (
     COMPUTING,
@@ -175,6 +175,7 @@ __all__ = [
     "param_bytes",
     "parse_devices",
     "partition",
+    "prepare_spec",
     "reference_run",
     "report_from_results",
     "run_rank",

@@ -36,14 +36,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pipesim.schedule import Schedule
-from pipesim.schedule_io import schedule_from_json, schedule_to_csv, schedule_to_json
+from pipesim.schedule_io import schedule_from_json, schedule_to_csv
 from pipesim.sigterm import exit_on_sigterm
-from verify.compare import build_stages, split_microbatches
+from verify.compare import build_stages
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
 from verify.launch import as_rank, launch
 from verify.models import load_model
-from verify.rank import RankRunner, RankSpec, message_shapes
+from verify.rank import RankRunner, RankSpec, prepare_spec
 from verify.rank_status import set_current_schedule
 
 __all__ = ["CrossCheck", "crosscheck", "crosscheck_all"]
@@ -128,25 +128,16 @@ def crosscheck_all(
                 f"torch's CSV cannot say that {schedule.name!r} runs {schedule.n_copies} model "
                 "copies; cross-check a schedule with one"
             )
-        built = load_model(model, seed=seed, **options)
-        n_mb = schedule.n_microbatches
-        rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
-        x, target = built.make_batch(rows)
-        stages = build_stages(built, schedule)
-        specs.append(
-            RankSpec(
-                schedule_json=schedule_to_json(schedule),
-                model=model,
-                model_options=options,
-                seed=seed,
-                batch_size=rows,
-                timeout_s=timeout_s,
-                warmup=warmup + steps - 1,  # the steps before the last (compared) one
-                n_threads=torch.get_num_threads(),
-                shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
-                batch=(x, target),
-            )
+        _, _, spec = prepare_spec(
+            schedule,
+            model=model,
+            model_options=options,
+            seed=seed,
+            batch_size=batch_size,
+            warmup=warmup + steps - 1,  # the steps before the last (compared) one
+            timeout_s=timeout_s,
         )
+        specs.append(spec)
     if not specs:
         return ()
     # SIGTERM exits cleanly as in verify.dist: the ranks stopped, the folder removed.

@@ -30,20 +30,19 @@ import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
-from pipesim.schedule_io import schedule_to_json
 from pipesim.sigterm import exit_on_sigterm
-from verify.compare import build_stages, split_microbatches
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
 from verify.launch import as_rank, launch
-from verify.models import VerifyModel, load_model
-from verify.rank import RankSpec, message_shapes, run_rank
+from verify.models import VerifyModel
+from verify.rank import RankSpec, message_shapes, prepare_spec, run_rank
 from verify.rank_results import assemble, locate_from_results, report_from_results
 from verify.report import VerifyReport
 
@@ -116,13 +115,19 @@ def verify_distributed_all(
         return ()
     sizes = list(batch_size) if isinstance(batch_size, Sequence) else [batch_size] * len(schedules)
     _check(schedules, sizes, model)
-    options = dict(model_options or {})
     cpu = [torch.device("cpu")] * schedules[0].n_ranks
     wait_s = timeout_s if wait_timeout_s is None else min(wait_timeout_s, timeout_s)
-    # One message may take wait_s; joining the group and the barriers get the run's deadline.
-    timeouts = {"timeout_s": wait_s, "group_timeout_s": timeout_s}
+    common: dict[str, Any] = {
+        "model": model,
+        "model_options": dict(model_options or {}),
+        "seed": seed,
+        "warmup": warmup,
+        # One message may take wait_s; joining the group and the barriers the run's deadline.
+        "timeout_s": wait_s,
+        "group_timeout_s": timeout_s,
+    }
     prepared = [
-        _prepare(s, size, model=model, options=options, seed=seed, warmup=warmup, **timeouts)
+        (s, *prepare_spec(s, **common, batch_size=size))
         for s, size in zip(schedules, sizes, strict=True)
     ]
     reports = []
@@ -157,40 +162,6 @@ def _check(schedules: Sequence[Schedule], sizes: Sequence[int | None], model: ob
             "verify_distributed rebuilds the model in every process: give its name "
             "(mlp, gpt or package.module:factory), not a model object"
         )
-
-
-def _prepare(
-    schedule: Schedule,
-    size: int | None,
-    *,
-    model: str,
-    options: Mapping[str, int],
-    seed: int | None,
-    warmup: int,
-    timeout_s: float,
-    group_timeout_s: float,
-) -> tuple[Schedule, VerifyModel, tuple[nn.Module, ...], RankSpec]:
-    """The reference model, its stages and the ranks' spec for ``schedule`` (the batch drawn
-    here, every message's shape found here, so the ranks need not run the model first)."""
-    reference_model = load_model(model, seed=seed, **options)
-    n_mb = schedule.n_microbatches
-    rows = -(-32 // n_mb) * n_mb if size is None else size
-    x, target = reference_model.make_batch(rows)
-    stages = build_stages(reference_model, schedule)
-    spec = RankSpec(
-        schedule_json=schedule_to_json(schedule),
-        model=model,
-        model_options=options,
-        seed=seed,
-        batch_size=rows,
-        timeout_s=timeout_s,
-        group_timeout_s=group_timeout_s,
-        warmup=max(warmup, 0),
-        n_threads=torch.get_num_threads(),
-        shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
-        batch=(x, target),
-    )
-    return schedule, reference_model, stages, spec
 
 
 def _locate(

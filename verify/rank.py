@@ -34,17 +34,17 @@ from torch import Tensor, nn
 from pipesim.actions import Action
 from pipesim.comms import Comm, Message, lower_comms, messages
 from pipesim.schedule import Schedule
-from pipesim.schedule_io import schedule_from_json
+from pipesim.schedule_io import schedule_from_json, schedule_to_json
 from pipesim.structure import step_structure
 from verify.compare import build_stages, split_microbatches
 from verify.exactness import exact_settings
-from verify.models import load_model
+from verify.models import VerifyModel, load_model
 from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
 from verify.runtime import StageRuntime
 from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
-__all__ = ["RankRunner", "RankSpec", "message_shapes", "run_rank", "run_specs"]
+__all__ = ["RankRunner", "RankSpec", "message_shapes", "prepare_spec", "run_rank", "run_specs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +156,42 @@ class RankRunner:
         result = step.run()
         dist.barrier()
         return result, time.perf_counter_ns() - start, time.process_time_ns() - start_cpu
+
+
+def prepare_spec(
+    schedule: Schedule,
+    /,
+    *,
+    model: str,
+    model_options: Mapping[str, int],
+    seed: int | None,
+    batch_size: int | None,
+    warmup: int,
+    timeout_s: float,
+    group_timeout_s: float | None = None,
+) -> tuple[VerifyModel, tuple[nn.Module, ...], RankSpec]:
+    """The model (built here from its name), its stages for ``schedule`` and the ranks' spec:
+    the batch drawn here (``batch_size`` rows, default 32 rounded up to whole micro-batches)
+    and every message's shape found here, so the ranks need not run the model first."""
+    built = load_model(model, seed=seed, **model_options)
+    n_mb = schedule.n_microbatches
+    rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+    x, target = built.make_batch(rows)
+    stages = build_stages(built, schedule)
+    spec = RankSpec(
+        schedule_json=schedule_to_json(schedule),
+        model=model,
+        model_options=model_options,
+        seed=seed,
+        batch_size=rows,
+        timeout_s=timeout_s,
+        group_timeout_s=group_timeout_s,
+        warmup=max(warmup, 0),
+        n_threads=torch.get_num_threads(),
+        shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
+        batch=(x, target),
+    )
+    return built, stages, spec
 
 
 def message_shapes(
