@@ -194,24 +194,25 @@ def test_help_and_readme_state_the_exit_statuses(capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(
-    ("flag", "value", "shown"),
+    ("flag", "value", "shown", "limit"),
     [
-        ("--memory-headroom", "nan", "'nan'"),
-        ("--memory-headroom", "1", "1.0"),
-        ("--memory-headroom", "-0.1", "-0.1"),
-        ("--min-mfu", "2", "2.0"),
-        ("--min-mfu", "1e999", "inf"),
-        ("--min-mfu", "half", "'half'"),
+        ("--memory-headroom", "nan", "'nan'", "to below 1"),
+        ("--memory-headroom", "1", "1.0", "to below 1"),
+        ("--memory-headroom", "-0.1", "-0.1", "to below 1"),
+        ("--min-mfu", "2", "2.0", "to 1"),
+        ("--min-mfu", "1.0000001", "1.0000001", "to 1"),
+        ("--min-mfu", "1e999", "inf", "to 1"),
+        ("--min-mfu", "half", "'half'", "to 1"),
     ],
 )
 def test_a_bad_share_is_a_usage_error_naming_the_flag(
-    flag: str, value: str, shown: str, capsys: pytest.CaptureFixture[str]
+    flag: str, value: str, shown: str, limit: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as info:
         main([*BASE, f"{flag}={value}"])
     err = capsys.readouterr().err
     assert info.value.code == 2
-    assert err.startswith(f"pipesim: error: {flag} must be a number from 0 to below 1, got {shown}")
+    assert err.startswith(f"pipesim: error: {flag} must be a number from 0 {limit}, got {shown}")
 
 
 def test_a_share_is_read_as_given() -> None:

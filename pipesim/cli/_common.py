@@ -185,13 +185,13 @@ def _rate(text: str, name: str) -> object:
     return to_time(text, name=name, allow_zero=False)
 
 
-def _share(*, upper: float) -> Reader:
+def _share(*, include_one: bool) -> Reader:
     def read(text: str, name: str) -> object:
         from pipesim.plan.planner import check_share
 
         # A decimal is read as a float; anything else (nan, a word) is refused as written.
         value = float(text) if _DECIMAL.fullmatch(text.strip()) else text
-        return check_share(value, name=name, upper=upper)
+        return check_share(value, name=name, include_one=include_one)
 
     return read
 
@@ -219,8 +219,8 @@ VALUE_READERS: dict[str, Reader] = {
     "inter_node_bandwidth": _rate,
     "memory_capacity": _capacity,
     "memory_limit": _memory_limit,
-    "memory_headroom": _share(upper=1),  # what pipesim.plan.plan takes
-    "min_mfu": _share(upper=1.0000001),
+    "memory_headroom": _share(include_one=False),  # what pipesim.plan.plan takes
+    "min_mfu": _share(include_one=True),
 }
 
 

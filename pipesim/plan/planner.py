@@ -306,9 +306,10 @@ def _refused(point: Point, reason: str) -> PlanPoint:
     )
 
 
-def check_share(value: object, /, *, name: str, upper: float = 1) -> float:
-    """``value`` as a float when it is a number from 0 to below ``upper`` (a share of
-    memory or of peak FLOP/s); a PlanError naming ``name`` otherwise (NaN included).
+def check_share(value: object, /, *, name: str, include_one: bool = False) -> float:
+    """``value`` as a float when it is a share from 0 to below 1 (memory headroom), or
+    to 1 itself with ``include_one`` (a share of peak FLOP/s); a PlanError naming
+    ``name`` and the range otherwise (NaN included).
 
     >>> check_share(0.1, name="--memory-headroom")
     0.1
@@ -317,9 +318,11 @@ def check_share(value: object, /, *, name: str, upper: float = 1) -> float:
     ...
     pipesim.errors.PlanError: --memory-headroom must be a number from 0 to below 1, got nan
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < upper:
-        raise PlanError(f"{name} must be a number from 0 to below {upper:g}, got {value!r}")
-    return float(value)
+    share = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if share is None or not (0 <= share <= 1 if include_one else 0 <= share < 1):
+        limit = "to 1" if include_one else "to below 1"
+        raise PlanError(f"{name} must be a number from 0 {limit}, got {value!r}")
+    return float(share)
 
 
 def plan(
@@ -383,7 +386,7 @@ def plan(
     headroom = check_share(memory_headroom, name="memory headroom")
     if min_mfu is None:
         min_mfu = accelerator.efficiency / 4
-    min_mfu = check_share(min_mfu, name="min_mfu", upper=1.0000001)
+    min_mfu = check_share(min_mfu, name="min_mfu", include_one=True)
     dims = Dimensions(
         tensor=None if tensor is None else tuple(tensor),
         stages=None if stages is None else tuple(stages),
