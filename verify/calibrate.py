@@ -47,6 +47,7 @@ from pipesim.costs import CostModel, StageCost, costs_to_dict
 from pipesim.files import write_text
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, Trace, TransferRecord
+from verify.allocator import configure_allocator
 from verify.local import LocalRun
 from verify.report import VerifyReport
 
@@ -185,6 +186,7 @@ def cost_file(
         provenance["microbatch_size"] = report.microbatch_sizes[0]
     provenance |= {
         "threads_per_rank": torch.get_num_threads(),
+        "cpu_allocator": configure_allocator(apply=False),
         "repeats": 1,
         "warmup_steps": warmup,
         "measured_makespans_ns": [int(measured_makespan(report.trace))],

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from pipesim.schedule import Schedule
+from verify.allocator import configure_allocator
 from verify.errors import RunFailedError
 from verify.rank import RankSpec, run_specs
 from verify.rank_status import (
@@ -129,6 +130,7 @@ def as_rank(
     os.dup2(log, 2)
     try:
         torch.set_num_threads(specs[0].n_threads)  # the parent's count: same kernels, same bits
+        configure_allocator()  # freed memory kept, as on a GPU: see verify.allocator
         dist.init_process_group(
             "gloo",
             init_method=f"file://{workdir}/rendezvous",

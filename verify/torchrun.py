@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
+from verify.allocator import configure_allocator
 from verify.compare import build_stages, split_microbatches
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings
@@ -110,6 +111,7 @@ def verify_torchrun(
         warmup=max(warmup, 0),
         n_threads=torch.get_num_threads(),
     )
+    configure_allocator()  # this process is a rank: freed CPU memory kept (verify.allocator)
     backend = "nccl" if device.type == "cuda" else "gloo"
     options: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(

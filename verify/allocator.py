@@ -1,0 +1,95 @@
+"""CPU ranks keep the memory they free, as CUDA's caching allocator keeps GPU memory.
+
+Why: torch allocates CPU tensors with the C library's ``malloc``. glibc's defaults give
+freed memory back to the system: the heap's top is trimmed once more than
+``M_TRIM_THRESHOLD`` is free, and chunks above a moving ``M_MMAP_THRESHOLD`` are
+mapped and unmapped one by one, so the next allocation of that size faults in fresh
+zeroed pages. How often that happens depends on how much a schedule keeps alive at
+once, so an op's time stops being a property of the op: measured with ``pipesim verify
+--dist`` on a 6-block x 512 GPT (2 ranks, one intra-op thread each), the last stage's W
+took 80-135 ms inside zb-h1 at m=16 but 38-50 ms right after its own I, and a V
+schedule's W on the middle stage 56-62 ms against 31 calibrated. ``python
+benchmarks/bench_allocator.py`` (2 repeats, load 0.1-1.3) measured steps 10% (zb-h1 m=16)
+and 8% (v-half m=16) shorter with freed memory kept, and each stage's W median within
+a narrower range across runs (zb-h1 stage 0: 66.9-66.9 ms kept, 71.6-83.7 ms system).
+On a GPU the caching allocator already keeps freed blocks, so on the CPU pipesim's rank
+processes do the same by default: the cost of an action is then its own, which is what
+a cost model calibrated on one schedule and used for another assumes.
+
+``PIPESIM_CPU_ALLOCATOR=system`` keeps glibc's defaults (to measure the difference).
+Only glibc has ``mallopt``; elsewhere (macOS, musl) the setting is reported as
+unavailable and nothing changes. The settings apply to the calling process from then
+on; pipesim calls :func:`configure_allocator` in the rank processes it starts and in
+those torchrun starts, never in a notebook's own process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+from verify.errors import VerifyError
+
+__all__ = ["ALLOCATOR_ENV", "allocator_mode", "configure_allocator"]
+
+ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
+_MODES = ("retain", "system")
+
+# mallopt parameters (glibc's malloc.h) and the values pipesim sets.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_SETTINGS = (
+    # Never trim the heap (mallopt takes an int: the largest value it can say).
+    (_M_TRIM_THRESHOLD, 2**31 - 1),
+    # Grow the heap 64 MiB at a time: fewer brk calls while a step's memory builds up.
+    (_M_TOP_PAD, 64 << 20),
+    # Serve chunks up to 32 MiB (glibc's largest allowed threshold on 64-bit) from the
+    # heap, not from mmap; setting it also stops glibc from moving the threshold.
+    (_M_MMAP_THRESHOLD, 32 << 20),
+)
+
+
+def allocator_mode() -> str:
+    """``retain`` (the default) or ``system``, from ``$PIPESIM_CPU_ALLOCATOR``.
+
+    >>> import os
+    >>> os.environ.pop(ALLOCATOR_ENV, None) and None
+    >>> allocator_mode()
+    'retain'
+    """
+    mode = os.environ.get(ALLOCATOR_ENV, "retain").strip().lower() or "retain"
+    if mode not in _MODES:
+        raise VerifyError(
+            f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
+            f"use one of {', '.join(_MODES)} (or leave it unset for retain)"
+        )
+    return mode
+
+
+def configure_allocator(*, apply: bool = True) -> str:
+    """Apply :func:`allocator_mode` to this process (with ``apply=False`` only say what
+    applying it would give); say what is in force, for reports: ``retain``, ``system``,
+    or ``system (mallopt unavailable: ...)``."""
+    if allocator_mode() == "system":
+        return "system"
+    libc = _glibc()
+    if libc is None:
+        return "system (mallopt unavailable: not glibc)"
+    if not apply:
+        return "retain"
+    for param, value in _SETTINGS:
+        if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
+            return f"system (mallopt refused parameter {param} = {value})"
+    return "retain"
+
+
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
+    except (OSError, AttributeError):
+        return None
+    return libc
