@@ -11,7 +11,8 @@ up to twice their in-isolation time; under ``retain`` they should not. The load
 (os.getloadavg) is printed on every line.
 
 Run: ``python benchmarks/bench_allocator.py [--repeat 2] [--case zb-h1:1:16 ...]``
-(case = SCHEDULE:VIRTUAL:MICROBATCHES, on a 6-block x 512 GPT, 8 rows per micro-batch).
+(case = SCHEDULE:VIRTUAL:MICROBATCHES, on a 6-block GPT ``--width`` wide, 512 by default,
+8 rows per micro-batch).
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ _CASES = ("zb-h1:1:16", "v-half:2:16")
 _W = re.compile(r"^(\d+)W\d+$")
 
 
-def _run(case: str, mode: str, out: Path) -> tuple[float, dict[int, float]]:
+def _run(case: str, mode: str, out: Path, width: int) -> tuple[float, dict[int, float]]:
     name, virtual, m = case.split(":")
     env = os.environ | {"PIPESIM_CPU_ALLOCATOR": mode, "OMP_NUM_THREADS": "1"}
     command = [
         *(sys.executable, "-m", "pipesim", "verify", name, "-p", "2", "-v", virtual),
-        *("-m", m, "--model", "gpt", "--gpt-layers", "6", "--gpt-width", "512"),
+        *("-m", m, "--model", "gpt", "--gpt-layers", "6", "--gpt-width", str(width)),
         *("--batch-size", str(8 * int(m)), "--dist", "--warmup", "2", "--trace-out", str(out)),
     ]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=2, help="runs per mode and case (2)")
     parser.add_argument("--case", action="append", help="SCHEDULE:V:M (zb-h1:1:16, v-half:2:16)")
+    parser.add_argument("--width", type=int, default=512, help="GPT width (512; 256 too)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.case or _CASES:
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 modes = ("system", "retain") if repeat % 2 == 0 else ("retain", "system")
                 for mode in modes:
                     load = os.getloadavg()[0]
-                    step, w = _run(case, mode, Path(tmp) / "trace.json")
+                    step, w = _run(case, mode, Path(tmp) / "trace.json", args.width)
                     steps[mode].append(step)
                     for stage, ms in w.items():
                         ws[mode][stage].append(ms)

@@ -13,12 +13,12 @@ from verify.allocator import ALLOCATOR_ENV, allocator_mode, configure_allocator
 from verify.errors import VerifyError
 
 
-def test_mode_defaults_to_retain_and_reads_system(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mode_defaults_to_system_and_reads_retain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
-    assert allocator_mode() == "retain"
-    monkeypatch.setenv(ALLOCATOR_ENV, " System ")
     assert allocator_mode() == "system"
     assert configure_allocator() == "system"
+    monkeypatch.setenv(ALLOCATOR_ENV, " Retain ")
+    assert allocator_mode() == "retain"
 
 
 def test_unknown_mode_is_refused_naming_the_value(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""CPU ranks keep the memory they free, as CUDA's caching allocator keeps GPU memory.
+"""CPU ranks may keep the memory they free, as CUDA's caching allocator keeps GPU memory.
 
 Why: torch allocates CPU tensors with the C library's ``malloc``. glibc's defaults give
 freed memory back to the system: the heap's top is trimmed once more than
@@ -12,11 +12,18 @@ schedule's W on the middle stage 56-62 ms against 31 calibrated. ``python
 benchmarks/bench_allocator.py`` (2 repeats, load 0.1-1.3) measured steps 10% (zb-h1 m=16)
 and 8% (v-half m=16) shorter with freed memory kept, and each stage's W median within
 a narrower range across runs (zb-h1 stage 0: 66.9-66.9 ms kept, 71.6-83.7 ms system).
-On a GPU the caching allocator already keeps freed blocks, so on the CPU pipesim's rank
-processes do the same by default: the cost of an action is then its own, which is what
-a cost model calibrated on one schedule and used for another assumes.
+On a GPU the caching allocator already keeps freed blocks; ``retain`` makes pipesim's CPU
+rank processes do the same, so that an action's cost is its own, which is what a cost
+model calibrated on one schedule and used for another assumes.
 
-``PIPESIM_CPU_ALLOCATOR=system`` keeps glibc's defaults (to measure the difference).
+It is not the default yet: in ``benchmarks/bench_fidelity.py``, whose rank processes
+run 33 schedules one after another, zb-h1 and the V schedules at m=16 on the 6x256 GPT
+measured 20-38% *slower* under ``retain`` (zb-h1 879 ms, zbv 1052 ms) than under glibc's
+defaults the day before (639 ms, 807 ms), while alone in fresh processes they ran 9-11%
+faster (579 against 648 ms, 747 against 823 ms). Until that is understood (a heap that
+only grows across many schedules is the suspect), ``PIPESIM_CPU_ALLOCATOR=retain``
+opts in and ``system`` (the default) keeps glibc's behaviour.
+
 Only glibc has ``mallopt``; elsewhere (macOS, musl) the setting is reported as
 unavailable and nothing changes. The settings apply to the calling process from then
 on; pipesim calls :func:`configure_allocator` in the rank processes it starts and in
@@ -50,18 +57,18 @@ _SETTINGS = (
 
 
 def allocator_mode() -> str:
-    """``retain`` (the default) or ``system``, from ``$PIPESIM_CPU_ALLOCATOR``.
+    """``system`` (the default) or ``retain``, from ``$PIPESIM_CPU_ALLOCATOR``.
 
     >>> import os
     >>> os.environ.pop(ALLOCATOR_ENV, None) and None
     >>> allocator_mode()
-    'retain'
+    'system'
     """
-    mode = os.environ.get(ALLOCATOR_ENV, "retain").strip().lower() or "retain"
+    mode = os.environ.get(ALLOCATOR_ENV, "system").strip().lower() or "system"
     if mode not in _MODES:
         raise VerifyError(
             f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
-            f"use one of {', '.join(_MODES)} (or leave it unset for retain)"
+            f"use one of {', '.join(_MODES)} (or leave it unset for system)"
         )
     return mode
 

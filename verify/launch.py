@@ -130,7 +130,7 @@ def as_rank(
     os.dup2(log, 2)
     try:
         torch.set_num_threads(specs[0].n_threads)  # the parent's count: same kernels, same bits
-        configure_allocator()  # freed memory kept, as on a GPU: see verify.allocator
+        configure_allocator()  # $PIPESIM_CPU_ALLOCATOR: see verify.allocator
         dist.init_process_group(
             "gloo",
             init_method=f"file://{workdir}/rendezvous",

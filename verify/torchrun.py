@@ -111,7 +111,7 @@ def verify_torchrun(
         warmup=max(warmup, 0),
         n_threads=torch.get_num_threads(),
     )
-    configure_allocator()  # this process is a rank: freed CPU memory kept (verify.allocator)
+    configure_allocator()  # this process is a rank: $PIPESIM_CPU_ALLOCATOR (verify.allocator)
     backend = "nccl" if device.type == "cuda" else "gloo"
     options: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(
