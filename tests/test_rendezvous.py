@@ -137,11 +137,7 @@ def test_fit_recovers_a_known_rendezvous_model() -> None:
         link=Link(latency=3, send_overhead=2, receive_overhead=4, handshake=7),
         send_mode="rendezvous",
     )
-    steps = []
-    for name in ("1f1b", "gpipe"):
-        schedule = generate(name, n_ranks=2, n_microbatches=4)
-        trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
-        steps.append(MeasuredStep(schedule=schedule, trace=trace))
+    steps = _measured_1f1b_and_gpipe(truth)
     fit = fit_costs(steps, send_mode="rendezvous")
     assert fit.costs.link == truth.link
     assert (fit.costs.dispatch_overhead, fit.costs.send_mode) == (1, "rendezvous")
@@ -265,11 +261,7 @@ def test_fit_recovers_a_known_posting_cost() -> None:
         link=Link(latency=3, send_overhead=2, receive_overhead=4, handshake=7, post_overhead=5),
         send_mode="rendezvous",
     )
-    steps = []
-    for name in ("1f1b", "gpipe"):
-        schedule = generate(name, n_ranks=2, n_microbatches=4)
-        trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
-        steps.append(MeasuredStep(schedule=schedule, trace=trace))
+    steps = _measured_1f1b_and_gpipe(truth)
     fit = fit_costs(steps, send_mode="rendezvous")
     assert fit.costs.link == truth.link
     assert fit.costs.dispatch_overhead == 1
@@ -351,3 +343,14 @@ def test_fit_recovers_the_handshake_of_waking_senders() -> None:
     assert fit.costs.link == truth.link
     assert fit.samples["handshake"] > 0
     assert all(replay(s, fit.costs) == measured_makespan(s.trace) for s in steps)
+
+
+def _measured_1f1b_and_gpipe(truth: CostModel) -> list[MeasuredStep]:
+    """1F1B and GPipe at p=2, m=4 as a run would measure them under ``truth``: the
+    simulated trace's compute only, as fit_costs reads a real run."""
+    steps = []
+    for name in ("1f1b", "gpipe"):
+        schedule = generate(name, n_ranks=2, n_microbatches=4)
+        trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
+        steps.append(MeasuredStep(schedule=schedule, trace=trace))
+    return steps
