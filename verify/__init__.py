@@ -22,7 +22,8 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
 - :mod:`verify.exactness`: the settings exactness needs, set or refused;
-- :mod:`verify.fidelity`: calibrate on real ranks once, measure other schedules.
+- :mod:`verify.fidelity`: calibrate on real ranks once, measure other schedules;
+- :mod:`verify.allocator`: whether CPU rank processes keep the memory they free.
 
 >>> from pipesim.schedules import generate
 >>> verify(generate("gpipe", n_ranks=2, n_microbatches=4), model="mlp").bit_identical
@@ -31,6 +32,7 @@ True
 
 from __future__ import annotations
 
+from verify.allocator import ALLOCATOR_ENV, allocator_mode, configure_allocator
 from verify.calibrate import (
     as_run_schedule,
     calibrate,
@@ -105,6 +107,7 @@ from verify.transport import (
 )
 
 __all__ = [
+    "ALLOCATOR_ENV",
     "COMPUTING",
     "FINISHED",
     "HEADER_LENGTH",
@@ -132,6 +135,7 @@ __all__ = [
     "VerifyError",
     "VerifyModel",
     "VerifyReport",
+    "allocator_mode",
     "as_rank",
     "as_run_schedule",
     "as_run_trace",
@@ -142,6 +146,7 @@ __all__ = [
     "calibrate_cut",
     "calibration_fit",
     "calibration_meta",
+    "configure_allocator",
     "cost_file",
     "crosscheck",
     "crosscheck_all",
