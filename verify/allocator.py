@@ -20,9 +20,13 @@ It is not the default yet: in ``benchmarks/bench_fidelity.py``, whose rank proce
 run 33 schedules one after another, zb-h1 and the V schedules at m=16 on the 6x256 GPT
 measured 20-38% *slower* under ``retain`` (zb-h1 879 ms, zbv 1052 ms) than under glibc's
 defaults the day before (639 ms, 807 ms), while alone in fresh processes they ran 9-11%
-faster (579 against 648 ms, 747 against 823 ms). Until that is understood (a heap that
-only grows across many schedules is the suspect), ``PIPESIM_CPU_ALLOCATOR=retain``
-opts in and ``system`` (the default) keeps glibc's behaviour.
+faster (579 against 648 ms, 747 against 823 ms); a smaller ``bench_fidelity.py`` run
+(6x256, 1f1b / zb-h1 / zbv / v-half at m=16, 6 schedules a process) then measured
+``retain`` faster on all four (537, 588, 796, 999 ms against 580, 662, 1123, 1087).
+Run-to-run spread on the shared 2-core machine (13-29% there) is as large as the
+effect, so until a quiet A/B of the whole benchmark settles it
+``PIPESIM_CPU_ALLOCATOR=retain`` opts in and ``system`` (the default) keeps glibc's
+behaviour.
 
 Only glibc has ``mallopt``; elsewhere (macOS, musl) the setting is reported as
 unavailable and nothing changes. The settings apply to the calling process from then
