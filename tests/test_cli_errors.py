@@ -302,3 +302,37 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(
     assert status == (2 if argv[0] == "verify" else 1), err
     assert err.startswith("pipesim: error: ") and message in err, err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "says"),
+    [
+        (
+            ["simulate", "1f1b", "-p", "2", "-m", "4", "--activation-bytes", "-1GiB"],
+            "--activation-bytes",
+            "must be at least 0 bytes, got '-1GiB'",
+        ),
+        (
+            ["simulate", "1f1b", "-p", "2", "-m", "4", "--link-latency", "-5us"],
+            "--link-latency",
+            "got '-5us'",
+        ),
+        (
+            ["simulate", "1f1b", "-p", "2", "-m", "4", "--link-latency", "-.5"],
+            "--link-latency",
+            "must be non-negative, got '-.5'",
+        ),
+    ],
+)
+def test_a_negative_value_with_a_unit_reaches_its_reader(
+    argv: list[str], flag: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Python 3.11's argparse called '-1GiB' an unknown option ("expected one argument"):
+    # the value's own reader must say what is wrong with it, given as two words or one.
+    for form in (argv, [*argv[:-2], f"{argv[-2]}={argv[-1]}"]):
+        with pytest.raises(SystemExit) as info:
+            main(form)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"pipesim: error: {flag} ") and says in err
+        assert "expected one argument" not in err

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipesim.errors import PipesimError
 
@@ -42,7 +43,16 @@ _VERB_MODULES = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors spelled like every other error: ``pipesim: error: ...``."""
+    """argparse, with usage errors spelled like every other error: ``pipesim: error: ...``,
+    and a value that starts with a minus and a digit read as a value (``--activation-bytes
+    -1GiB``, ``--latency -5us``), so that its reader says what is wrong with it: Python
+    3.11's argparse only takes plain numbers (``-1``, ``-0.5``) there and calls anything
+    else an unknown option. 3.13's own rule is this one (``argparse._negative_number_matcher``);
+    pipesim has no option that starts with a digit, so nothing else changes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"pipesim: error: {message} (see `{self.prog} --help`)\n")
