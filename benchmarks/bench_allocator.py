@@ -18,9 +18,7 @@ Run: ``python benchmarks/bench_allocator.py [--repeat 2] [--case zb-h1:1:16 ...]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -28,8 +26,21 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from pipesim.actions import Action, Op
+from pipesim.calibration import measured_makespan
+from pipesim.trace_io import load_trace
+
 _CASES = ("zb-h1:1:16", "v-half:2:16")
-_W = re.compile(r"^(\d+)W\d+$")
+
+
+def _case(text: str) -> str:
+    """argparse type: ``SCHEDULE:V:M`` with V and M positive integers."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not SCHEDULE:VIRTUAL:MICROBATCHES, e.g. zb-h1:1:16 or v-half:2:16"
+        )
+    return text
 
 
 def _run(case: str, mode: str, out: Path, width: int) -> tuple[float, dict[int, float]]:
@@ -40,21 +51,24 @@ def _run(case: str, mode: str, out: Path, width: int) -> tuple[float, dict[int, 
         *("-m", m, "--model", "gpt", "--gpt-layers", "6", "--gpt-width", str(width)),
         *("--batch-size", str(8 * int(m)), "--dist", "--warmup", "2", "--trace-out", str(out)),
     ]
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
-    actions = json.loads(out.read_text())["actions"]
-    start = min(a[2] for a in actions)
-    end = max(a[3] for a in actions)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_allocator: {case} ({mode}) failed: {done.stderr.strip()}")
+    trace = load_trace(out).trace
     w: dict[int, list[float]] = defaultdict(list)
-    for _, action, t0, t1 in actions:
-        if match := _W.match(action):
-            w[int(match.group(1))].append((t1 - t0) / 1e6)
-    return (end - start) / 1e6, {s: statistics.median(v) for s, v in sorted(w.items())}
+    for record in trace.actions:
+        if isinstance(record.work, Action) and record.work.op is Op.W:
+            w[record.work.stage].append(float(record.duration) / 1e6)
+    step = float(measured_makespan(trace)) / 1e6
+    return step, {s: statistics.median(v) for s, v in sorted(w.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=2, help="runs per mode and case (2)")
-    parser.add_argument("--case", action="append", help="SCHEDULE:V:M (zb-h1:1:16, v-half:2:16)")
+    parser.add_argument(
+        "--case", action="append", type=_case, help="SCHEDULE:V:M (zb-h1:1:16, v-half:2:16)"
+    )
     parser.add_argument("--width", type=int, default=512, help="GPT width (512; 256 too)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:

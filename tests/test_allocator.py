@@ -21,6 +21,18 @@ def test_mode_defaults_to_system_and_reads_retain(monkeypatch: pytest.MonkeyPatc
     assert allocator_mode() == "retain"
 
 
+def test_a_distributed_run_refuses_an_unknown_mode_before_starting_ranks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipesim.cli import main
+
+    monkeypatch.setenv(ALLOCATOR_ENV, "jemalloc")
+    assert main(["verify", "1f1b", "-p", "2", "-m", "2", "--dist", "--timeout", "60"]) == 2
+    err = capsys.readouterr().err
+    # once, from the launcher: no rank started to fail with it
+    assert err.count("PIPESIM_CPU_ALLOCATOR='jemalloc'") == 1 and "rank 0" not in err
+
+
 def test_unknown_mode_is_refused_naming_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ALLOCATOR_ENV, "jemalloc")
     with pytest.raises(VerifyError, match=r"PIPESIM_CPU_ALLOCATOR='jemalloc'.*retain, system"):

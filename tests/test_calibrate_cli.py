@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(240)]
 
 
 def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PIPESIM_CPU_ALLOCATOR", "retain")  # applied by the rank processes
     out = tmp_path / "mlp.json"
     status = main(
         [
@@ -56,6 +57,7 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     meta = data["meta"]
     assert meta["time_unit"] == "ns"
     assert meta["threads_per_rank"] == 1 and meta["microbatch_size"] == 2
+    assert meta["cpu_allocator"] == "retain"
     assert meta["schedule"] == calibration_schedule(n_ranks=2, n_microbatches=2).name
     assert (meta["n_ranks"], meta["n_stages"], meta["repeats"]) == (2, 2, 1)
     assert meta["assumed"] == []  # F, B, I and W all measured

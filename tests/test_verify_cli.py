@@ -114,8 +114,10 @@ def test_interleaved_with_virtual_stages(capsys) -> None:  # type: ignore[no-unt
 
 
 @torch_only
-def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_schedule_file_and_costs_out(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
+    # An in-process run never applies the CPU allocator setting: the file must say so.
+    monkeypatch.setenv("PIPESIM_CPU_ALLOCATOR", "retain")
     from pipesim.costs import costs_from_dict as load_costs_dict
     from pipesim.costs import load_costs
     from pipesim.schedule import Schedule
@@ -135,6 +137,7 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys) -> None:  # type: i
     assert meta["time_unit"] == "ns" and meta["source"] == "pipesim verify"
     assert meta["statistic"].startswith("compute: median") and meta["samples"]["0I"] == 2
     assert "overheads: mean" in meta["statistic"]
+    assert meta["cpu_allocator"] == "system"
     assert load_costs(costs_path) == load_costs_dict(data["costs"])
 
 

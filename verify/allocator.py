@@ -80,7 +80,7 @@ def allocator_mode() -> str:
 def configure_allocator(*, apply: bool = True) -> str:
     """Apply :func:`allocator_mode` to this process (with ``apply=False`` only say what
     applying it would give); say what is in force, for reports: ``retain``, ``system``,
-    or ``system (mallopt unavailable: ...)``."""
+    ``system (mallopt unavailable: ...)`` or ``partly retain (mallopt refused ...)``."""
     if allocator_mode() == "system":
         return "system"
     libc = _glibc()
@@ -90,7 +90,7 @@ def configure_allocator(*, apply: bool = True) -> str:
         return "retain"
     for param, value in _SETTINGS:
         if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
-            return f"system (mallopt refused parameter {param} = {value})"
+            return f"partly retain (mallopt refused parameter {param} = {value})"
     return "retain"
 
 

@@ -164,10 +164,13 @@ def cost_file(
     source: str = "pipesim verify",
     model_options: Mapping[str, Any] | None = None,
     warmup: int = 1,
+    rank_processes: bool = False,
 ) -> tuple[CostModel, dict[str, Any]]:
     """The cost file of a verify run: the report's cost model refitted from its measured
     step by :func:`calibration_fit` (the fit ``pipesim calibrate`` makes, so the same
-    numbers) and its ``meta``, with the provenance ``pipesim calibrate`` records."""
+    numbers) and its ``meta``, with the provenance ``pipesim calibrate`` records.
+    ``rank_processes``: the run's ranks were processes of their own (``--dist``,
+    torchrun), which apply ``$PIPESIM_CPU_ALLOCATOR``; an in-process run does not."""
     as_run = report.as_run if report.as_run is not None else schedule
     fit = calibration_fit(report.trace, as_run=as_run, stage_bytes=report.costs.stages)
     provenance: dict[str, Any] = {
@@ -186,7 +189,7 @@ def cost_file(
         provenance["microbatch_size"] = report.microbatch_sizes[0]
     provenance |= {
         "threads_per_rank": torch.get_num_threads(),
-        "cpu_allocator": configure_allocator(apply=False),
+        "cpu_allocator": configure_allocator(apply=False) if rank_processes else "system",
         "repeats": 1,
         "warmup_steps": warmup,
         "measured_makespans_ns": [int(measured_makespan(report.trace))],

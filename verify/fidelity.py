@@ -43,6 +43,7 @@ from pipesim.calibration import (
 from pipesim.costs import CostModel
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
+from verify.allocator import configure_allocator
 from verify.calibrate import calibration_meta
 from verify.dist import verify_distributed_all
 from verify.errors import VerifyError
@@ -255,6 +256,7 @@ def fit_cut(
         n_microbatches=schedule.n_microbatches,
         microbatch_size=microbatch_size,
         threads_per_rank=threads,
+        cpu_allocator=configure_allocator(apply=False),
         repeats=len(measured.steps),
         warmup_steps=warmup,
         measured_makespans_ns=[int(t) for t in measured.makespans_ns],

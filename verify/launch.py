@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from pipesim.schedule import Schedule
-from verify.allocator import configure_allocator
+from verify.allocator import allocator_mode, configure_allocator
 from verify.errors import RunFailedError
 from verify.rank import RankSpec, run_specs
 from verify.rank_status import (
@@ -57,6 +57,7 @@ def launch(
     deadline, and stop every rank on the first failure; RunFailedError says which rank did
     what."""
     target = _verify_worker if target is None else target
+    allocator_mode()  # a bad $PIPESIM_CPU_ALLOCATOR is refused here, not once per rank
     n_ranks = schedules[0].n_ranks
     context = multiprocessing.get_context("spawn")
     status = context.Array("q", status_length(n_ranks), lock=False)

@@ -252,12 +252,15 @@ def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
     from verify.calibrate import cost_file, save_costs
 
     options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
+    from verify.torchrun import torchrun_place
+
     costs, meta = cost_file(
         report,
         schedule,
         source="pipesim verify" + (" --dist" if args.dist else ""),
         model_options=options,
         warmup=max(args.warmup, 0),
+        rank_processes=args.dist or torchrun_place() is not None,
     )
     try:
         save_costs(costs, args.costs_out, meta=meta)
