@@ -58,6 +58,7 @@ from typing import TypeAlias
 import networkx as nx
 
 from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
+from pipesim.csv_rows import check_last_row, read_rows
 from pipesim.errors import DeadlockError, ParseError, ScheduleError
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
@@ -428,6 +429,7 @@ def comms_to_csv(comms: CommSchedule, /) -> str:
     0F0,0SEND_F0,0RECV_B0,0B0
     1RECV_F0,1F0,1B0,1SEND_B0
     """
+    check_last_row(comms.programs, name=comms.schedule.name)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     for program in comms.programs:
@@ -442,7 +444,7 @@ def comms_from_csv(
     ``RESHARD`` and ``REDUCE_GRAD`` move no pipeline data and are left out). Not validated:
     see :func:`validate_comms`."""
     programs: list[list[Step]] = []
-    for line, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+    for line, row in enumerate(read_rows(text, source=source), start=1):
         program: list[Step] = []
         for column, cell in enumerate(row, start=1):
             cell = cell.strip()
@@ -455,8 +457,6 @@ def comms_from_csv(
             if step is not None:
                 program.append(step)
         programs.append(program)
-    if not programs:
-        raise ParseError(f"{source}: the CSV is empty; write one row of actions per rank")
     return comm_schedule_from_programs(programs, name=name, n_microbatches=n_microbatches)
 
 

@@ -9,7 +9,9 @@ JSON (``.json``) carries everything a :class:`~pipesim.schedule.Schedule` holds:
 
 CSV (``.csv``) is the "compute_only" format torch's
 ``PipelineScheduleMulti._load_csv`` reads: one row per rank, one action per
-cell, empty cells for idle steps (skipped). The placement is inferred from
+cell, empty cells for idle steps (skipped). A blank line between rows is a rank with
+no actions, as torch writes and reads it; blank lines at the end of the file are
+dropped (see :mod:`pipesim.csv_rows`). The placement is inferred from
 which rank runs each stage, as torch does. CSV cannot carry
 ``happens_before`` constraints, so saving such a schedule to CSV is refused.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.actions import Action, Work, parse_action
+from pipesim.csv_rows import check_last_row, read_rows
 from pipesim.errors import ParseError, PipesimError, brief
 from pipesim.files import parse_json, read_text, write_text
 from pipesim.limits import MAX_RANKS, check_range
@@ -196,6 +199,7 @@ def schedule_to_csv(schedule: Schedule, /) -> str:
             f"schedule {schedule.name!r} runs {schedule.n_copies} model copies (n_copies), "
             "which torch's CSV cannot say; save it as .json"
         )
+    check_last_row(schedule.orders, name=schedule.name)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     for order in schedule.orders:
@@ -211,19 +215,11 @@ def schedule_from_csv(
     n_microbatches: int | None = None,
     source: str = "schedule",
 ) -> Schedule:
-    """Parse torch's compute-only CSV; errors name the line (= rank + 1) and column."""
-    orders = []
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
-    try:
-        for line_number, row in enumerate(reader, start=1):
-            check_range(
-                line_number, name=f"{source}: rows (ranks)", maximum=MAX_RANKS, limit="MAX_RANKS"
-            )
-            orders.append(_csv_row(row, line_number, source))
-    except csv.Error as exc:  # a cell over csv's field size limit, a NUL byte, ...
-        raise ParseError(f"{source}: not valid CSV at line {reader.line_num}: {exc}") from None
-    if not orders:
-        raise ParseError(f"{source}: the CSV is empty; write one row of actions per rank")
+    """Parse torch's compute-only CSV; errors name the line (= rank + 1) and column.
+    A blank line between rows is an idle rank and trailing blank lines are dropped, as
+    :mod:`pipesim.csv_rows` explains."""
+    rows = read_rows(text, source=source)
+    orders = [_csv_row(row, line_number, source) for line_number, row in enumerate(rows, 1)]
     try:
         return Schedule.from_orders(orders, n_microbatches=n_microbatches, name=name)
     except PipesimError as exc:

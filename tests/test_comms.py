@@ -15,8 +15,9 @@ from pipesim.comms import (
     parse_step,
     validate_comms,
 )
-from pipesim.errors import DeadlockError, ParseError, ScheduleError
+from pipesim.errors import DeadlockError, ParseError, PipesimError, ScheduleError
 from pipesim.graph import build_graph, critical_path
+from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
 
@@ -170,6 +171,19 @@ def test_comms_csv_round_trip_and_the_cli(tmp_path, capsys) -> None:  # type: ig
     path.write_text("\n".join(rows) + "\n")
     assert main(["validate", str(path)]) == 1
     assert "without tags they would pair the wrong tensors" in capsys.readouterr().err
+
+
+def test_comms_csv_blank_lines_follow_the_compute_csv_rule() -> None:
+    """Trailing blank lines are dropped and an idle last rank is refused on writing, as
+    for the compute-only CSV (pipesim.csv_rows)."""
+    from pipesim.comms import comms_from_csv, comms_to_csv
+
+    comms = lower_comms(generate("gpipe", n_ranks=2, n_microbatches=1))
+    text = comms_to_csv(comms)
+    assert comms_from_csv(text + "\n\n", n_microbatches=1).programs == comms.programs
+    idle = lower_comms(Schedule.from_orders([["0F0", "0B0"], []], name="tail"))
+    with pytest.raises(PipesimError, match=r"last rank \(1\) runs no actions"):
+        comms_to_csv(idle)
 
 
 @pytest.mark.torch

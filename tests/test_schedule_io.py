@@ -6,11 +6,13 @@ import csv
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pipesim.actions import Overlap
-from pipesim.errors import ParseError, PipesimError, ScheduleError
+from pipesim.errors import LimitError, ParseError, PipesimError, ScheduleError
+from pipesim.limits import MAX_RANKS
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import (
     load_schedule,
@@ -66,7 +68,8 @@ TORCH_OP_NAMES = {
 
 
 def csv_compatible(schedule: Schedule) -> bool:
-    return not schedule.happens_before and getattr(schedule, "n_copies", 1) == 1
+    idle_last = not schedule.orders[-1]  # a trailing blank line, which readers drop
+    return not schedule.happens_before and schedule.n_copies == 1 and not idle_last
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
@@ -84,7 +87,7 @@ def test_json_round_trip(schedule: Schedule, tmp_path: Path) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
 def test_csv_round_trip(schedule: Schedule, tmp_path: Path) -> None:
     if not csv_compatible(schedule):
-        with pytest.raises(PipesimError, match=r"torch's CSV cannot .*save it as \.json"):
+        with pytest.raises(PipesimError, match=r"torch's CSV (cannot|writes).*save it as \.json"):
             schedule_to_csv(schedule)
         return
     text = schedule_to_csv(schedule)
@@ -213,3 +216,64 @@ def test_a_key_the_file_gets_wrong_is_refused(change: dict[str, object], message
     with pytest.raises(ParseError) as info:
         schedule_from_dict({**data, **change}, source="s.json")
     assert str(info.value).startswith("s.json: ") and message in str(info.value), info.value
+
+
+# -- blank lines (pipesim.csv_rows) -------------------------------------------------------
+def _cells(schedule: Schedule) -> list[list[str]]:
+    return [[str(w) for w in order] for order in schedule.orders]
+
+
+@pytest.mark.parametrize("tail", ["\n", "\n\n", "\n\n\n", "\n  \n", "\r\n\r\n"])
+def test_csv_trailing_blank_lines_are_dropped(tail: str) -> None:
+    s = schedule_from_csv("0F0,0B0\n1F0,1B0" + tail, source="plan.csv")
+    assert _cells(s) == [["0F0", "0B0"], ["1F0", "1B0"]]
+    assert s.placement == (0, 1)
+
+
+def test_csv_blank_line_between_rows_is_an_idle_rank() -> None:
+    # Hand-worked: rank 1 runs nothing, so stage 1 (the third row) is on rank 2.
+    s = schedule_from_csv("0F0,0B0\n\n1F0,1B0\n\n", source="plan.csv")
+    assert _cells(s) == [["0F0", "0B0"], [], ["1F0", "1B0"]]
+    assert s.placement == (0, 2)
+    assert schedule_from_csv(schedule_to_csv(s)) == s  # the idle rank round-trips
+
+
+def test_csv_trailing_row_of_commas_is_a_rank() -> None:
+    # torch writes a rank of idle (None) steps as commas: a row, not a blank line.
+    s = schedule_from_csv("0F0,0B0\n,,\n")
+    assert _cells(s) == [["0F0", "0B0"], []]
+
+
+def test_csv_refuses_to_write_an_idle_last_rank() -> None:
+    s = Schedule.from_orders([["0F0", "0B0"], []], name="tail")
+    assert _cells(s) == [["0F0", "0B0"], []]
+    with pytest.raises(PipesimError, match=r"last rank \(1\) runs no actions.*save it as \.json"):
+        schedule_to_csv(s)
+    assert schedule_from_json(schedule_to_json(s)) == s
+
+
+def test_csv_rank_limit_counts_rows_not_trailing_blank_lines() -> None:
+    assert schedule_from_csv("0F0,0B0\n" + "\n" * (MAX_RANKS + 5)).n_ranks == 1
+    with pytest.raises(LimitError, match=r"plan\.csv: rows \(ranks\) 4097 is above"):
+        schedule_from_csv("\n" * MAX_RANKS + "0F0,0B0\n", source="plan.csv")
+
+
+@pytest.mark.torch
+def test_blank_lines_read_and_written_as_torch_does(tmp_path: Path) -> None:
+    """torch's own _dump_csv writes an idle rank as a blank line, and its _load_csv reads
+    a blank line between rows as a rank with no actions: pipesim reads both the same."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    multi = schedules.PipelineScheduleMulti
+    order = {
+        r: [schedules._Action.from_str(c) for c in row]
+        for r, row in enumerate([["0F0", "0B0"], [], ["1F0", "1B0"]])
+    }
+    path = tmp_path / "torch.csv"
+    multi._dump_csv(SimpleNamespace(pipeline_order=order), str(path))
+    text = path.read_text()
+    assert text.splitlines()[1] == ""  # torch: the idle rank is a blank line
+    theirs = SimpleNamespace(pipeline_order={}, _validate_and_set_stage_mapping=lambda o: None)
+    multi._load_csv(theirs, str(path))
+    ours = load_schedule(path)
+    assert [[str(a) for a in row] for row in theirs.pipeline_order.values()] == _cells(ours)
+    assert _cells(ours) == [["0F0", "0B0"], [], ["1F0", "1B0"]]
