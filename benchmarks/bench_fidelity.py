@@ -66,7 +66,7 @@ import sys
 import time
 from typing import Any
 
-from pipesim.band import PredictionBand, pool_runs, predict_band
+from pipesim.band import PredictionBand, draw_prediction
 from pipesim.calibration import calibration_schedule, costs_for, predict, replay
 from pipesim.costs import SEND_MODES, CostModel, costs_to_dict
 from pipesim.errors import PipesimError
@@ -324,8 +324,8 @@ def run(args: argparse.Namespace) -> int:
             band = drawn = None
             if not role.startswith("scale:"):  # samples measured at this size only
                 runs = samples[schedule.n_stages // schedule.n_copies]
-                band = predict_band(schedule, costs, runs, draws=args.draws, seed=0)
-                drawn = predict_band(schedule, costs, [pool_runs(runs)], draws=args.draws)
+                spread = draw_prediction(schedule, costs, runs, draws=args.draws)
+                band, drawn = spread.band, spread.drawn
             _add_band(row, band, got[k])
             row["drawn_error_pct"] = (
                 float((drawn.median - got[k].median_ns) / got[k].median_ns) * 100 if drawn else None

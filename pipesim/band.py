@@ -45,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from pipesim.actions import Action, Op, Overlap
 from pipesim.calibration import MeasuredStep, compute_span, cut_stages, median
@@ -54,7 +55,21 @@ from pipesim.exact import Time, to_time
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 
-__all__ = ["PredictionBand", "compute_samples", "pool_runs", "predict_band", "run_spread"]
+__all__ = [
+    "SAMPLES_META_KEY",
+    "DrawnPrediction",
+    "PredictionBand",
+    "compute_samples",
+    "draw_prediction",
+    "pool_runs",
+    "predict_band",
+    "run_spread",
+    "samples_from_meta",
+]
+
+SAMPLES_META_KEY = "compute_samples_ns"
+"""Where a cost file's ``meta`` keeps :func:`compute_samples` of its calibration runs
+(``pipesim calibrate`` writes it), in ns."""
 
 RunSamples = Mapping[str, Sequence[Time]]
 """One calibration run's compute times per stage and op, keyed ``"0F"``, ``"1W"``, ..."""
@@ -213,4 +228,121 @@ def predict_band(
         high=_quantile(ordered, high_q),
         quantiles=(low_q, high_q),
         spans=tuple(spans),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrawnPrediction:
+    """What :func:`draw_prediction` found: the band and the drawn prediction that
+    ``pipesim calibrate --check`` and ``pipesim simulate`` print."""
+
+    band: PredictionBand
+    """Each draw from one calibration run's samples (:func:`predict_band` of the runs):
+    its ``low`` and ``high`` are the band."""
+    drawn: PredictionBand
+    """Each unit of work drawn from every run's samples at once (:func:`predict_band` of
+    ``[pool_runs(runs)]``): its ``median`` is the drawn prediction."""
+    n_runs: int
+    """How many calibration runs the samples came from."""
+    seed: int
+    """The seed of both draws."""
+
+
+def draw_prediction(
+    schedule: Schedule,
+    costs: CostModel,
+    runs: Sequence[RunSamples],
+    /,
+    *,
+    draws: int = 200,
+    seed: int = 0,
+) -> DrawnPrediction:
+    """The p10-p90 band (one run per draw) and the drawn prediction (the median of draws
+    from every run pooled) of ``schedule``'s step under ``costs``, ``draws`` draws each
+    with ``seed``; why both, see the module docstring.
+
+    One run, so pooling changes nothing; 1F1B with one micro-batch is a chain whose 1F0
+    takes 10 or 30, every other op 10 (:func:`predict_band`'s example):
+
+    >>> from pipesim.schedules import generate
+    >>> schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+    >>> got = draw_prediction(schedule, CostModel.uniform(forward=10, backward=10),
+    ...     [{"1F": (10, 30)}], draws=400, seed=1)
+    >>> got.band.low, got.band.high, got.drawn.median in (40, 60), got.n_runs
+    (40, 60, True, 1)
+    """
+    return DrawnPrediction(
+        band=predict_band(schedule, costs, runs, draws=draws, seed=seed),
+        drawn=predict_band(schedule, costs, [pool_runs(runs)], draws=draws, seed=seed),
+        n_runs=len(runs),
+        seed=seed,
+    )
+
+
+def samples_from_meta(
+    schedule: Schedule,
+    meta: Mapping[str, Any],
+    /,
+    *,
+    time_unit: str,
+    source: str = "the cost file",
+) -> tuple[dict[str, tuple[Time, ...]], ...] | None:
+    """The calibration runs' compute samples a cost file's ``meta`` carries
+    (:data:`SAMPLES_META_KEY`), keyed for ``schedule``, or None when it carries none.
+
+    The samples describe the calibrated cut (``meta["n_stages"]`` stages, else as many as
+    their keys name); ``schedule`` must run on that cut (``n_stages / n_copies`` stages,
+    :func:`~pipesim.calibration.cut_stages`), or the samples describe one stage, which
+    every stage then takes, as a one-stage cost model is broadcast
+    (:meth:`~pipesim.costs.CostModel.for_stages`). The samples are in ns, so ``time_unit``
+    (the cost model's) must be too.
+
+    >>> from pipesim.schedules import generate
+    >>> meta = {"n_stages": 1, "compute_samples_ns": [{"0F": [10, 12], "0B": [20]}]}
+    >>> samples_from_meta(generate("gpipe", n_ranks=2, n_microbatches=2), meta,
+    ...     time_unit="ns")
+    ({'0F': (10, 12), '1F': (10, 12), '0B': (20,), '1B': (20,)},)
+    """
+    raw = meta.get(SAMPLES_META_KEY)
+    if raw is None:
+        return None
+    where = f"{source}: meta.{SAMPLES_META_KEY}"
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence) or not raw:
+        raise CostError(
+            f"{where} must be a non-empty list of runs, each mapping a stage and op like "
+            f"'0F' to its times, got {raw!r:.60}; write it as pipesim calibrate does"
+        )
+    if not all(isinstance(run, Mapping) for run in raw):
+        raise CostError(f"{where}: every run must map a stage and op like '0F' to its times")
+    try:
+        runs = _checked(raw)
+    except CostError as exc:
+        raise CostError(f"{where}: {exc}") from None
+    if time_unit != "ns":
+        raise CostError(
+            f"{where} is in ns but the cost model's times are in {time_unit}; use the file's "
+            "own unit (ns)"
+        )
+    named = 1 + max((stage for run in runs for stage, _ in run), default=0)
+    n_stages = meta.get("n_stages", named)
+    if not isinstance(n_stages, int) or isinstance(n_stages, bool) or n_stages < named:
+        raise CostError(
+            f"{where} names stage {named - 1}, but meta.n_stages is {n_stages!r}; the samples "
+            "must describe the file's own cut"
+        )
+    cut = schedule.n_stages // schedule.n_copies
+    if n_stages not in (cut, 1):
+        raise CostError(
+            f"{where} describes a cut into {n_stages} stages, but {schedule.name} runs on "
+            f"{cut} stages per model copy; simulate a schedule on {n_stages} stages, or "
+            f"calibrate a cut into {cut} (pipesim calibrate -p P --virtual V, P x V = {cut})"
+        )
+    stages = range(cut) if n_stages == 1 else (None,)
+    return tuple(
+        {
+            f"{stage if target is None else target}{op.value}": values
+            for (stage, op), values in run.items()
+            for target in stages
+        }
+        for run in runs
     )

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     _write(costs, meta, args.output)
     _print_costs(costs, meta, args.output)
     if checks:
-        return _check(args, costs, checks, meta["compute_samples_ns"])
+        return _check(args, costs, checks, meta)
     return 0
 
 
@@ -280,11 +280,11 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
     return found
 
 
-def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], runs: list[Any]) -> int:
-    """Predict and measure each of ``schedules``; the band is p10-p90 of
-    :func:`pipesim.band.predict_band` drawn from the calibration ``runs``' samples, the
-    drawn prediction the median of draws from all of them at once (``pool_runs``)."""
-    from pipesim.band import pool_runs, predict_band
+def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dict[str, Any]) -> int:
+    """Predict and measure each of ``schedules``; the band and the drawn prediction are
+    :func:`pipesim.band.draw_prediction`'s from the calibration runs' samples in ``meta``
+    (as ``pipesim simulate`` prints them)."""
+    from pipesim.band import draw_prediction, samples_from_meta
     from pipesim.calibration import costs_for, predict
     from verify.fidelity import measure
 
@@ -298,8 +298,10 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], runs: lis
         m = schedule.n_microbatches
         schedule_costs = costs_for(schedule, cuts)
         predicted = predict(schedule, schedule_costs)
-        band = predict_band(schedule, schedule_costs, runs)
-        drawn = predict_band(schedule, schedule_costs, [pool_runs(runs)]).median
+        runs = samples_from_meta(schedule, meta, time_unit=costs.time_unit, source=args.output)
+        assert runs is not None  # calibrate_cut writes them
+        spread = draw_prediction(schedule, schedule_costs, runs)
+        band, drawn = spread.band, spread.drawn.median
         got = measure(
             schedule,
             model=args.model,
