@@ -17,6 +17,7 @@ from pipesim.calibration import calibration_schedule, predict  # noqa: E402
 from pipesim.cli import main  # noqa: E402
 from pipesim.costs import costs_from_dict  # noqa: E402
 from pipesim.scaling import costs_at_microbatch_size  # noqa: E402
+from pipesim.schedules import generate  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -78,6 +79,13 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert predict(calibration_schedule(n_ranks=2, n_microbatches=2), costs) > 0
     assert "gpipe" in text and "error: mean" in text and "p10-p90 band" in text
     assert "drawn error: mean" in text
+    # simulate draws the same band from the file (pipesim.band.draw_prediction); its
+    # deterministic figure on the measured span is calibrate's prediction.
+    assert main(["simulate", "gpipe", "-p", "2", "-m", "2", "--costs", str(out), "--json"]) == 0
+    band = json.loads(capsys.readouterr().out)["band"]
+    gpipe = generate("gpipe", n_ranks=2, n_microbatches=2)
+    assert band["predicted"] == predict(gpipe, costs) and band["runs"] == 1
+    assert band["low"] <= band["drawn"] <= band["high"] and band["draws"] == 200
 
 
 def test_three_sizes_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,7 +110,6 @@ def test_measure_all_runs_each_schedule_once_per_round_at_its_own_size() -> None
     (else measure_all raises), and the message sizes of its own rows (the MLP's 96-wide
     hidden in float32); the replay of a step with its own fit is a positive span."""
     from pipesim.calibration import fit_costs, measured_makespan, replay
-    from pipesim.schedules import generate
     from verify.fidelity import measure_all
 
     rounds: list[int] = []
