@@ -23,6 +23,11 @@ once per round, not once per run.
    rows from the affine fit (``pipesim.scaling``: a fixed cost plus a cost per row).
 4. ``--effects`` (off by default): 1F1B m=8 without a warm-up step, and with twice
    the intra-op threads per rank.
+5. ``--allocators system,retain`` (off by default): every round runs under each CPU
+   allocator of ``verify.allocator`` in turn (the order alternating round by round),
+   so both see the same machine; calibration, prediction and summary are per
+   allocator (``--json-out F.json`` writes ``F.system.json`` and ``F.retain.json``),
+   preceded by each configuration's measured steps side by side.
 
 Each line prints the prediction, the median measured step, the run-to-run spread
 ((slowest - fastest) / median, which no model can beat), the ``error`` (prediction
@@ -59,11 +64,13 @@ an estimated 15-18 minutes; ``--sizes 6x256 --scale-sizes none`` about 4 minutes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pipesim.band import PredictionBand, draw_prediction
@@ -74,6 +81,7 @@ from pipesim.scaling import AffineCosts
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from pipesim.schedules import generate, get_spec, schedule_names
+from verify.allocator import ALLOCATOR_ENV, ALLOCATOR_MODES, allocator_mode
 from verify.fidelity import Measurement, fit_cut, measure, measure_all
 
 _QUICK_FAMILIES = ("gpipe", "zb-h1", "interleaved-1f1b", "zbv")
@@ -209,28 +217,71 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, Schedule, int]]:
 
 def _measure_size(
     args: argparse.Namespace, options: dict[str, int], plan: list[tuple[str, Schedule, int]]
-) -> tuple[Measurement, ...]:
-    """Every schedule of ``plan`` in ``args.repeats`` rounds (fresh rank processes each)."""
+) -> dict[str, tuple[Measurement, ...]]:
+    """Every schedule of ``plan`` in ``args.repeats`` rounds (fresh rank processes each),
+    per CPU allocator of ``args.allocators``: with two, each round runs under both, in
+    alternating order, so that both see the same machine (``verify.allocator``)."""
     started = time.perf_counter()
+    modes = args.allocators or [None]
+    got: dict[str, list[Measurement]] = {}
+    for round_ in range(args.repeats):
+        order = modes if round_ % 2 == 0 else modes[::-1]
+        for mode in order:
+            began = time.perf_counter()
+            with _allocator(mode):
+                measured = measure_all(
+                    [s for _, s, _ in plan],
+                    model="gpt",
+                    model_options=options,
+                    microbatch_size=[b for _, _, b in plan],
+                    repeats=1,
+                    threads=args.threads,
+                    timeout_s=args.timeout,
+                    first_round=round_,
+                )
+            got.setdefault(mode or allocator_mode(), []).extend(measured)
+            left = (args.repeats - round_ - 1) * (time.perf_counter() - started) / (round_ + 1)
+            print(
+                f"  round {round_ + 1}/{args.repeats}"
+                + (f" ({mode})" if mode else "")
+                + f": {len(plan)} schedules in {time.perf_counter() - began:.0f} s "
+                f"(load {_load():.1f}); about {left:.0f} s left for this size",
+                flush=True,
+            )
+    return {mode: _merge(found, len(plan)) for mode, found in got.items()}
 
-    def on_round(done: int, seconds: float) -> None:
-        left = (args.repeats - done - 1) * (time.perf_counter() - started) / (done + 1)
-        print(
-            f"  round {done + 1}/{args.repeats}: {len(plan)} schedules in {seconds:.0f} s "
-            f"(load {_load():.1f}); about {left:.0f} s left for this size",
-            flush=True,
+
+@contextlib.contextmanager
+def _allocator(mode: str | None) -> Iterator[None]:
+    """``$PIPESIM_CPU_ALLOCATOR`` set to ``mode`` (None: left alone) for the rank
+    processes started inside."""
+    before = os.environ.get(ALLOCATOR_ENV)
+    if mode is not None:
+        os.environ[ALLOCATOR_ENV] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ALLOCATOR_ENV, None)
+        else:
+            os.environ[ALLOCATOR_ENV] = before
+
+
+def _merge(rounds: list[Measurement], n: int) -> tuple[Measurement, ...]:
+    """One Measurement per schedule from rounds measured one at a time (``rounds`` holds
+    ``n`` per round, in plan order)."""
+    merged = []
+    for k in range(n):
+        found = rounds[k::n]
+        merged.append(
+            Measurement(
+                schedule=found[0].schedule,
+                steps=tuple(step for got in found for step in got.steps),
+                makespans_ns=tuple(t for got in found for t in got.makespans_ns),
+                stage_bytes=found[-1].stage_bytes,
+            )
         )
-
-    return measure_all(
-        [s for _, s, _ in plan],
-        model="gpt",
-        model_options=options,
-        microbatch_size=[b for _, _, b in plan],
-        repeats=args.repeats,
-        threads=args.threads,
-        timeout_s=args.timeout,
-        on_round=on_round,
-    )
+    return tuple(merged)
 
 
 def _model_error(got: Measurement, costs: CostModel) -> float:
@@ -251,8 +302,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"fidelity: p=2, calibration m={args.calibration_microbatches}, "
         f"{args.microbatch_size} rows per micro-batch, {args.threads} thread(s) per rank, "
-        f"{args.repeats} rounds (fresh rank processes each); {os.cpu_count()} CPUs, load "
-        f"{os.getloadavg()} (BUSY above {max_load:.1f})",
+        f"{args.repeats} rounds (fresh rank processes each); CPU allocator "
+        f"{' and '.join(args.allocators) if args.allocators else allocator_mode()}; "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()} (BUSY above {max_load:.1f})",
         flush=True,
     )
     if _load() > max_load:
@@ -261,8 +313,7 @@ def run(args: argparse.Namespace) -> int:
             "measured while it stays busy are flagged BUSY and the summary is refused",
             flush=True,
         )
-    rows: list[dict[str, Any]] = []
-    floor: list[dict[str, Any]] = []
+    results: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     steps_out: list[dict[str, Any]] = []
     for layers, width in sizes:
         options = {"n_layers": layers, "width": width}
@@ -270,74 +321,145 @@ def run(args: argparse.Namespace) -> int:
         plan = _plan(args)
         print(f"model gpt {model}: {len(plan)} schedules x {args.repeats} rounds", flush=True)
         load = _load()
-        measured = _measure_size(args, options, plan)
+        by_mode = _measure_size(args, options, plan)
         load = max(load, _load())
-        got = dict(zip(range(len(plan)), measured, strict=True))
-        steps_out.append(
-            {
-                "model": model,
-                "runs": [
-                    _plain(role, b, m) for (role, _, b), m in zip(plan, measured, strict=True)
-                ],
-            }
-        )
-        fits, samples = {}, {}
-        for k, (role, _, b) in enumerate(plan):
-            if role.startswith("cal"):
-                costs, meta = fit_cut(
-                    got[k],
-                    model="gpt",
-                    model_options=options,
-                    microbatch_size=b,
-                    threads=args.threads,
-                    send_mode=args.send_mode,
-                )
-                fits[role] = costs
-                if role in ("cal:1", "cal:2"):
-                    samples[meta["n_stages"]] = meta["compute_samples_ns"]
-                _print_cut(meta["virtual"], b, costs)
-                _save_cut(args, options, costs, meta)
-        cuts = {2: fits["cal:1"], 4: fits["cal:2"]}
-        fit = None
-        if args.scale_sizes:
-            b1, b2 = args.scale_sizes
-            pick = {
-                b: fits["cal:1"] if b == args.microbatch_size else fits[f"cal-b:{b}"]
-                for b in (b1, b2)
-            }
-            fit = AffineCosts.fit(pick[b1], pick[b2], sizes=(b1, b2))
-        for k, (role, schedule, b) in enumerate(plan):
-            if role == "cal:1":
-                costs, name, target = cuts[2], "(calibration)", floor
-            elif role == "grid":
-                costs, name, target = costs_for(schedule, cuts), schedule.name, rows
-            elif role.startswith("scale:") and fit is not None:
-                costs, name, target = fit.at(b), f"{schedule.name} b={b}", rows
-            else:
-                continue
-            predicted = int(predict(schedule, costs))
-            virtual = schedule.n_stages // schedule.n_ranks
-            row = _row(
-                model, name, virtual, schedule.n_microbatches, predicted, got[k], load, max_load
-            )
-            row["model_error_pct"] = _model_error(got[k], costs)
-            band = drawn = None
-            if not role.startswith("scale:"):  # samples measured at this size only
-                runs = samples[schedule.n_stages // schedule.n_copies]
-                spread = draw_prediction(schedule, costs, runs, draws=args.draws)
-                band, drawn = spread.band, spread.drawn
-            _add_band(row, band, got[k])
-            row["drawn_error_pct"] = (
-                float((drawn.median - got[k].median_ns) / got[k].median_ns) * 100 if drawn else None
-            )
-            target.append(row)
-            print(("  in sample: " if target is floor else "  ") + _line(row), flush=True)
+        for mode, measured in by_mode.items():
+            steps_out.append(_plain_size(model, mode, plan, measured))
+            if len(by_mode) > 1:
+                print(f"  under the {mode} allocator:", flush=True)
+            rows, floor = results.setdefault(mode, ([], []))
+            _evaluate(args, (model, options), plan, measured, (load, max_load), (rows, floor))
+            for row in rows + floor:
+                row["allocator"] = mode
         if args.effects and (layers, width) == sizes[0]:
             _effects(args, options)
         if args.steps_out:
             with open(args.steps_out, "w", encoding="utf-8") as out:
                 json.dump(steps_out, out)
-    return _summary(args, rows, floor)
+    if len(results) > 1:
+        _paired(results)
+    worst = 0
+    for mode, (rows, floor) in results.items():
+        if len(results) > 1:
+            print(f"summary under the {mode} allocator:")
+        json_out = _json_path(args.json_out, mode if len(results) > 1 else None)
+        worst = max(worst, _summary(args, rows, floor, json_out))
+    return worst
+
+
+def _plain_size(
+    model: str, mode: str, plan: list[tuple[str, Schedule, int]], measured: tuple[Measurement, ...]
+) -> dict[str, Any]:
+    """One model size's measured steps under one allocator, as ``--steps-out`` keeps them."""
+    return {
+        "model": model,
+        "allocator": mode,
+        "runs": [_plain(role, b, m) for (role, _, b), m in zip(plan, measured, strict=True)],
+    }
+
+
+def _json_path(path: str | None, mode: str | None) -> str | None:
+    """``--json-out``, with the allocator before the suffix when two were compared."""
+    if path is None or mode is None:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.{mode}{ext or '.json'}"
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    size: tuple[str, dict[str, int]],
+    plan: list[tuple[str, Schedule, int]],
+    measured: tuple[Measurement, ...],
+    loads: tuple[float, float],
+    out: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    """Calibrate the cuts from ``measured``, predict every configuration of ``plan`` and
+    add its row to ``out`` (grid and size rows, in-sample rows)."""
+    model, options = size
+    (load, max_load), (rows, floor) = loads, out
+    got = dict(zip(range(len(plan)), measured, strict=True))
+    fits, samples = _fit_cuts(args, options, plan, got)
+    cuts = {2: fits["cal:1"], 4: fits["cal:2"]}
+    fit = None
+    if args.scale_sizes:
+        b1, b2 = args.scale_sizes
+        pick = {
+            b: fits["cal:1"] if b == args.microbatch_size else fits[f"cal-b:{b}"] for b in (b1, b2)
+        }
+        fit = AffineCosts.fit(pick[b1], pick[b2], sizes=(b1, b2))
+    for k, (role, schedule, b) in enumerate(plan):
+        if role == "cal:1":
+            costs, name, target = cuts[2], "(calibration)", floor
+        elif role == "grid":
+            costs, name, target = costs_for(schedule, cuts), schedule.name, rows
+        elif role.startswith("scale:") and fit is not None:
+            costs, name, target = fit.at(b), f"{schedule.name} b={b}", rows
+        else:
+            continue
+        predicted = int(predict(schedule, costs))
+        virtual = schedule.n_stages // schedule.n_ranks
+        row = _row(model, name, virtual, schedule.n_microbatches, predicted, got[k], load, max_load)
+        row["model_error_pct"] = _model_error(got[k], costs)
+        band = drawn = None
+        if not role.startswith("scale:"):  # samples measured at this size only
+            runs = samples[schedule.n_stages // schedule.n_copies]
+            spread = draw_prediction(schedule, costs, runs, draws=args.draws)
+            band, drawn = spread.band, spread.drawn
+        _add_band(row, band, got[k])
+        row["drawn_error_pct"] = (
+            float((drawn.median - got[k].median_ns) / got[k].median_ns) * 100 if drawn else None
+        )
+        target.append(row)
+        print(("  in sample: " if target is floor else "  ") + _line(row), flush=True)
+
+
+def _fit_cuts(
+    args: argparse.Namespace,
+    options: dict[str, int],
+    plan: list[tuple[str, Schedule, int]],
+    got: dict[int, Measurement],
+) -> tuple[dict[str, CostModel], dict[int, Any]]:
+    """Per calibration role its cost model; per stage count its runs' compute samples."""
+    fits: dict[str, CostModel] = {}
+    samples: dict[int, Any] = {}
+    for k, (role, _, b) in enumerate(plan):
+        if role.startswith("cal"):
+            costs, meta = fit_cut(
+                got[k],
+                model="gpt",
+                model_options=options,
+                microbatch_size=b,
+                threads=args.threads,
+                send_mode=args.send_mode,
+            )
+            fits[role] = costs
+            if role in ("cal:1", "cal:2"):
+                samples[meta["n_stages"]] = meta["compute_samples_ns"]
+            _print_cut(meta["virtual"], b, costs)
+            _save_cut(args, options, costs, meta)
+    return fits, samples
+
+
+def _paired(results: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]) -> None:
+    """Side by side: each configuration's median measured step under each allocator."""
+    (first, (rows_a, floor_a)), (second, (rows_b, floor_b)) = list(results.items())[:2]
+    ratios = []
+    print(f"measured steps side by side ({second} / {first}, medians of the same rounds):")
+    for a, b in zip(floor_a + rows_a, floor_b + rows_b, strict=True):
+        ratio = b["measured_ms"] / a["measured_ms"]
+        ratios.append(ratio)
+        print(
+            f"  {a['model']:>7} {a['schedule']:<18} v={a['virtual']} m={a['m']:<3} "
+            f"{first} {a['measured_ms']:9.2f} ms (spread {a['spread_pct']:5.1f}%)  "
+            f"{second} {b['measured_ms']:9.2f} ms (spread {b['spread_pct']:5.1f}%)  "
+            f"x{ratio:.3f}"
+        )
+    geo = statistics.geometric_mean(ratios)
+    print(
+        f"  {len(ratios)} configurations: geometric mean x{geo:.3f}, median "
+        f"x{statistics.median(ratios):.3f}, {sum(r < 1 for r in ratios)} faster under {second}"
+    )
 
 
 def _add_band(row: dict[str, Any], band: PredictionBand | None, got: Measurement) -> None:
@@ -400,7 +522,12 @@ def _stats(errors: list[float]) -> tuple[float, float, float]:
     return (sum(absolute) / len(errors), max(absolute), sum(errors) / len(errors))
 
 
-def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[Any]) -> int:
+def _summary(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    floor: list[Any],
+    json_out: str | None,
+) -> int:
     if not rows:
         print("no configuration was measured")
         return 1
@@ -430,8 +557,8 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], floor: list[A
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
     }
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as out:
+    if json_out:
+        with open(json_out, "w", encoding="utf-8") as out:
             json.dump({"summary": summary, "rows": rows, "in_sample": floor}, out, indent=2)
     if busy and not args.allow_busy:
         print(
@@ -499,6 +626,12 @@ def main(argv: list[str] | None = None) -> int:
         default="rendezvous",
         help="the message rule calibrated and predicted with (CostModel.send_mode)",
     )
+    parser.add_argument(
+        "--allocators",
+        default=None,
+        help="CPU allocators to measure side by side, each round under each in alternating "
+        "order, e.g. system,retain (default: $PIPESIM_CPU_ALLOCATOR alone)",
+    )
     parser.add_argument("--draws", type=int, default=200, help="draws per p10-p90 band (200)")
     parser.add_argument("--json-out", default=None, help="write every row and the summary")
     parser.add_argument("--costs-dir", default=None, help="keep the calibrated cost files here")
@@ -512,7 +645,21 @@ def main(argv: list[str] | None = None) -> int:
     args.scale_sizes = None if scale == "none" else [int(v) for v in scale.split(",")]
     args.scale_targets = [int(v) for v in args.scale_targets.split(",")]
     args.effects = bool(args.effects)
+    args.allocators = _allocators(parser, args.allocators)
     return run(args)
+
+
+def _allocators(parser: argparse.ArgumentParser, text: str | None) -> list[str] | None:
+    """``--allocators``: distinct modes of ``verify.allocator`` (None: the environment's)."""
+    if text is None:
+        return None
+    modes = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in ALLOCATOR_MODES for m in modes) or len(set(modes)) != len(modes):
+        parser.error(
+            f"--allocators {text!r}: give distinct modes from {', '.join(ALLOCATOR_MODES)}, "
+            "e.g. system,retain"
+        )
+    return modes
 
 
 if __name__ == "__main__":

@@ -32,7 +32,12 @@ True
 
 from __future__ import annotations
 
-from verify.allocator import ALLOCATOR_ENV, allocator_mode, configure_allocator
+from verify.allocator import (
+    ALLOCATOR_ENV,
+    ALLOCATOR_MODES,
+    allocator_mode,
+    configure_allocator,
+)
 from verify.calibrate import (
     as_run_schedule,
     calibrate,
@@ -108,6 +113,7 @@ from verify.transport import (
 
 __all__ = [
     "ALLOCATOR_ENV",
+    "ALLOCATOR_MODES",
     "COMPUTING",
     "FINISHED",
     "HEADER_LENGTH",

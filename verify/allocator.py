@@ -42,10 +42,10 @@ import os
 
 from verify.errors import VerifyError
 
-__all__ = ["ALLOCATOR_ENV", "allocator_mode", "configure_allocator"]
+__all__ = ["ALLOCATOR_ENV", "ALLOCATOR_MODES", "allocator_mode", "configure_allocator"]
 
 ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
-_MODES = ("retain", "system")
+ALLOCATOR_MODES = ("retain", "system")
 
 # mallopt parameters (glibc's malloc.h) and the values pipesim sets.
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
@@ -69,10 +69,10 @@ def allocator_mode() -> str:
     'system'
     """
     mode = os.environ.get(ALLOCATOR_ENV, "system").strip().lower() or "system"
-    if mode not in _MODES:
+    if mode not in ALLOCATOR_MODES:
         raise VerifyError(
             f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
-            f"use one of {', '.join(_MODES)} (or leave it unset for system)"
+            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for system)"
         )
     return mode
 

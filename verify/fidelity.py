@@ -105,6 +105,7 @@ def measure_all(
     warmup: int = 1,
     timeout_s: float = 300.0,
     on_round: Callable[[int, float], None] | None = None,
+    first_round: int = 0,
 ) -> tuple[Measurement, ...]:
     """Run every schedule of ``schedules`` (one rank count) ``repeats`` times: each round
     runs them all, one after the other, in one fresh set of rank processes (each after
@@ -112,8 +113,10 @@ def measure_all(
     is measured once in each of ``repeats`` process sets, at interleaved times.
     ``microbatch_size`` is rows per micro-batch, one for all or one per schedule;
     ``timeout_s`` bounds each schedule's run; ``on_round(round, seconds)`` hears each
-    round's end. A run that is not bit-identical is an error: it measured something else
-    than the schedule."""
+    round's end. Rounds are numbered from ``first_round`` (each number seeds its order),
+    so a caller that runs one round at a time (say, alternating CPU allocators between
+    rounds) keeps the orders of one call. A run that is not bit-identical is an error: it
+    measured something else than the schedule."""
     sizes = (
         list(microbatch_size)
         if isinstance(microbatch_size, Sequence)
@@ -122,7 +125,7 @@ def measure_all(
     steps: list[list[MeasuredStep]] = [[] for _ in schedules]
     stage_bytes: list[tuple[Any, ...]] = [() for _ in schedules]
     with threads_per_rank(threads):
-        for round_ in range(max(repeats, 1)):
+        for round_ in range(first_round, first_round + max(repeats, 1)):
             start = time.perf_counter()
             # Each round in its own order (seeded): a slow start or end of the processes
             # falls on different schedules each round instead of always on the same ones.
@@ -148,7 +151,7 @@ def measure_all(
                 steps[k].append(MeasuredStep(schedule=schedule, trace=report.trace))
                 stage_bytes[k] = report.costs.stages
             if on_round is not None:
-                on_round(round_, time.perf_counter() - start)
+                on_round(round_ - first_round, time.perf_counter() - start)
     return tuple(
         Measurement(
             schedule=schedule,
