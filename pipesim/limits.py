@@ -13,6 +13,8 @@ limit                         value              what it bounds
 ``MAX_STAGES``                65 536             stages (ranks x virtual stages per rank)
 ``MAX_MICROBATCHES``          1 000 000          micro-batches of one step
 ``MAX_ACTIONS``               10 000 000         simple actions in one schedule
+``MAX_SWEEP_ACTIONS``         1 000 000 000      simple actions a ``pipesim plan`` sweep
+                                                 simulates, all configurations together
 ``MAX_LAYERS``                1 024              transformer layers of a model to plan
 ``MAX_DEVICES``               1 000 000          devices of a plan
 ``MAX_INDEX_DIGITS``          9                  digits of a stage or micro-batch index
@@ -51,6 +53,7 @@ __all__ = [
     "MAX_NUMBER_DIGITS",
     "MAX_RANKS",
     "MAX_STAGES",
+    "MAX_SWEEP_ACTIONS",
     "as_int",
     "check_actions",
     "check_range",
@@ -64,6 +67,12 @@ MAX_STAGES = 65_536
 MAX_MICROBATCHES = 1_000_000
 #: Simple actions (F, B, I, W) in one schedule: about 1 KiB of memory each to simulate.
 MAX_ACTIONS = 10_000_000
+#: Simple actions one ``pipesim plan`` sweep simulates, summed over its configurations:
+#: a hundred of the largest schedules (MAX_ACTIONS). The sweep's time grows with them; at
+#: the fast evaluator's ~0.5 M actions per CPU-second (``benchmarks/bench_plan.py``
+#: prints it; 2-core machine) this is about half an hour of CPU, the default 600 s
+#: ``--timeout`` on three cores, so a sweep past it is refused up front, not timed out.
+MAX_SWEEP_ACTIONS = 100 * MAX_ACTIONS
 #: Transformer layers of a model given to ``pipesim plan`` (real models have < 200).
 MAX_LAYERS = 1_024
 #: Devices of a capacity plan (pipeline times data parallel).

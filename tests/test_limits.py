@@ -40,6 +40,7 @@ def test_the_documented_values() -> None:
     assert limits.MAX_STAGES == 65_536
     assert limits.MAX_MICROBATCHES == 1_000_000
     assert limits.MAX_ACTIONS == 10_000_000
+    assert limits.MAX_SWEEP_ACTIONS == 1_000_000_000
     assert limits.MAX_LAYERS == 1_024
     assert limits.MAX_DEVICES == 1_000_000
     assert limits.MAX_INDEX_DIGITS == 9

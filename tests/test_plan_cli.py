@@ -220,3 +220,27 @@ def test_a_share_is_read_as_given() -> None:
 
     assert read_value("memory_headroom", "0.25", name="--memory-headroom") == 0.25
     assert read_value("min_mfu", "1", name="--min-mfu") == 1.0  # all of peak is allowed
+
+
+def test_a_sweep_past_max_sweep_actions_is_refused_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """8 devices and 10^6 sequences: configurations of up to 10^6 micro-batches, billions
+    of actions in all (tests/test_plan_budget.py counts them): exit 2 before any runs."""
+    argv = ["plan", "--model", "llama2-13b", "--devices", "8", "--accelerator", "h100-sxm"]
+    assert main([*argv, "--global-batch", "1000000", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error: the sweep of 8 devices with global batch 1000000")
+    assert "MAX_SWEEP_ACTIONS in pipesim.limits" in err and "lower --global-batch" in err
+    assert "Traceback" not in err
+
+
+def test_a_million_devices_still_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", "llama2-13b", "--devices", "1000000", "--accelerator", "h100-sxm"]
+    narrow = ["--stages", "8", "--schedules", "1f1b", "--tensor-parallel", "8", "--workers", "1"]
+    assert main([*argv, "--global-batch", "1000000", *narrow, "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    # t p d = 8 x 8 x 15625 = 10^6 devices; m = 10^6 / (15625 b)
+    assert (best["tensor_parallel"], best["pipeline"], best["data_parallel"]) == (8, 8, 15_625)
+    assert best["fits"] is True
+    assert best["n_microbatches"] * best["microbatch_size"] * 15_625 == 1_000_000

@@ -28,10 +28,11 @@ from pipesim.cli._common import (
     print_json,
     require_fit,
     seconds,
+    usage_error,
     value_argument,
     whole_number,
 )
-from pipesim.errors import PlanError
+from pipesim.errors import LimitError, PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
 
@@ -41,6 +42,8 @@ exit status:
        nearest misses, least memory first; or nothing that fits reaches --min-mfu)
   1    with --require-fit (for CI): no configuration is recommended; also a sweep that ran
        out of --timeout (the partial ranking is printed) or bad input
+  2    a bad option, or a sweep too large to simulate (past MAX_SWEEP_ACTIONS in
+       pipesim.limits), refused before it starts
   130  Ctrl-C (the partial ranking is printed)
 """
 
@@ -415,6 +418,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             partial=True,
         )
+    except LimitError as exc:  # a sweep past MAX_SWEEP_ACTIONS: too large a request
+        raise usage_error(str(exc)) from None
     finally:
         progress.close()
     interrupted = result.stopped is not None and "interrupted" in result.stopped

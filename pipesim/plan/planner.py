@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from pipesim.costs import CostModel
 from pipesim.errors import PlanError, brief
+from pipesim.plan.budget import check_sweep
 from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
@@ -407,6 +408,7 @@ def plan(
         workload=workload,
         dimensions=dims,
     )
+    check_sweep(points, devices=devices, global_batch=global_batch)
     usable = math.floor(capacity * (1 - headroom))
     context = SweepContext(
         workload=workload,

@@ -18,7 +18,7 @@ from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
 from pipesim.suggest import did_you_mean
 
-__all__ = ["ScheduleSpec", "generate", "get_spec", "register", "schedule_names"]
+__all__ = ["ScheduleSpec", "generate", "get_spec", "least_actions", "register", "schedule_names"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,9 +138,35 @@ def _sizes(
         sizes.append(check_range(size, name=name, maximum=getattr(limits, limit), limit=limit))
     p, m, v = sizes
     check_range(p * v, name="stages (n_ranks x virtual)", maximum=MAX_STAGES, limit="MAX_STAGES")
-    # Every stage runs F and, when training, B or I+W of each micro-batch of its model copy.
     check_actions(
-        p * v * (m // spec.n_copies) * (1 if forward_only else 2),
+        least_actions(
+            n_ranks=p,
+            virtual=v,
+            n_microbatches=m,
+            n_copies=spec.n_copies,
+            forward_only=forward_only,
+        ),
         what=f"{spec.name} with {p} ranks, {v} stages per rank and {m} micro-batches",
     )
     return p, m, v
+
+
+def least_actions(
+    *,
+    n_ranks: int,
+    virtual: int,
+    n_microbatches: int,
+    n_copies: int = 1,
+    forward_only: bool = False,
+) -> int:
+    """The fewest simple actions a schedule of this size has (``n_copies``: the model
+    copies it runs, :attr:`ScheduleSpec.n_copies`).
+
+    Every stage runs F and, when training, B or I + W of each micro-batch of its model
+    copy, so p v (m / copies) x 2 is a lower bound (exact for F + B schedules).
+
+    >>> least_actions(n_ranks=4, virtual=1, n_microbatches=8)
+    64
+    """
+    per_stage = n_microbatches // n_copies * (1 if forward_only else 2)
+    return n_ranks * virtual * per_stage
