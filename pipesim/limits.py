@@ -69,9 +69,10 @@ MAX_MICROBATCHES = 1_000_000
 MAX_ACTIONS = 10_000_000
 #: Simple actions one ``pipesim plan`` sweep simulates, summed over its configurations:
 #: a hundred of the largest schedules (MAX_ACTIONS). The sweep's time grows with them; at
-#: the fast evaluator's ~0.5 M actions per CPU-second (``benchmarks/bench_plan.py``
-#: prints it; 2-core machine) this is about half an hour of CPU, the default 600 s
-#: ``--timeout`` on three cores, so a sweep past it is refused up front, not timed out.
+#: the planner's ~0.5 M actions per CPU-second (``plan`` of 1f1b and interleaved 1F1B,
+#: 8 ranks, 40 000 micro-batches, one worker, on the 2-core development machine at load
+#: 4) this is about half an hour of CPU, the default 600 s ``--timeout`` on three cores,
+#: so a sweep past it is refused up front instead of being timed out.
 MAX_SWEEP_ACTIONS = 100 * MAX_ACTIONS
 #: Transformer layers of a model given to ``pipesim plan`` (real models have < 200).
 MAX_LAYERS = 1_024
