@@ -472,9 +472,9 @@ def test_full_recomputation_transient_is_in_the_peak() -> None:
 
 
 def test_progress_bar_opens_at_once_and_counts(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipesim.cli._plan import _Progress
+    from pipesim.cli._progress import Progress
 
-    bar = _Progress(enabled=True)
+    bar = Progress(enabled=True, desc="planning", unit="config")
     bar(0, 40)  # evaluate_points reports 0 done before the first result
     assert bar.bar is not None and bar.bar.total == 40
     assert "planning:   0%" in capsys.readouterr().err  # drawn before any result
@@ -483,7 +483,7 @@ def test_progress_bar_opens_at_once_and_counts(capsys: pytest.CaptureFixture[str
     bar.bar.refresh()  # tqdm redraws at most every 0.2 s by itself
     assert "25/40" in capsys.readouterr().err
     bar.close()
-    silent = _Progress(enabled=False)
+    silent = Progress(enabled=False, desc="planning", unit="config")
     silent(1, 2)
     capsys.readouterr()
     silent(2, 2)

@@ -139,3 +139,41 @@ def test_the_table_says_the_time_unit(capsys, unit: str | None, forward: str, bo
     out = capsys.readouterr().out
     assert f"makespan ({bound.split()[1]})" in out
     assert f"lower bound {bound}: gap 0.0%" in out
+
+
+def _candidates_tried(n_ranks: int, n_microbatches: int) -> int:
+    """The oracle: one per greedy policy the problem gets plus one per registered
+    schedule (each is tried, or refused by its rules)."""
+    from pipesim.schedules import schedule_names
+    from pipesim.synth.policies import policies
+    from pipesim.synth.problem import make_problem
+
+    problem = make_problem(n_ranks=n_ranks, n_microbatches=n_microbatches, memory_limit=4)
+    return len(policies(problem)) + len(schedule_names())
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_progress_goes_to_stderr_and_leaves_stdout_alone(capsys, fmt: list[str]) -> None:  # type: ignore[no-untyped-def]
+    argv = ["synthesize", "-p", "4", "-m", "16", "--memory-limit", "4", *fmt]
+    assert main(argv) == 0
+    plain = capsys.readouterr()
+    assert plain.err == ""  # not a terminal: no bar unless asked
+    assert main([*argv, "--progress"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out == plain.out  # byte-identical
+    total = _candidates_tried(4, 16)
+    assert shown.err.startswith("\rsynthesizing:   0%|") and f"| 0/{total} [" in shown.err
+    assert f"| {total}/{total} [" in shown.err  # the last state stays in a non-terminal log
+    assert main([*argv, "--no-progress"]) == 0
+    assert capsys.readouterr() == plain
+
+
+def test_the_library_reports_each_candidate_once() -> None:
+    from pipesim.synth import synthesize
+
+    calls: list[tuple[int, int]] = []
+    synthesize(
+        n_ranks=4, n_microbatches=16, memory_limit=4, progress=lambda d, t: calls.append((d, t))
+    )
+    total = _candidates_tried(4, 16)
+    assert calls == [(done, total) for done in range(total + 1)]

@@ -32,6 +32,7 @@ from pipesim.cli._common import (
     value_argument,
     whole_number,
 )
+from pipesim.cli._progress import Progress, wanted
 from pipesim.errors import LimitError, PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
@@ -304,37 +305,6 @@ def _words(text: str | None) -> list[str] | None:
     return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
 
 
-class _Progress:
-    """A tqdm progress bar on stderr (a terminal only, unless forced), shown from the
-    first second: it opens when the sweep starts, before any result is in."""
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm  # type: ignore[import-untyped]
-
-            self.bar = tqdm(
-                total=total,
-                unit="config",
-                desc="planning",
-                leave=False,
-                file=sys.stderr,
-                mininterval=0.2,
-                smoothing=0.1,
-            )
-        self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
 def _list() -> str:
     from pipesim.plan.hardware import accelerator_names, get_accelerator
     from pipesim.plan.model import get_model, model_names
@@ -391,7 +361,10 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise PlanError(f"--timeout must be positive, got {args.timeout}")
     output = _output_kind(args.output) if args.output else None
-    progress = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
+    # Shown from the first second: evaluate_points reports 0 done when the sweep starts.
+    progress = Progress(
+        enabled=wanted(False if args.no_progress else None), desc="planning", unit="config"
+    )
     try:
         result = plan(
             workload,

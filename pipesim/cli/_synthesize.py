@@ -14,6 +14,8 @@ from pipesim.cli._common import (
     seconds,
     value_argument,
 )
+from pipesim.cli._progress import Progress, wanted
+from pipesim.costs import CostModel
 from pipesim.errors import PipesimError
 from pipesim.exact import as_number
 from pipesim.schedule_io import save_schedule
@@ -90,6 +92,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print simulate --json's object plus lower_bound, gap, winner, ...",
     )
+    out.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar over the candidates on stderr (default: on a terminal only); "
+        "stdout is the same either way",
+    )
     parser.set_defaults(func=run)
 
 
@@ -106,7 +115,26 @@ def run(args: argparse.Namespace) -> int:
             costs,
             stages=tuple(replace(s, backward=s.input_grad + s.weight_grad) for s in costs.stages),
         )
-    result = synthesize(
+    progress = Progress(enabled=wanted(args.progress), desc="synthesizing", unit="candidate")
+    try:
+        result = _synthesize(args, costs, virtual, progress)
+    finally:
+        progress.close()
+    if args.output:
+        save_schedule(result.schedule, args.output)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(format_result(result))
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def _synthesize(
+    args: argparse.Namespace, costs: CostModel, virtual: int, progress: Progress
+) -> SynthesisResult:
+    return synthesize(
         n_ranks=args.stages,
         n_microbatches=args.microbatches,
         memory_limit=args.memory_limit,
@@ -117,16 +145,8 @@ def run(args: argparse.Namespace) -> int:
         exact_time_limit_s=args.time_limit,
         quick=args.quick,
         overlap_fb=args.overlap_fb,
+        progress=progress,
     )
-    if args.output:
-        save_schedule(result.schedule, args.output)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        print(format_result(result))
-        if args.output:
-            print(f"wrote {args.output}")
-    return 0
 
 
 def format_result(result: SynthesisResult) -> str:

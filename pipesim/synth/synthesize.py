@@ -23,7 +23,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -40,7 +40,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
 from pipesim.synth.bound import lower_bound, split_is_cheapest
 from pipesim.synth.heuristic import greedy_run, links_never_queue
-from pipesim.synth.policies import policies
+from pipesim.synth.policies import Policy, policies
 from pipesim.synth.problem import MemoryLimit, Problem, make_problem
 
 __all__ = [
@@ -137,6 +137,7 @@ def synthesize(
     builtins: bool = True,
     quick: bool = False,
     overlap_fb: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SynthesisResult:
     """Make a schedule for these costs that holds at most ``memory_limit`` per rank.
 
@@ -148,6 +149,8 @@ def synthesize(
     (the V placement) also tries greedy policies that run a forward and the other chunk's
     full backward as one overlapped unit (DualPipe's F&B pair, priced by
     ``StageCost.overlap``); the candidates without pairs stay, so it is never slower.
+    ``progress(done, total)`` is called as each candidate (greedy policy, registered
+    schedule, the exact solver) is done, e.g. for the CLI's progress bar.
     """
     problem = make_problem(
         n_ranks=n_ranks,
@@ -158,9 +161,12 @@ def synthesize(
         placement=placement,
         overlap_fb=overlap_fb,
     )
-    candidates = greedy_candidates(problem, quick=quick)
+    total = len(policies(problem, quick=quick))
+    total += (len(schedule_names()) if builtins else 0) + (1 if exact else 0)
+    tick = _Ticks(progress, total=total)
+    candidates = greedy_candidates(problem, quick=quick, tick=tick)
     if builtins:
-        candidates += builtin_candidates(problem)
+        candidates += builtin_candidates(problem, tick=tick)
     bound = lower_bound(problem)
     optimal = False
     if exact:
@@ -173,6 +179,7 @@ def synthesize(
         if solution.schedule is not None:
             candidates.append(evaluate_candidate(problem, solution.schedule, name="exact"))
         optimal = solution.optimal
+        tick()
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         raise PipesimError(
@@ -219,6 +226,23 @@ def synthesize(
     )
 
 
+class _Ticks:
+    """Counts finished candidates for a ``progress(done, total)`` callback, which hears
+    0 done at once, so that a bar shows before the first (slowest) candidate is in."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None, *, total: int) -> None:
+        self.progress = progress
+        self.total = total
+        self.done = 0
+        if progress is not None:
+            progress(0, total)
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
 def for_planner(
     *,
     n_ranks: int,
@@ -239,7 +263,9 @@ def for_planner(
     ).schedule
 
 
-def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidate]:
+def greedy_candidates(
+    problem: Problem, *, quick: bool = False, tick: Callable[[], None] = lambda: None
+) -> list[Candidate]:
     """Every greedy policy's schedule with its makespan and memory peaks.
 
     Where no message ever queues for a link (:func:`links_never_queue`), an unpaced
@@ -253,27 +279,31 @@ def greedy_candidates(problem: Problem, *, quick: bool = False) -> list[Candidat
     trusted = links_never_queue(problem)
     out = []
     for policy in policies(problem, quick=quick):
-        run = greedy_run(problem, policy)
-        if run is None:
-            continue
-        schedule = Schedule.from_orders(
-            run.orders, placement=problem.placement, n_microbatches=problem.n_microbatches
-        )
-        if not trusted or policy.timed_by_the_evaluator:
-            out.append(evaluate_candidate(problem, schedule, name=policy.name))
-            continue
-        peaks = order_peaks(problem, run.orders)
-        out.append(
-            Candidate(
-                name=policy.name,
-                builtin=False,
-                schedule=schedule,
-                makespan=run.makespan,
-                peak_activation_bytes=peaks,
-                fits=_fits(problem, peaks),
-            )
-        )
+        candidate = _greedy_candidate(problem, policy, trusted=trusted)
+        if candidate is not None:
+            out.append(candidate)
+        tick()
     return out
+
+
+def _greedy_candidate(problem: Problem, policy: Policy, *, trusted: bool) -> Candidate | None:
+    run = greedy_run(problem, policy)
+    if run is None:
+        return None
+    schedule = Schedule.from_orders(
+        run.orders, placement=problem.placement, n_microbatches=problem.n_microbatches
+    )
+    if not trusted or policy.timed_by_the_evaluator:
+        return evaluate_candidate(problem, schedule, name=policy.name)
+    peaks = order_peaks(problem, run.orders)
+    return Candidate(
+        name=policy.name,
+        builtin=False,
+        schedule=schedule,
+        makespan=run.makespan,
+        peak_activation_bytes=peaks,
+        fits=_fits(problem, peaks),
+    )
 
 
 def order_peaks(problem: Problem, orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
@@ -325,29 +355,39 @@ def evaluate_candidate(problem: Problem, schedule: Schedule, *, name: str) -> Ca
     )
 
 
-def builtin_candidates(problem: Problem) -> list[Candidate]:
+def builtin_candidates(
+    problem: Problem, *, tick: Callable[[], None] = lambda: None
+) -> list[Candidate]:
     """Every registered training schedule with the problem's placement, evaluated; one
     made of overlapped F&B pairs (``dualpipev``) only with ``Problem.overlap_fb``, so that
-    the bound, which counts pairs only then, holds for every candidate."""
+    the bound, which counts pairs only then, holds for every candidate. ``tick`` is
+    called once per registered schedule, tried or not."""
     out = []
     for name in schedule_names():
-        spec = get_spec(name)
-        if spec.virtual_values is not None and problem.virtual not in spec.virtual_values:
-            continue
-        try:
-            schedule = generate(
-                name,
-                n_ranks=problem.n_ranks,
-                n_microbatches=problem.n_microbatches,
-                virtual=problem.virtual,
-            )
-        except ScheduleError:
-            continue  # the family's rules refuse these sizes
-        if schedule.placement != problem.placement or schedule.n_copies != 1:
-            continue
-        if not problem.overlap_fb and any(
-            isinstance(work, Overlap) for order in schedule.orders for work in order
-        ):
-            continue  # overlapped pairs (dualpipev) only where the problem allows them
-        out.append(evaluate_candidate(problem, schedule, name=name))
+        candidate = _builtin_candidate(problem, name)
+        if candidate is not None:
+            out.append(candidate)
+        tick()
     return out
+
+
+def _builtin_candidate(problem: Problem, name: str) -> Candidate | None:
+    spec = get_spec(name)
+    if spec.virtual_values is not None and problem.virtual not in spec.virtual_values:
+        return None
+    try:
+        schedule = generate(
+            name,
+            n_ranks=problem.n_ranks,
+            n_microbatches=problem.n_microbatches,
+            virtual=problem.virtual,
+        )
+    except ScheduleError:
+        return None  # the family's rules refuse these sizes
+    if schedule.placement != problem.placement or schedule.n_copies != 1:
+        return None
+    if not problem.overlap_fb and any(
+        isinstance(work, Overlap) for order in schedule.orders for work in order
+    ):
+        return None  # overlapped pairs (dualpipev) only where the problem allows them
+    return evaluate_candidate(problem, schedule, name=name)
