@@ -240,7 +240,8 @@ def _measure_size(
                     first_round=round_,
                 )
             got.setdefault(mode or allocator_mode(), []).extend(measured)
-            left = (args.repeats - round_ - 1) * (time.perf_counter() - started) / (round_ + 1)
+            done = sum(len(found) for found in got.values()) // len(plan)
+            left = (args.repeats * len(modes) - done) * (time.perf_counter() - started) / done
             print(
                 f"  round {round_ + 1}/{args.repeats}"
                 + (f" ({mode})" if mode else "")
