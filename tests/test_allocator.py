@@ -9,16 +9,20 @@ import pytest
 
 pytest.importorskip("torch")
 
-from verify.allocator import ALLOCATOR_ENV, allocator_mode, configure_allocator
+from verify.allocator import ALLOCATOR_ENV, DEFAULT_MODE, allocator_mode, configure_allocator
 from verify.errors import VerifyError
 
 
-def test_mode_defaults_to_system_and_reads_retain(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mode_defaults_to_retain_and_reads_system(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    assert allocator_mode() == DEFAULT_MODE == "retain"
+    # apply=False: say what applying would give without changing pytest's own malloc
+    assert configure_allocator(apply=False) in ("retain", "system (mallopt unavailable: not glibc)")
+    monkeypatch.setenv(ALLOCATOR_ENV, " System ")
     assert allocator_mode() == "system"
-    assert configure_allocator() == "system"
-    monkeypatch.setenv(ALLOCATOR_ENV, " Retain ")
-    assert allocator_mode() == "retain"
+    assert configure_allocator() == "system"  # nothing to apply
+    monkeypatch.setenv(ALLOCATOR_ENV, "")
+    assert allocator_mode() == "retain"  # empty is unset
 
 
 def test_a_distributed_run_refuses_an_unknown_mode_before_starting_ranks(

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.torch, pytest.mark.dist, pytest.mark.timeout(240)]
 def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PIPESIM_CPU_ALLOCATOR", "retain")  # applied by the rank processes
+    # Unset: the rank processes apply the default, retain, and the file says so.
+    monkeypatch.delenv("PIPESIM_CPU_ALLOCATOR", raising=False)
     out = tmp_path / "mlp.json"
     status = main(
         [

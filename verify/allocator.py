@@ -16,17 +16,16 @@ On a GPU the caching allocator already keeps freed blocks; ``retain`` makes pipe
 rank processes do the same, so that an action's cost is its own, which is what a cost
 model calibrated on one schedule and used for another assumes.
 
-It is not the default yet: in ``benchmarks/bench_fidelity.py``, whose rank processes
-run 33 schedules one after another, zb-h1 and the V schedules at m=16 on the 6x256 GPT
-measured 20-38% *slower* under ``retain`` (zb-h1 879 ms, zbv 1052 ms) than under glibc's
-defaults the day before (639 ms, 807 ms), while alone in fresh processes they ran 9-11%
-faster (579 against 648 ms, 747 against 823 ms); a smaller ``bench_fidelity.py`` run
-(6x256, 1f1b / zb-h1 / zbv / v-half at m=16, 6 schedules a process) then measured
-``retain`` faster on all four (537, 588, 796, 999 ms against 580, 662, 1123, 1087).
-Run-to-run spread on the shared 2-core machine (13-29% there) is as large as the
-effect, so until a quiet A/B of the whole benchmark settles it
-``PIPESIM_CPU_ALLOCATOR=retain`` opts in and ``system`` (the default) keeps glibc's
-behaviour.
+It is the default since a paired A/B of the whole fidelity benchmark
+(``python benchmarks/bench_fidelity.py --sizes 6x512 --scale-sizes none --allocators
+system,retain``: each of 3 rounds runs the 28 schedules under both modes, in alternating
+order, on the quiet 2-core machine at load 1.1-1.2, 2026-12-01) measured, over the same
+rounds: run-to-run spread mean 16.0% under ``retain`` against 21.4% under ``system``,
+out-of-sample prediction error mean 5.9% against 6.9% (max 22.7% against 18.1%,
+DualPipe both times), and steps no slower (geometric mean x0.977 of the 27
+schedules' medians, 14 faster). An earlier unpaired comparison, days apart, had seen zb
+and V schedules 20-38% slower under ``retain``; measured side by side they are not.
+``PIPESIM_CPU_ALLOCATOR=system`` keeps glibc's behaviour.
 
 Only glibc has ``mallopt``; elsewhere (macOS, musl) the setting is reported as
 unavailable and nothing changes. The settings apply to the calling process from then
@@ -42,10 +41,11 @@ import os
 
 from verify.errors import VerifyError
 
-__all__ = ["ALLOCATOR_ENV", "ALLOCATOR_MODES", "allocator_mode", "configure_allocator"]
+__all__ = ["ALLOCATOR_ENV", "ALLOCATOR_MODES", "DEFAULT_MODE", "allocator_mode", "configure_allocator"]
 
 ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
 ALLOCATOR_MODES = ("retain", "system")
+DEFAULT_MODE = "retain"
 
 # mallopt parameters (glibc's malloc.h) and the values pipesim sets.
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
@@ -61,18 +61,18 @@ _SETTINGS = (
 
 
 def allocator_mode() -> str:
-    """``system`` (the default) or ``retain``, from ``$PIPESIM_CPU_ALLOCATOR``.
+    """``retain`` (the default) or ``system``, from ``$PIPESIM_CPU_ALLOCATOR``.
 
     >>> import os
     >>> os.environ.pop(ALLOCATOR_ENV, None) and None
     >>> allocator_mode()
-    'system'
+    'retain'
     """
-    mode = os.environ.get(ALLOCATOR_ENV, "system").strip().lower() or "system"
+    mode = os.environ.get(ALLOCATOR_ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if mode not in ALLOCATOR_MODES:
         raise VerifyError(
             f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
-            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for system)"
+            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for {DEFAULT_MODE})"
         )
     return mode
 
