@@ -70,6 +70,7 @@ import os
 import statistics
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -523,6 +524,42 @@ def _stats(errors: list[float]) -> tuple[float, float, float]:
     return (sum(absolute) / len(errors), max(absolute), sum(errors) / len(errors))
 
 
+def _groups(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The errors' mean / max / signed mean per part of the grid: the schedule grid
+    (registered families at the calibration's micro-batch size) and the micro-batch
+    sizes predicted from the affine fit, per model size (the README's table)."""
+    parts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        kind = "micro-batch sizes" if " b=" in row["schedule"] else "schedule grid"
+        parts[f"{row['model']} {kind}"].append(row)
+        parts[f"all {kind}"].append(row)
+    drawn = "drawn_error_pct"
+    return {
+        label: {
+            "configurations": len(group),
+            "error_pct": _stats([r["error_pct"] for r in group]),
+            "model_error_pct": _stats([r["model_error_pct"] for r in group]),
+            "drawn_error_pct": _stats([r[drawn] for r in group if r.get(drawn) is not None]),
+            "configurations_drawn": sum(1 for r in group if r.get(drawn) is not None),
+        }
+        for label, group in sorted(parts.items())
+    }
+
+
+def _group_line(label: str, group: dict[str, Any]) -> str:
+    """One line of :func:`_groups`: error, drawn error (where drawn) and model error."""
+
+    def stats(key: str) -> str:
+        mean_abs, max_abs, signed = group[key]
+        return f"mean {mean_abs:.1f}% max {max_abs:.1f}% (signed {signed:+.1f}%)"
+
+    drawn = f"; drawn {stats('drawn_error_pct')}" if group["configurations_drawn"] else ""
+    return (
+        f"  {label} ({group['configurations']} configurations): error "
+        f"{stats('error_pct')}{drawn}; model error {stats('model_error_pct')}"
+    )
+
+
 def _summary(
     args: argparse.Namespace,
     rows: list[dict[str, Any]],
@@ -558,6 +595,7 @@ def _summary(
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
     }
+    summary["groups"] = _groups(rows)
     if json_out:
         with open(json_out, "w", encoding="utf-8") as out:
             json.dump({"summary": summary, "rows": rows, "in_sample": floor}, out, indent=2)
@@ -587,6 +625,8 @@ def _summary(
             f"{label} error where drawn ({summary['configurations_drawn']} configurations): "
             f"mean {mean_abs:.1f}% max {max_abs:.1f}% (signed mean {signed:+.1f}%)"
         )
+    for label, group in summary["groups"].items():
+        print(_group_line(label, group))
     print(
         "in sample (calibration schedule from its own file): "
         + ", ".join(f"{e:+.1f}%" for e in summary["in_sample_error_pct"])

@@ -1,0 +1,71 @@
+"""benchmarks/bench_fidelity.py: the summary's breakdown by model size and part of the grid."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")  # the benchmark imports verify
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_fidelity.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_fidelity", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(
+    model: str, schedule: str, error: float, model_error: float, drawn: float | None
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "schedule": schedule,
+        "error_pct": error,
+        "model_error_pct": model_error,
+        "drawn_error_pct": drawn,
+    }
+
+
+def test_groups_split_sizes_and_the_grid_from_the_micro_batch_sizes() -> None:
+    bench = _bench()
+    rows = [
+        _row("6x256", "1f1b", -4.0, -1.0, -2.0),
+        _row("6x256", "zbv", 2.0, 3.0, 6.0),
+        _row("6x256", "1f1b b=16", 10.0, 0.5, None),
+        _row("6x512", "gpipe", -6.0, 1.0, 0.0),
+    ]
+    groups = bench._groups(rows)
+    assert sorted(groups) == [
+        "6x256 micro-batch sizes",
+        "6x256 schedule grid",
+        "6x512 schedule grid",
+        "all micro-batch sizes",
+        "all schedule grid",
+    ]
+    # by hand: |-4|, |2| -> mean 3, max 4, signed -1; model 1, 3 -> 2, 3, +1; drawn 2, 6
+    grid = groups["6x256 schedule grid"]
+    assert grid["configurations"] == 2 and grid["configurations_drawn"] == 2
+    assert grid["error_pct"] == (3.0, 4.0, -1.0)
+    assert grid["model_error_pct"] == (2.0, 3.0, 1.0)
+    assert grid["drawn_error_pct"] == (4.0, 6.0, 2.0)
+    # the three grid rows of both sizes: 4, 2, 6 -> mean 4, max 6, signed -8/3
+    everything = groups["all schedule grid"]
+    assert everything["error_pct"][:2] == (4.0, 6.0)
+    assert everything["error_pct"][2] == pytest.approx(-8 / 3)
+    # a micro-batch size row has no drawn prediction: none counted, zeros reported
+    sizes = groups["6x256 micro-batch sizes"]
+    assert sizes["configurations_drawn"] == 0 and sizes["drawn_error_pct"] == (0.0, 0.0, 0.0)
+    line = bench._group_line("6x256 micro-batch sizes", sizes)
+    assert line == (
+        "  6x256 micro-batch sizes (1 configurations): error mean 10.0% max 10.0% "
+        "(signed +10.0%); model error mean 0.5% max 0.5% (signed +0.5%)"
+    )
+    assert "drawn mean 4.0% max 6.0% (signed +2.0%)" in bench._group_line("g", grid)
