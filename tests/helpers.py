@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import time
 from itertools import accumulate, combinations, pairwise
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -49,6 +51,18 @@ FREE_ACCELERATOR = Accelerator(
     inter_node_bandwidth=1e30,
     efficiency=1.0,
 )
+
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def load_benchmark(name: str, /) -> ModuleType:
+    """``benchmarks/NAME.py`` imported as a module (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_doctests(name: str, /) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -10,16 +9,13 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import BENCHMARKS, load_benchmark
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_allocator.py"
+SCRIPT = BENCHMARKS / "bench_allocator.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_allocator", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_allocator")
 
 
 def test_a_run_past_the_timeout_names_the_case_and_the_fix() -> None:

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import load_benchmark
 
 pytest.importorskip("torch")  # the benchmark imports verify
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_fidelity.py"
-
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fidelity", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_fidelity")
 
 
 def _row(
