@@ -62,7 +62,7 @@ from pipesim.errors import UnknownNameError
 from pipesim.exact import Time, as_number
 from pipesim.files import write_text
 from pipesim.schedule import Schedule
-from pipesim.trace import ActionRecord, CommRecord, TransferRecord
+from pipesim.trace import ActionRecord, CommRecord, MemoryRecord, TransferRecord
 from pipesim.units import SECONDS_PER_UNIT
 from pipesim.views import Viewable, step_of
 
@@ -92,6 +92,10 @@ _MEMORY = "activation memory"
 _INFLIGHT = "activations in flight"
 
 
+_Keyed = tuple[tuple[Any, ...], dict[str, Any]]  # an event and its place in the time order
+_ToUs = Callable[[Time], int | float]  # a pipesim time in trace microseconds
+
+
 def chrome_trace(
     step: Viewable,
     /,
@@ -114,12 +118,37 @@ def chrome_trace(
         return as_number(Fraction(value) * scale)
 
     trace = simulation.trace
-    records = {part: record for record in trace.actions for part in record.work.parts}
     lane_tids, thread_names = _send_lanes(trace.transfers, n_ranks=trace.n_ranks)
-    meta: list[dict[str, Any]] = []
-    events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    meta = _metadata_events(trace.n_ranks, thread_names)
+    events = _action_events(trace.actions, us)
+    events += _comm_events(trace.comms, us)
+    events += _transfer_events(trace.transfers, trace.actions, lane_tids, us)
+    events += _counter_events(trace.n_ranks, trace.memory, us)
+    events.sort(key=lambda pair: pair[0])
+    return {
+        "traceEvents": meta + [event for _, event in events],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "pipesim",
+            "schedule": simulation.schedule.name,
+            "n_ranks": trace.n_ranks,
+            "n_stages": simulation.schedule.n_stages,
+            "n_microbatches": simulation.schedule.n_microbatches,
+            "time_unit": time_unit,
+            "us_per_time_unit": as_number(scale),
+            "makespan": as_number(trace.makespan),
+            "makespan_us": us(trace.makespan),
+        },
+    }
 
-    for rank in range(trace.n_ranks):
+
+def _metadata_events(
+    n_ranks: int, thread_names: dict[tuple[int, int], str]
+) -> list[dict[str, Any]]:
+    """Names and sort order of each rank's process and compute thread, then of the
+    send threads."""
+    meta: list[dict[str, Any]] = []
+    for rank in range(n_ranks):
         pid = rank_pid(rank)
         meta.append(_meta("process_name", pid, pid, name=f"rank {rank}"))
         meta.append(_meta("process_sort_index", pid, pid, sort_index=rank))
@@ -127,9 +156,14 @@ def chrome_trace(
         meta.append(_meta("thread_sort_index", pid, pid, sort_index=0))
     for (pid, tid), name in sorted(thread_names.items()):
         meta.append(_meta("thread_name", pid, tid, name=name))
-        meta.append(_meta("thread_sort_index", pid, tid, sort_index=tid - trace.n_ranks))
+        meta.append(_meta("thread_sort_index", pid, tid, sort_index=tid - n_ranks))
+    return meta
 
-    for record in trace.actions:
+
+def _action_events(actions: tuple[ActionRecord, ...], us: _ToUs) -> list[_Keyed]:
+    """A complete event per unit of work, on its rank's compute thread."""
+    events: list[_Keyed] = []
+    for record in actions:
         event = {
             "name": str(record.work),
             "cat": _category(record.work),
@@ -141,12 +175,29 @@ def chrome_trace(
             "args": _work_args(record),
         }
         events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
+    return events
 
-    for comm in trace.comms:
+
+def _comm_events(comms: tuple[CommRecord, ...], us: _ToUs) -> list[_Keyed]:
+    """The sends and receives of a comms schedule (none for a plain one)."""
+    events: list[_Keyed] = []
+    for comm in comms:
         event = _comm_event(comm, us)
         events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
+    return events
 
-    for flow_id, transfer in enumerate(trace.transfers):
+
+def _transfer_events(
+    transfers: tuple[TransferRecord, ...],
+    actions: tuple[ActionRecord, ...],
+    lane_tids: dict[int, int],
+    us: _ToUs,
+) -> list[_Keyed]:
+    """Per message: its slice on a send thread when it takes time, and a flow from the
+    send (that slice, or the producing action) to the receiving action."""
+    records = {part: record for record in actions for part in record.work.parts}
+    events: list[_Keyed] = []
+    for flow_id, transfer in enumerate(transfers):
         lane_tid = lane_tids.get(flow_id)
         send_pid = rank_pid(transfer.src_rank)
         if lane_tid is not None:
@@ -180,31 +231,20 @@ def chrome_trace(
         }
         events.append(((start["ts"], 1, send_pid, from_tid, flow_id), start))
         events.append(((finish["ts"], 1, finish["pid"], finish["tid"], flow_id), finish))
+    return events
 
-    for rank in range(trace.n_ranks):
+
+def _counter_events(n_ranks: int, memory: tuple[MemoryRecord, ...], us: _ToUs) -> list[_Keyed]:
+    """Each rank's memory counters: 0 at time 0, then every recorded change."""
+    events: list[_Keyed] = []
+    for rank in range(n_ranks):
         events += _counters(rank, 0, 0, 0)
-    for sample in trace.memory:
+    for sample in memory:
         events += _counters(sample.rank, us(sample.time), sample.activation_bytes, sample.inflight)
-
-    events.sort(key=lambda pair: pair[0])
-    return {
-        "traceEvents": meta + [event for _, event in events],
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "generator": "pipesim",
-            "schedule": simulation.schedule.name,
-            "n_ranks": trace.n_ranks,
-            "n_stages": simulation.schedule.n_stages,
-            "n_microbatches": simulation.schedule.n_microbatches,
-            "time_unit": time_unit,
-            "us_per_time_unit": as_number(scale),
-            "makespan": as_number(trace.makespan),
-            "makespan_us": us(trace.makespan),
-        },
-    }
+    return events
 
 
-def _comm_event(comm: CommRecord, us: Callable[[Time], int | float]) -> dict[str, Any]:
+def _comm_event(comm: CommRecord, us: _ToUs) -> dict[str, Any]:
     """A send or receive as a slice of its rank's compute thread (an instant if free)."""
     pid = rank_pid(comm.rank)
     args: dict[str, Any] = {"peer_rank": comm.peer, "bytes": comm.n_bytes}
@@ -311,9 +351,7 @@ def _transfer_args(transfer: TransferRecord) -> dict[str, Any]:
     }
 
 
-def _counters(
-    rank: int, ts: int | float, activation_bytes: int, inflight: int
-) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+def _counters(rank: int, ts: int | float, activation_bytes: int, inflight: int) -> list[_Keyed]:
     memory = {
         "name": _MEMORY,
         "ph": "C",

@@ -248,52 +248,40 @@ def plan_figure(result: PlanResult, /) -> Any:
     simulated = [p for p in result.points if p.feasible]
     divisor, unit = binary_scale(result.usable_memory_bytes)
     usable = result.usable_memory_bytes / divisor
-    fastest = min((p.step_time_s or 0 for p in simulated if p.fits), default=None)
-    if fastest is None:
-        fastest = min((p.step_time_s or 0 for p in simulated), default=1.0)
-    ceiling = 4 * fastest
+    ceiling = 4 * _fastest_time(simulated)
     shown = [
         p
         for p in simulated
         if (p.step_time_s or 0) <= ceiling and (p.peak_memory_bytes or 0) / divisor <= 2 * usable
     ]
-    for name in sorted({p.schedule for p in shown}):
-        mine = [p for p in shown if p.schedule == name]
-        fig.add_trace(
-            go.Scatter(
-                x=[(p.peak_memory_bytes or 0) / divisor for p in mine],
-                y=[p.step_time_s for p in mine],
-                mode="markers",
-                name=name,
-                marker={
-                    "symbol": ["circle" if p.fits else "x" for p in mine],
-                    "size": [11 if p.pareto else 7 for p in mine],
-                    "line": {"width": [2 if p.pareto else 0 for p in mine], "color": "black"},
-                },
-                text=[_hover(p) for p in mine],
-                hovertemplate="%{text}<extra></extra>",
-            )
-        )
+    for trace in _schedule_traces(shown, divisor):
+        fig.add_trace(trace)
     front = result.pareto
     if front:
-        ordered = sorted(front, key=lambda p: p.peak_memory_bytes or 0)
-        fig.add_trace(
-            go.Scatter(
-                x=[(p.peak_memory_bytes or 0) / divisor for p in ordered],
-                y=[p.step_time_s for p in ordered],
-                mode="lines",
-                name="Pareto front",
-                line={"color": "black", "dash": "dot", "shape": "hv"},
-                hoverinfo="skip",
-            )
-        )
+        fig.add_trace(_front_trace(front, divisor))
     fig.add_vline(
         x=usable,
         line={"color": "red", "dash": "dash"},
         annotation_text=f"usable {format_bytes(result.usable_memory_bytes)}",
         annotation_position="top left",
     )
-    hidden = len(simulated) - len(shown)
+    _note_hidden(fig, result, hidden=len(simulated) - len(shown), ceiling=ceiling)
+    fig.update_layout(
+        title=(
+            f"{result.model}, {result.devices} x {result.accelerator.name}: step time vs "
+            "memory (x: does not fit; ringed: Pareto front)"
+        ),
+        xaxis_title=f"peak memory per device ({unit})",
+        yaxis_title="step time (s, log scale)",
+        yaxis_type="log",
+        legend_title="schedule",
+        template="plotly_white",
+    )
+    return fig
+
+
+def _note_hidden(fig: Any, result: PlanResult, *, hidden: int, ceiling: float) -> None:
+    """Say under the plot how many configurations lie beyond its axes."""
     # added, not set through update_layout(annotations=...): that would overwrite the
     # vertical line's own label ("usable ...") and inherit its anchors
     fig.add_annotation(
@@ -308,18 +296,55 @@ def plan_figure(result: PlanResult, /) -> Any:
         showarrow=False,
         font={"size": 11, "color": "#666"},
     )
-    fig.update_layout(
-        title=(
-            f"{result.model}, {result.devices} x {result.accelerator.name}: step time vs "
-            "memory (x: does not fit; ringed: Pareto front)"
-        ),
-        xaxis_title=f"peak memory per device ({unit})",
-        yaxis_title="step time (s, log scale)",
-        yaxis_type="log",
-        legend_title="schedule",
-        template="plotly_white",
+
+
+def _fastest_time(simulated: Sequence[PlanPoint]) -> float:
+    """The step time of the fastest configuration that fits (of any, when none fits)."""
+    fastest = min((p.step_time_s or 0 for p in simulated if p.fits), default=None)
+    if fastest is None:
+        fastest = min((p.step_time_s or 0 for p in simulated), default=1.0)
+    return fastest
+
+
+def _schedule_traces(shown: Sequence[PlanPoint], divisor: int) -> list[Any]:
+    """One marker trace per schedule, by name: a cross where a configuration does not
+    fit, a ring where it is on the Pareto front."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for name in sorted({p.schedule for p in shown}):
+        mine = [p for p in shown if p.schedule == name]
+        traces.append(
+            go.Scatter(
+                x=[(p.peak_memory_bytes or 0) / divisor for p in mine],
+                y=[p.step_time_s for p in mine],
+                mode="markers",
+                name=name,
+                marker={
+                    "symbol": ["circle" if p.fits else "x" for p in mine],
+                    "size": [11 if p.pareto else 7 for p in mine],
+                    "line": {"width": [2 if p.pareto else 0 for p in mine], "color": "black"},
+                },
+                text=[_hover(p) for p in mine],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
+    return traces
+
+
+def _front_trace(front: Sequence[PlanPoint], divisor: int) -> Any:
+    """The Pareto front as a dotted staircase, by memory."""
+    import plotly.graph_objects as go
+
+    ordered = sorted(front, key=lambda p: p.peak_memory_bytes or 0)
+    return go.Scatter(
+        x=[(p.peak_memory_bytes or 0) / divisor for p in ordered],
+        y=[p.step_time_s for p in ordered],
+        mode="lines",
+        name="Pareto front",
+        line={"color": "black", "dash": "dot", "shape": "hv"},
+        hoverinfo="skip",
     )
-    return fig
 
 
 def _hover(point: PlanPoint) -> str:
@@ -376,8 +401,6 @@ def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> s
     """
     import plotly.io as pio
 
-    from pipesim.plan.frameworks import megatron_args, torchtitan_args
-
     best = result.recommended
     figure = pio.to_html(
         plan_figure(result),
@@ -390,38 +413,9 @@ def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> s
         f"pipesim plan: {result.model} on {result.devices} x {result.accelerator.name}, "
         f"global batch {result.global_batch}"
     )
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    parts.append(
-        f"<p>{len(result.points)} configurations, {sum(p.feasible for p in result.points)} "
-        f"simulated, {len(result.fitting)} fit in {format_bytes(result.usable_memory_bytes)} "
-        f"per device ({format_bytes(result.memory_capacity_bytes)} less "
-        f"{result.memory_headroom:.0%} headroom); engine {html.escape(result.engine)}.</p>"
-    )
-    css = "winner" if best is not None else "winner warn"
-    parts.append(f'<p class="{css}">{html.escape(explain(result))}</p>')
+    parts = [f"<h1>{html.escape(title)}</h1>", *_summary_html(result, has_winner=best is not None)]
     if best is not None:
-        split = best.parts_s() or {}
-        parts.append("<h2>The winner's iteration</h2>")
-        parts.append(
-            _html_table(
-                ["part", "seconds", "what"],
-                [
-                    ("pipeline", f"{split['pipeline']:.4g}", "the schedule's makespan"),
-                    ("  tp comm", f"{split['tp_comm']:.4g}", "tensor-parallel traffic inside it"),
-                    ("  bubble", f"{split['bubble']:.4g}", "idle time inside it"),
-                    ("dp comm", f"{split['dp_comm']:.4g}", "data-parallel traffic not hidden"),
-                    ("optimizer", f"{split['optimizer']:.4g}", "Adam step"),
-                    ("step", f"{split['step']:.4g}", "pipeline + dp comm + optimizer"),
-                ],
-            )
-        )
-        parts.append(
-            "<p>Megatron-LM: <code>"
-            + html.escape(megatron_args(result, best))
-            + "</code></p><p>torchtitan: <code>"
-            + html.escape(torchtitan_args(result, best))
-            + "</code></p>"
-        )
+        parts += _winner_html(result, best)
     shown = list(result.fitting[:top]) or [p for p in result.points if p.feasible][:top]
     parts.append(f"<h2>Top {len(shown)} configurations</h2>")
     divisor, unit = _memory_unit(shown)
@@ -443,6 +437,44 @@ def report_html(result: PlanResult, /, *, cdn: bool = False, top: int = 15) -> s
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
         f"</title><style>{_STYLE}</style></head><body>{body}</body></html>\n"
     )
+
+
+def _summary_html(result: PlanResult, *, has_winner: bool) -> list[str]:
+    """How many configurations were searched, simulated and fit, then the verdict."""
+    counts = (
+        f"<p>{len(result.points)} configurations, {sum(p.feasible for p in result.points)} "
+        f"simulated, {len(result.fitting)} fit in {format_bytes(result.usable_memory_bytes)} "
+        f"per device ({format_bytes(result.memory_capacity_bytes)} less "
+        f"{result.memory_headroom:.0%} headroom); engine {html.escape(result.engine)}.</p>"
+    )
+    css = "winner" if has_winner else "winner warn"
+    return [counts, f'<p class="{css}">{html.escape(explain(result))}</p>']
+
+
+def _winner_html(result: PlanResult, best: PlanPoint) -> list[str]:
+    """The parts of the winner's iteration, and its Megatron-LM and torchtitan settings."""
+    from pipesim.plan.frameworks import megatron_args, torchtitan_args
+
+    split = best.parts_s() or {}
+    iteration = _html_table(
+        ["part", "seconds", "what"],
+        [
+            ("pipeline", f"{split['pipeline']:.4g}", "the schedule's makespan"),
+            ("  tp comm", f"{split['tp_comm']:.4g}", "tensor-parallel traffic inside it"),
+            ("  bubble", f"{split['bubble']:.4g}", "idle time inside it"),
+            ("dp comm", f"{split['dp_comm']:.4g}", "data-parallel traffic not hidden"),
+            ("optimizer", f"{split['optimizer']:.4g}", "Adam step"),
+            ("step", f"{split['step']:.4g}", "pipeline + dp comm + optimizer"),
+        ],
+    )
+    settings = (
+        "<p>Megatron-LM: <code>"
+        + html.escape(megatron_args(result, best))
+        + "</code></p><p>torchtitan: <code>"
+        + html.escape(torchtitan_args(result, best))
+        + "</code></p>"
+    )
+    return ["<h2>The winner's iteration</h2>", iteration, settings]
 
 
 def write_html(result: PlanResult, path: str | Path, /, *, cdn: bool = False) -> Path:

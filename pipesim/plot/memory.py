@@ -30,6 +30,7 @@ times (see :func:`pipesim.units.display_scale`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
@@ -252,15 +253,16 @@ def memory_traces(
     n_ranks = simulation.trace.n_ranks
     ranks = tuple(range(n_ranks)) if ranks is None else ranks
     colors = colors or [rank_colors(n_ranks)[r] for r in ranks]
-    time_unit = time_unit or simulation.costs.time_unit
-    t_suffix = unit_suffix(time_unit)
-    y_unit = f" {byte_unit}" if quantity == "bytes" else " in flight"
+    drawing = _Drawing(
+        label=label,
+        legendgroup=legendgroup,
+        factor=factor,
+        divisor=divisor,
+        time_suffix=unit_suffix(time_unit or simulation.costs.time_unit),
+        value_suffix=f" {byte_unit}" if quantity == "bytes" else " in flight",
+    )
     makespan = simulation.trace.makespan
     capacity = simulation.costs.memory_capacity_bytes if quantity == "bytes" else None
-
-    def y(value: int) -> int | float:
-        return value if divisor == 1 else value / divisor
-
     traces = []
     over: list[tuple[Time, Time, int]] = []
     curves = memory_curves(simulation, quantity=quantity)
@@ -272,54 +274,94 @@ def memory_traces(
             times, values = envelope(
                 times, values, width=Fraction(makespan) / n_bins, n_bins=n_bins
             )
-        name = f"{label}rank {rank} memory"
-        traces.append(
-            go.Scatter(
-                x=[scaled(t, factor) for t in times],
-                y=[y(v) for v in values],
-                mode="lines",
-                line={"shape": "hv", "width": 1.5, "color": colors[index % len(colors)]},
-                name=name,
-                legendgroup=legendgroup,
-                legendgrouptitle={"text": "memory"} if index == 0 else None,
-                hovertemplate=f"{name}<br>time %{{x}}{t_suffix}<br>%{{y:.4g}}{y_unit}"
-                "<extra></extra>",
-            )
-        )
+        color = colors[index % len(colors)]
+        traces.append(_rank_trace(drawing, rank, times, values, color=color, first=index == 0))
     if capacity is not None:
         if over:
-            xs: list[int | float | None] = []
-            ys: list[int | float | None] = []
-            for start, end, value in over:
-                xs += [scaled(start, factor), scaled(end, factor), None]
-                ys += [y(value), y(value), None]
-            traces.append(
-                go.Scatter(
-                    x=xs,
-                    y=ys,
-                    mode="lines",
-                    line={"width": 5, "color": OVER_CAPACITY_COLOR},
-                    name=f"{label}over capacity",
-                    legendgroup=legendgroup,
-                    meta={"pipesim": "over capacity"},
-                    hovertemplate=f"OVER CAPACITY<br>time %{{x}}{t_suffix}<br>%{{y:.4g}}{y_unit}"
-                    "<extra></extra>",
-                )
-            )
-        traces.append(
-            go.Scatter(
-                x=[0, scaled(makespan, factor)],
-                y=[y(capacity), y(capacity)],
-                mode="lines",
-                line={"dash": "dash", "color": "#222222", "width": 1.5},
-                name=f"{label}capacity {format_bytes(capacity)}",
-                legendgroup=legendgroup,
-                meta={"pipesim": "capacity"},
-                hovertemplate=f"capacity {capacity:,} bytes ({format_bytes(capacity)})"
-                "<extra></extra>",
-            )
-        )
+            traces.append(_over_capacity_trace(drawing, over))
+        traces.append(_capacity_trace(drawing, capacity, makespan))
     return traces
+
+
+@dataclass(frozen=True)
+class _Drawing:
+    """What every trace of one :func:`memory_traces` call shares: the name prefix, the
+    legend group, and the drawn units (``factor`` for times, ``divisor`` for values)."""
+
+    label: str
+    legendgroup: str
+    factor: Fraction
+    divisor: int
+    time_suffix: str
+    value_suffix: str
+
+    def y(self, value: int) -> int | float:
+        """A value in the drawn unit (ints stay ints when nothing divides them)."""
+        return value if self.divisor == 1 else value / self.divisor
+
+    def hover(self, head: str) -> str:
+        """A point's hover text: ``head``, its time and its value, with their units."""
+        return (
+            f"{head}<br>time %{{x}}{self.time_suffix}<br>%{{y:.4g}}{self.value_suffix}"
+            "<extra></extra>"
+        )
+
+
+def _rank_trace(
+    drawing: _Drawing,
+    rank: int,
+    times: list[Time],
+    values: list[int],
+    /,
+    *,
+    color: str,
+    first: bool,
+) -> go.Scatter:
+    """The step line of one rank; the ``first`` of a legend group carries its title."""
+    name = f"{drawing.label}rank {rank} memory"
+    return go.Scatter(
+        x=[scaled(t, drawing.factor) for t in times],
+        y=[drawing.y(v) for v in values],
+        mode="lines",
+        line={"shape": "hv", "width": 1.5, "color": color},
+        name=name,
+        legendgroup=drawing.legendgroup,
+        legendgrouptitle={"text": "memory"} if first else None,
+        hovertemplate=drawing.hover(name),
+    )
+
+
+def _over_capacity_trace(drawing: _Drawing, over: list[tuple[Time, Time, int]], /) -> go.Scatter:
+    """The steps above the capacity as thick red segments, broken apart by ``None``."""
+    xs: list[int | float | None] = []
+    ys: list[int | float | None] = []
+    for start, end, value in over:
+        xs += [scaled(start, drawing.factor), scaled(end, drawing.factor), None]
+        ys += [drawing.y(value), drawing.y(value), None]
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="lines",
+        line={"width": 5, "color": OVER_CAPACITY_COLOR},
+        name=f"{drawing.label}over capacity",
+        legendgroup=drawing.legendgroup,
+        meta={"pipesim": "over capacity"},
+        hovertemplate=drawing.hover("OVER CAPACITY"),
+    )
+
+
+def _capacity_trace(drawing: _Drawing, capacity: int, makespan: Time, /) -> go.Scatter:
+    """The device capacity as a dashed line across the whole step."""
+    return go.Scatter(
+        x=[0, scaled(makespan, drawing.factor)],
+        y=[drawing.y(capacity), drawing.y(capacity)],
+        mode="lines",
+        line={"dash": "dash", "color": "#222222", "width": 1.5},
+        name=f"{drawing.label}capacity {format_bytes(capacity)}",
+        legendgroup=drawing.legendgroup,
+        meta={"pipesim": "capacity"},
+        hovertemplate=f"capacity {capacity:,} bytes ({format_bytes(capacity)})<extra></extra>",
+    )
 
 
 def memory_figure(simulation: Simulation, /, *, quantity: Quantity | None = None) -> go.Figure:

@@ -39,6 +39,7 @@ Every figure takes a Simulation, or a Trace with ``schedule=`` (and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -437,7 +438,7 @@ def timeline_figure(
 idle slots 6 · peak memory 0 B (4 in flight)</sup>'
     """
     sim = step_of(step, schedule=schedule, costs=costs)
-    s, metrics = sim.schedule, sim.metrics
+    s = sim.schedule
     memory = memory and bool(sim.trace.memory)
     labels, _ = lane_labels(sim)
     factor, unit = time_scale([sim])
@@ -455,37 +456,13 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
     large = is_large(sim, idle=idle)
     _draw_rows(fig, sim, row=1, factor=factor, unit=unit, idle=idle, shown=set(), large=large)
     if memory:
-        quantity = memory_quantity(sim)
-        divisor, byte_unit = memory_divisor([sim]) if quantity == "bytes" else (1, "B")
-        for line in memory_traces(
-            sim,
-            quantity=quantity,
-            ranks=sample_ranks(sim, quantity=quantity) if large else None,
-            factor=factor,
-            time_unit=unit,
-            divisor=divisor,
-            byte_unit=byte_unit,
-            n_bins=N_BINS if large else None,
-        ):
-            fig.add_trace(line, row=2, col=1)
-        fig.update_yaxes(
-            title={"text": memory_axis_title(sim, quantity=quantity, unit=byte_unit)},
-            rangemode="tozero",
-            exponentformat="none",
-            row=2,
-            col=1,
-        )
+        _draw_memory(fig, sim, row=2, factor=factor, unit=unit, large=large)
     heading = title or (
         f"{s.name}: {s.n_ranks} ranks, {s.n_stages} stages, {s.n_microbatches} micro-batches"
     )
-    subtitle = headline(metrics)
-    if large:
-        subtitle += "<br>" + _binned_note(sim)
-        if memory and sim.trace.n_ranks > 8:
-            subtitle += "; memory of 8 ranks (the peak one among them), highest per bin"
     fig.update_layout(
         template="plotly_white",
-        title=_title(heading, subtitle),
+        title=_title(heading, _timeline_subtitle(sim, large=large, memory=memory)),
         barmode="overlay",
         height=total_px,
         uniformtext={"minsize": 8, "mode": "hide"},  # hide labels that no longer fit
@@ -495,6 +472,43 @@ idle slots 6 · peak memory 0 B (4 in flight)</sup>'
     )
     _time_axes(fig, rows, unit=unit, longest=scaled(sim.trace.makespan, factor))
     return fig
+
+
+def _draw_memory(
+    fig: go.Figure, sim: Simulation, *, row: int, factor: Fraction, unit: str, large: bool
+) -> None:
+    """The memory curves of every rank into subplot ``row`` (when ``large``, of a sample
+    of ranks, thinned to their per-bin highs)."""
+    quantity = memory_quantity(sim)
+    divisor, byte_unit = memory_divisor([sim]) if quantity == "bytes" else (1, "B")
+    for line in memory_traces(
+        sim,
+        quantity=quantity,
+        ranks=sample_ranks(sim, quantity=quantity) if large else None,
+        factor=factor,
+        time_unit=unit,
+        divisor=divisor,
+        byte_unit=byte_unit,
+        n_bins=N_BINS if large else None,
+    ):
+        fig.add_trace(line, row=row, col=1)
+    fig.update_yaxes(
+        title={"text": memory_axis_title(sim, quantity=quantity, unit=byte_unit)},
+        rangemode="tozero",
+        exponentformat="none",
+        row=row,
+        col=1,
+    )
+
+
+def _timeline_subtitle(sim: Simulation, *, large: bool, memory: bool) -> str:
+    """The headline, and for a binned figure what the binning leaves out."""
+    subtitle = headline(sim.metrics)
+    if large:
+        subtitle += "<br>" + _binned_note(sim)
+        if memory and sim.trace.n_ranks > 8:
+            subtitle += "; memory of 8 ranks (the peak one among them), highest per bin"
+    return subtitle
 
 
 def compare_figure(
@@ -521,6 +535,44 @@ def compare_figure(
     ['<b>gpipe p=4 m=8</b>', '<b>1f1b p=4 m=8</b>', 'peak-memory rank of each schedule']
     """
     sims = [step_of(step) for step in steps]
+    names = _compare_names(sims, labels)
+    factor, unit = time_scale(sims)
+    memory = memory and all(sim.trace.memory for sim in sims)
+    panels = _Panels.of(sims, names, memory=memory)
+    fig = make_subplots(
+        rows=len(panels.heights),
+        cols=1,
+        shared_xaxes=True,
+        row_heights=panels.heights,
+        vertical_spacing=panels.gap_px / panels.total_px,
+        subplot_titles=panels.titles,
+    )
+    for annotation in fig.layout.annotations:  # left-aligned: clear of the legend
+        annotation.update(x=0, xanchor="left", align="left", font={"size": 13})
+    larges = [is_large(sim) for sim in sims]
+    _draw_blocks(fig, sims, factor=factor, unit=unit, larges=larges)
+    if memory:
+        row = len(panels.heights)
+        _compare_memory(fig, sims, names, row=row, factor=factor, unit=unit, larges=larges)
+    longest = max(scaled(sim.trace.makespan, factor) for sim in sims)
+    heading = title or f"{len(sims)} schedules on one time axis"
+    top_px = _compare_top_px(heading, panels.titles[0])
+    fig.update_layout(
+        template="plotly_white",
+        title=_title(heading, " · ".join(names)),
+        barmode="overlay",
+        height=panels.total_px + top_px - 100,
+        uniformtext={"minsize": 8, "mode": "hide"},
+        hovermode="closest",
+        legend=_legend(),
+        margin={"t": top_px, "l": 80, "r": 20, "b": 50},
+    )
+    _time_axes(fig, len(panels.heights), unit=unit, longest=longest)
+    return fig
+
+
+def _compare_names(sims: list[Simulation], labels: Sequence[str] | None) -> list[str]:
+    """One label per simulation: the given ones, or :func:`default_label` of each."""
     if not sims:
         raise PipesimError("nothing to compare: give one or more simulations")
     names = list(labels) if labels is not None else [default_label(sim) for sim in sims]
@@ -528,29 +580,38 @@ def compare_figure(
         raise PipesimError(
             f"got {len(names)} labels for {len(sims)} simulations; give one label per simulation"
         )
-    factor, unit = time_scale(sims)
-    memory = memory and all(sim.trace.memory for sim in sims)
-    lane_sets = [lane_labels(sim)[0] for sim in sims]
-    heights = [max(96, _LANE_PX * len(lanes)) for lanes in lane_sets]
-    titles = [_block_title(name, sim) for name, sim in zip(names, sims, strict=True)]
-    if memory:
-        heights.append(_MEMORY_PX)
-        titles.append("peak-memory rank of each schedule")
-    # tick labels and axis title of a block, then the next one's title (two lines at most)
-    gap_px = _AXIS_PX + 28 + (16 if any("<br>" in t for t in titles) else 0)
-    total_px = sum(heights) + gap_px * (len(heights) - 1) + _CHROME_PX
-    fig = make_subplots(
-        rows=len(heights),
-        cols=1,
-        shared_xaxes=True,
-        row_heights=heights,
-        vertical_spacing=gap_px / total_px,
-        subplot_titles=titles,
-    )
-    for annotation in fig.layout.annotations:  # left-aligned: clear of the legend
-        annotation.update(x=0, xanchor="left", align="left", font={"size": 13})
+    return names
+
+
+@dataclass(frozen=True)
+class _Panels:
+    """The subplots of a comparison: a block of rows per step, then the memory panel."""
+
+    heights: list[int]  # pixels of each panel
+    titles: list[str]
+    gap_px: int  # between one panel and the next
+    total_px: int  # panels, gaps and chrome
+
+    @classmethod
+    def of(cls, sims: list[Simulation], names: list[str], *, memory: bool) -> _Panels:
+        """The panels of ``sims`` labelled ``names``, with the memory panel when ``memory``."""
+        lane_sets = [lane_labels(sim)[0] for sim in sims]
+        heights = [max(96, _LANE_PX * len(lanes)) for lanes in lane_sets]
+        titles = [_block_title(name, sim) for name, sim in zip(names, sims, strict=True)]
+        if memory:
+            heights.append(_MEMORY_PX)
+            titles.append("peak-memory rank of each schedule")
+        # tick labels and axis title of a block, then the next one's title (two lines at most)
+        gap_px = _AXIS_PX + 28 + (16 if any("<br>" in t for t in titles) else 0)
+        total_px = sum(heights) + gap_px * (len(heights) - 1) + _CHROME_PX
+        return cls(heights=heights, titles=titles, gap_px=gap_px, total_px=total_px)
+
+
+def _draw_blocks(
+    fig: go.Figure, sims: list[Simulation], *, factor: Fraction, unit: str, larges: list[bool]
+) -> None:
+    """Each step's rows into its own subplot, with a dotted line at its makespan."""
     shown: set[str] = set()  # one legend entry per bar kind; it toggles that kind everywhere
-    larges = [is_large(sim) for sim in sims]
     for index, sim in enumerate(sims):
         large = larges[index]
         _draw_rows(
@@ -562,25 +623,14 @@ def compare_figure(
             row=index + 1,
             col=1,
         )
-    if memory:
-        _compare_memory(fig, sims, names, row=len(heights), factor=factor, unit=unit, larges=larges)
-    longest = max(scaled(sim.trace.makespan, factor) for sim in sims)
-    heading = title or f"{len(sims)} schedules on one time axis"
+
+
+def _compare_top_px(heading: str, first_title: str) -> int:
+    """The top margin: the heading's lines, the labels' line, and the first block's
+    title, which sits in the margin."""
     title_lines = heading.count("<br>") + 2  # the heading's lines and the labels' line
-    first_block = titles[0].count("<br>") + 1  # the first block's title sits in the margin
-    top_px = 40 + 20 * title_lines + 18 * first_block
-    fig.update_layout(
-        template="plotly_white",
-        title=_title(heading, " · ".join(names)),
-        barmode="overlay",
-        height=total_px + top_px - 100,
-        uniformtext={"minsize": 8, "mode": "hide"},
-        hovermode="closest",
-        legend=_legend(),
-        margin={"t": top_px, "l": 80, "r": 20, "b": 50},
-    )
-    _time_axes(fig, len(heights), unit=unit, longest=longest)
-    return fig
+    first_block = first_title.count("<br>") + 1
+    return 40 + 20 * title_lines + 18 * first_block
 
 
 def _block_title(name: str, sim: Simulation) -> str:
