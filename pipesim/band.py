@@ -65,6 +65,7 @@ __all__ = [
     "predict_band",
     "run_spread",
     "samples_from_meta",
+    "samples_meta",
 ]
 
 SAMPLES_META_KEY = "compute_samples_ns"
@@ -277,6 +278,27 @@ def draw_prediction(
         n_runs=len(runs),
         seed=seed,
     )
+
+
+def samples_meta(runs: Sequence[RunSamples], /) -> dict[str, Any]:
+    """What a cost file's ``meta`` keeps of its calibration runs' compute, which
+    :func:`samples_from_meta` reads back: each run's samples (:data:`SAMPLES_META_KEY`,
+    ns) and how far the runs' medians lie apart (``compute_run_spread_pct``,
+    :func:`run_spread` in percent, one decimal; 0 for one run).
+
+    The runs' medians 11 and 14 lie (14 - 11) / 12 (the pooled median) = 25% apart:
+
+    >>> samples_meta([{"0F": (10, 12)}, {"0F": (14,)}])
+    {'compute_run_spread_pct': {'0F': 25.0}, 'compute_samples_ns': [{'0F': [10, 12]}, {'0F': [14]}]}
+    """
+    return {
+        "compute_run_spread_pct": {
+            key: round(float(value) * 100, 1) for key, value in run_spread(runs).items()
+        },
+        SAMPLES_META_KEY: [
+            {key: [int(v) for v in values] for key, values in run.items()} for run in runs
+        ],
+    }
 
 
 def samples_from_meta(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -139,6 +140,17 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys, monkeypatch) -> Non
     assert "overheads: mean" in meta["statistic"]
     assert meta["cpu_allocator"] == "system"
     assert load_costs(costs_path) == load_costs_dict(data["costs"])
+    # The step's own compute samples, one run: their medians are the fitted compute, and
+    # pipesim simulate --costs draws its band from them.
+    (run,) = meta["compute_samples_ns"]
+    assert sorted(run) == ["0F", "0I", "0W", "1F", "1I", "1W"]
+    assert all(len(run[key]) == 2 for key in run) and meta["compute_run_spread_pct"]["0F"] == 0
+    costs = load_costs(costs_path)
+    assert statistics.median(run["1W"]) == costs.stage(1).weight_grad
+    assert statistics.median(run["0F"]) == costs.stage(0).forward
+    assert main(["simulate", str(path), "--costs", str(costs_path), "--json"]) == 0
+    band = json.loads(capsys.readouterr().out)["band"]
+    assert band["runs"] == 1 and band["low"] <= band["drawn"] <= band["high"]
 
 
 @pytest.fixture

@@ -41,7 +41,13 @@ import os
 
 from verify.errors import VerifyError
 
-__all__ = ["ALLOCATOR_ENV", "ALLOCATOR_MODES", "DEFAULT_MODE", "allocator_mode", "configure_allocator"]
+__all__ = [
+    "ALLOCATOR_ENV",
+    "ALLOCATOR_MODES",
+    "DEFAULT_MODE",
+    "allocator_mode",
+    "configure_allocator",
+]
 
 ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
 ALLOCATOR_MODES = ("retain", "system")

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from pipesim.actions import Work
+from pipesim.band import compute_samples, samples_meta
 from pipesim.calibration import CalibrationFit, MeasuredStep, fit_costs, measured_makespan
 from pipesim.costs import CostModel, StageCost, costs_to_dict
 from pipesim.files import write_text
@@ -194,7 +195,13 @@ def cost_file(
         "warmup_steps": warmup,
         "measured_makespans_ns": [int(measured_makespan(report.trace))],
     }
-    return fit.costs, calibration_meta(fit, **provenance)
+    meta = calibration_meta(fit, **provenance)
+    if schedule.n_copies == 1:
+        # The step's own compute samples, as pipesim calibrate keeps its runs': pipesim
+        # simulate --costs draws its band from them. Samples key the stages of one model
+        # copy's cut, so a DualPipe run (two copies) keeps none.
+        meta |= samples_meta(compute_samples([MeasuredStep(schedule=as_run, trace=report.trace)]))
+    return fit.costs, meta
 
 
 def as_run_schedule(

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from pipesim.band import compute_samples, run_spread
+from pipesim.band import compute_samples, samples_meta
 from pipesim.calibration import (
     MeasuredStep,
     calibration_schedule,
@@ -266,11 +266,5 @@ def fit_cut(
     )
     # Each run's own compute times (fresh rank processes each): how far the runs spread,
     # and what pipesim.band.predict_band draws from.
-    runs = compute_samples(measured.steps)
-    meta["compute_run_spread_pct"] = {
-        key: round(float(value) * 100, 1) for key, value in run_spread(runs).items()
-    }
-    meta["compute_samples_ns"] = [
-        {key: [int(v) for v in values] for key, values in run.items()} for run in runs
-    ]
+    meta |= samples_meta(compute_samples(measured.steps))
     return fit.costs, meta
