@@ -38,10 +38,13 @@ import torch
 from torch import Tensor, nn
 
 from pipesim.actions import Op
+from pipesim.costs import CostModel
 from pipesim.engine import simulate
+from pipesim.exact import Time
 from pipesim.graph import data_dependencies, validate
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
+from pipesim.trace import Trace
 from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
 from verify.exactness import exact_settings
@@ -202,48 +205,77 @@ def verify(
         tuple(o) for o in (accumulation_orders or schedule_accumulation_orders(schedule))
     )
     x, target = model.make_batch(rows)
-    xs, ts = split_microbatches(x, n_mb), split_microbatches(target, n_mb)
+    replay = _Replay(
+        schedule=schedule,
+        model=model,
+        stages=stages,
+        devices=rank_devices,
+        inputs=split_microbatches(x, n_mb),
+        targets=split_microbatches(target, n_mb),
+    )
     with exact_settings(model.layers, devices=rank_devices, apply=apply_settings):
-        ref = reference_run(
-            model.layers,
-            inputs=xs,
-            targets=ts,
-            loss_fn=model.loss_fn,
-            device=rank_devices[0],
-            forward_only=schedule.forward_only,
-        )
-        for _ in range(max(warmup, 0)):
-            run_schedule(
-                schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
-            )
-        run = run_schedule(
-            schedule, stages, devices=rank_devices, inputs=xs, targets=ts, loss_fn=model.loss_fn
+        return _replay_and_compare(replay, orders=expected_orders, warmup=warmup)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Replay:
+    """What every run of one verification shares: the schedule, the model and its stage
+    modules, one device per rank, and the micro-batches."""
+
+    schedule: Schedule
+    model: VerifyModel
+    stages: Sequence[nn.Module]
+    devices: tuple[torch.device, ...]
+    inputs: tuple[Tensor, ...]
+    targets: tuple[Tensor, ...]
+
+    def run(self, *, trace_grads: bool = False) -> LocalRun:
+        """One step of the schedule (:func:`verify.local.run_schedule`)."""
+        return run_schedule(
+            self.schedule,
+            self.stages,
+            devices=self.devices,
+            inputs=self.inputs,
+            targets=self.targets,
+            loss_fn=self.model.loss_fn,
+            trace_grads=trace_grads,
         )
 
-        report = build_report(
-            schedule,
-            model=model,
-            stages=stages,
-            run=run,
-            ref=ref,
-            devices=rank_devices,
-            microbatch_sizes=tuple(int(t.shape[0]) for t in xs),
-            accumulation_orders=expected_orders,
-            as_run=as_run_schedule(schedule, executed=run.executed, devices=rank_devices),
+
+def _replay_and_compare(
+    replay: _Replay, /, *, orders: tuple[tuple[int, ...], ...], warmup: int
+) -> VerifyReport:
+    """The reference, ``warmup`` untimed runs, the measured run and its report; on a
+    gradient mismatch, a traced re-run that names the action where it arose."""
+    schedule, model, rank_devices = replay.schedule, replay.model, replay.devices
+    ref = reference_run(
+        model.layers,
+        inputs=replay.inputs,
+        targets=replay.targets,
+        loss_fn=model.loss_fn,
+        device=rank_devices[0],
+        forward_only=schedule.forward_only,
+    )
+    for _ in range(max(warmup, 0)):
+        replay.run()
+    run = replay.run()
+
+    report = build_report(
+        schedule,
+        model=model,
+        stages=replay.stages,
+        run=run,
+        ref=ref,
+        devices=rank_devices,
+        microbatch_sizes=tuple(int(t.shape[0]) for t in replay.inputs),
+        accumulation_orders=orders,
+        as_run=as_run_schedule(schedule, executed=run.executed, devices=rank_devices),
+    )
+    if report.grads_equal is False:  # find the action: re-run, checking after each B / W
+        traced = replay.run(trace_grads=True)
+        report = locate_gradient_mismatch(
+            report, traced, model=model, stages=replay.stages, ref=ref, orders=orders
         )
-        if report.grads_equal is False:  # find the action: re-run, checking after each B / W
-            traced = run_schedule(
-                schedule,
-                stages,
-                devices=rank_devices,
-                inputs=xs,
-                targets=ts,
-                loss_fn=model.loss_fn,
-                trace_grads=True,
-            )
-            report = locate_gradient_mismatch(
-                report, traced, model=model, stages=stages, ref=ref, orders=expected_orders
-            )
     return report
 
 
@@ -320,14 +352,131 @@ def build_report(
 ) -> VerifyReport:
     """Compare ``run`` with ``ref`` and calibrate; ``as_run`` is the schedule whose
     simulation predicts the measured step (see :mod:`verify.calibrate`)."""
-    n_mb = schedule.n_microbatches
-    expected_orders = accumulation_orders
-    rank_devices = devices
+    exact = _compare_exactly(
+        schedule, model=model, stages=stages, run=run, ref=ref, orders=accumulation_orders
+    )
+    timing = _calibrate_timing(schedule, stages=stages, run=run, devices=devices, as_run=as_run)
+    losses_mean = (
+        float(torch.stack([loss.cpu() for loss in run.losses]).mean()) if run.losses else None
+    )
+    return VerifyReport(
+        schedule=schedule.name,
+        model=model.name,
+        n_ranks=schedule.n_ranks,
+        n_stages=schedule.n_stages,
+        n_microbatches=schedule.n_microbatches,
+        devices=tuple(str(d) for d in devices),
+        batch_size=sum(microbatch_sizes),
+        microbatch_sizes=microbatch_sizes,
+        layer_counts=tuple(len(list(m.children())) for m in stages),
+        forward_only=schedule.forward_only,
+        bit_identical=exact.bit_identical,
+        outputs_equal=exact.outputs_equal,
+        losses_equal=exact.losses_equal,
+        grads_equal=exact.grads_equal,
+        order_followed=exact.order_followed,
+        mismatches=exact.mismatches,
+        max_abs_diff_full_batch=exact.max_abs_diff_full_batch,
+        loss_full_batch=float(ref.full_loss),
+        loss_mean_microbatches=losses_mean,
+        accumulation_orders=accumulation_orders,
+        n_params=sum(p.numel() for p in model.layers.parameters()),
+        model_param_bytes=param_bytes(model.layers),
+        param_bytes=timing.param_sizes,
+        transfer_bytes=run.transfer_bytes,
+        activation_bytes=run.activation_bytes,
+        grad_norms=_grad_norms(stages),
+        measured_makespan=float(timing.measured) / 1e9,
+        predicted_makespan=float(timing.predicted) / 1e9,
+        predicted_makespan_parallel=float(timing.predicted_parallel) / 1e9,
+        makespan_error_percent=timing.error_percent,
+        costs=timing.costs,
+        trace=timing.trace,
+        as_run=as_run,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Exactness:
+    """What comparing a run with the reference, bit for bit, found."""
+
+    outputs_equal: bool
+    losses_equal: bool
+    grads_equal: bool | None
+    """None for forward-only schedules."""
+    order_followed: bool
+    mismatches: tuple[str, ...]
+    max_abs_diff_full_batch: float
+
+    @property
+    def bit_identical(self) -> bool:
+        """Everything equal (gradients unless not compared) and the order followed."""
+        return (
+            self.outputs_equal
+            and self.losses_equal
+            and self.grads_equal is not False
+            and self.order_followed
+        )
+
+
+def _compare_exactly(
+    schedule: Schedule,
+    /,
+    *,
+    model: VerifyModel,
+    stages: Sequence[nn.Module],
+    run: LocalRun,
+    ref: Reference,
+    orders: tuple[tuple[int, ...], ...],
+) -> _Exactness:
+    """Outputs, losses and (when training) gradients of ``run`` against ``ref``, and whether
+    the executor followed the Schedule's order."""
     mismatches: list[str] = []
+    made_by, added_by = _where(schedule)
+    outputs_equal, losses_equal = _compare_outputs(
+        run, ref, made_by, n_microbatches=schedule.n_microbatches, mismatches=mismatches
+    )
+    grads_equal: bool | None = None
+    full_diffs = [max_abs_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
+    if not schedule.forward_only:
+        grads_equal = _compare_grads(
+            model.layers,
+            stages,
+            per_copy=schedule.n_stages // schedule.n_copies,
+            ref=ref,
+            orders=orders,
+            n_microbatches=schedule.n_microbatches,
+            mismatches=mismatches,
+            full_diffs=full_diffs,
+            added_by=added_by,
+        )
+    order_followed = _order_followed(run)
+    if not order_followed:
+        mismatches.append("the executor did not follow the Schedule's per-rank order")
+    return _Exactness(
+        outputs_equal=outputs_equal,
+        losses_equal=losses_equal,
+        grads_equal=grads_equal,
+        order_followed=order_followed,
+        mismatches=tuple(mismatches),
+        max_abs_diff_full_batch=max(full_diffs),
+    )
+
+
+def _compare_outputs(
+    run: LocalRun,
+    ref: Reference,
+    made_by: dict[int, str],
+    /,
+    *,
+    n_microbatches: int,
+    mismatches: list[str],
+) -> tuple[bool, bool]:
+    """Whether every micro-batch's output, and every loss, equals the reference's; a line
+    in ``mismatches`` for each that does not."""
     outputs_equal = True
     losses_equal = True
-    made_by, added_by = _where(schedule)
-    for k in range(n_mb):
+    for k in range(n_microbatches):
         if not torch.equal(run.outputs[k].cpu(), ref.outputs[k].cpu()):
             outputs_equal = False
             mismatches.append(
@@ -340,75 +489,56 @@ def build_report(
                 f"loss of micro-batch {k} (max abs diff "
                 f"{max_abs_diff(run.losses[k], ref.losses[k]):.3g}, made by {made_by[k]})"
             )
+    return outputs_equal, losses_equal
 
-    grads_equal: bool | None = None
-    full_diffs = [max_abs_diff(torch.cat([o.cpu() for o in run.outputs]), ref.full_output)]
-    if not schedule.forward_only:
-        grads_equal = _compare_grads(
-            model.layers,
-            stages,
-            per_copy=schedule.n_stages // schedule.n_copies,
-            ref=ref,
-            orders=expected_orders,
-            n_microbatches=n_mb,
-            mismatches=mismatches,
-            full_diffs=full_diffs,
-            added_by=added_by,
-        )
-    order_followed = _order_followed(run)
-    if not order_followed:
-        mismatches.append("the executor did not follow the Schedule's per-rank order")
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Timing:
+    """The calibrated costs, the measured trace, and the makespans measured and predicted
+    (ns)."""
+
+    param_sizes: tuple[int, ...]
+    costs: CostModel
+    trace: Trace
+    measured: Time
+    predicted: Time
+    predicted_parallel: Time
+
+    @property
+    def error_percent(self) -> float:
+        """``(predicted - measured) / measured * 100``; 0 when nothing was measured."""
+        predicted, measured = self.predicted, self.measured
+        return (float(predicted) - float(measured)) / float(measured) * 100 if measured else 0.0
+
+
+def _calibrate_timing(
+    schedule: Schedule,
+    /,
+    *,
+    stages: Sequence[nn.Module],
+    run: LocalRun,
+    devices: Sequence[torch.device],
+    as_run: Schedule,
+) -> _Timing:
+    """Calibrate costs on ``run`` and simulate ``as_run`` (the step as measured) and
+    ``schedule`` (one device per rank) with them."""
     param_sizes = tuple(param_bytes(m) for m in stages)
-    costs = calibrate(run, devices=rank_devices, param_bytes=param_sizes, as_run=as_run)
+    costs = calibrate(run, devices=devices, param_bytes=param_sizes, as_run=as_run)
     trace = measured_trace(run)
-    measured = trace.makespan
-    predicted = simulate(as_run, costs=costs).metrics.makespan
-    predicted_parallel = simulate(schedule, costs=costs).metrics.makespan
-    losses_mean = (
-        float(torch.stack([loss.cpu() for loss in run.losses]).mean()) if run.losses else None
-    )
-    return VerifyReport(
-        schedule=schedule.name,
-        model=model.name,
-        n_ranks=schedule.n_ranks,
-        n_stages=schedule.n_stages,
-        n_microbatches=n_mb,
-        devices=tuple(str(d) for d in rank_devices),
-        batch_size=sum(microbatch_sizes),
-        microbatch_sizes=microbatch_sizes,
-        layer_counts=tuple(len(list(m.children())) for m in stages),
-        forward_only=schedule.forward_only,
-        bit_identical=outputs_equal
-        and losses_equal
-        and grads_equal is not False
-        and order_followed,
-        outputs_equal=outputs_equal,
-        losses_equal=losses_equal,
-        grads_equal=grads_equal,
-        order_followed=order_followed,
-        mismatches=tuple(mismatches),
-        max_abs_diff_full_batch=max(full_diffs),
-        loss_full_batch=float(ref.full_loss),
-        loss_mean_microbatches=losses_mean,
-        accumulation_orders=expected_orders,
-        n_params=sum(p.numel() for p in model.layers.parameters()),
-        model_param_bytes=param_bytes(model.layers),
-        param_bytes=param_sizes,
-        transfer_bytes=run.transfer_bytes,
-        activation_bytes=run.activation_bytes,
-        grad_norms=tuple(
-            sum(float(p.grad.norm()) for p in m.parameters() if p.grad is not None) for m in stages
-        ),
-        measured_makespan=float(measured) / 1e9,
-        predicted_makespan=float(predicted) / 1e9,
-        predicted_makespan_parallel=float(predicted_parallel) / 1e9,
-        makespan_error_percent=(float(predicted) - float(measured)) / float(measured) * 100
-        if measured
-        else 0.0,
+    return _Timing(
+        param_sizes=param_sizes,
         costs=costs,
         trace=trace,
-        as_run=as_run,
+        measured=trace.makespan,
+        predicted=simulate(as_run, costs=costs).metrics.makespan,
+        predicted_parallel=simulate(schedule, costs=costs).metrics.makespan,
+    )
+
+
+def _grad_norms(stages: Sequence[nn.Module], /) -> tuple[float, ...]:
+    """Per stage, the sum of its parameters' gradient norms."""
+    return tuple(
+        sum(float(p.grad.norm()) for p in m.parameters() if p.grad is not None) for m in stages
     )
 
 

@@ -188,6 +188,34 @@ def run_schedule(
     of the gradients after every B and W (``LocalRun.grad_trace``).
     """
     order = execution_order(schedule)
+    _check_run_arguments(schedule, stages, devices=devices, inputs=inputs, targets=targets)
+    rank_device = tuple(torch.device(d) for d in devices)
+    stage_device = _place_stages(schedule, stages, rank_device)
+    runtime = StageRuntime(
+        schedule,
+        dict(enumerate(stages)),
+        devices=stage_device,
+        inputs=inputs,
+        targets=targets,
+        loss_fn=loss_fn,
+        trace_grads=trace_grads,
+    )
+    timed = _execute(schedule, order, runtime, rank_device=rank_device, stage_device=stage_device)
+    if len(runtime.outputs) != schedule.n_microbatches:
+        raise VerifyError("the schedule did not run the last stage's forward of every micro-batch")
+    return _local_run(schedule, order, runtime, timed, trace_grads=trace_grads)
+
+
+def _check_run_arguments(
+    schedule: Schedule,
+    stages: Sequence[nn.Module],
+    /,
+    *,
+    devices: Sequence[torch.device | str],
+    inputs: Sequence[Tensor],
+    targets: Sequence[Tensor] | None,
+) -> None:
+    """Refuse stage modules, devices or micro-batches that do not fit ``schedule``."""
     n_mb = schedule.n_microbatches
     n_stages = schedule.n_stages
     if len(stages) != n_stages:
@@ -201,19 +229,38 @@ def run_schedule(
         raise VerifyError(f"{len(inputs)} input micro-batches for n_microbatches={n_mb}")
     if targets is not None and len(targets) != n_mb:
         raise VerifyError(f"{len(targets)} target micro-batches for n_microbatches={n_mb}")
-    rank_device = tuple(torch.device(d) for d in devices)
-    stage_device = {s: rank_device[schedule.rank_of(s)] for s in range(n_stages)}
+
+
+def _place_stages(
+    schedule: Schedule, stages: Sequence[nn.Module], rank_device: tuple[torch.device, ...], /
+) -> dict[int, torch.device]:
+    """Move each stage module to its rank's device; per stage, that device."""
+    stage_device = {s: rank_device[schedule.rank_of(s)] for s in range(schedule.n_stages)}
     for stage, module in enumerate(stages):
         module.to(stage_device[stage])
-    runtime = StageRuntime(
-        schedule,
-        dict(enumerate(stages)),
-        devices=stage_device,
-        inputs=inputs,
-        targets=targets,
-        loss_fn=loss_fn,
-        trace_grads=trace_grads,
-    )
+    return stage_device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Timed:
+    """The spans one run measured, each sorted by start, and its host wall time."""
+
+    actions: tuple[ActionTiming, ...]
+    transfers: tuple[TransferTiming, ...]
+    wall_ns: int
+
+
+def _execute(
+    schedule: Schedule,
+    order: tuple[Work, ...],
+    runtime: StageRuntime,
+    /,
+    *,
+    rank_device: tuple[torch.device, ...],
+    stage_device: dict[int, torch.device],
+) -> _Timed:
+    """Run ``order`` on ``runtime``, handing each message over right after its producer ran,
+    and time every unit of work and every transfer between ranks."""
     hand_overs = messages(schedule)
     sent_by = {m.producer: m for m in hand_overs}
     needed_by = {m.consumer: m for m in hand_overs}
@@ -229,21 +276,7 @@ def run_schedule(
         inbox[message] = tensor.to(stage_device[message.consumer.stage])
         end = clock.mark(src)
         if message.crosses_ranks:
-
-            def done(start_ns: int, end_ns: int) -> None:
-                transfer_times.append(
-                    TransferTiming(
-                        src_rank=message.src_rank,
-                        dst_rank=message.dst_rank,
-                        producer=message.producer,
-                        consumer=message.consumer,
-                        n_bytes=tensor.numel() * tensor.element_size(),
-                        start_ns=start_ns,
-                        end_ns=end_ns,
-                    )
-                )
-
-            clock.span(src, start, end, done)
+            clock.span(src, start, end, _transfer_recorder(transfer_times, message, tensor))
 
     host_start = time.perf_counter_ns()
     for work in order:
@@ -257,30 +290,69 @@ def run_schedule(
             if message is not None and handed is not None:
                 hand_over(message, handed)
         end = clock.mark(device)
-
-        def done(start_ns: int, end_ns: int, rank: int = rank, work: Work = work) -> None:
-            action_times.append(
-                ActionTiming(rank=rank, work=work, start_ns=start_ns, end_ns=end_ns)
-            )
-
-        clock.span(device, start, end, done)
+        clock.span(device, start, end, _action_recorder(action_times, rank, work))
     clock.finish()
     wall_ns = time.perf_counter_ns() - host_start
-    if len(runtime.outputs) != n_mb:
-        raise VerifyError("the schedule did not run the last stage's forward of every micro-batch")
     action_times.sort(key=lambda t: (t.start_ns, t.rank))
     transfer_times.sort(key=lambda t: (t.start_ns, t.src_rank))
+    return _Timed(actions=tuple(action_times), transfers=tuple(transfer_times), wall_ns=wall_ns)
+
+
+def _action_recorder(
+    action_times: list[ActionTiming], rank: int, work: Work, /
+) -> Callable[[int, int], None]:
+    """What :meth:`UnitClock.span` calls with the span of ``work`` on ``rank``."""
+
+    def done(start_ns: int, end_ns: int) -> None:
+        action_times.append(ActionTiming(rank=rank, work=work, start_ns=start_ns, end_ns=end_ns))
+
+    return done
+
+
+def _transfer_recorder(
+    transfer_times: list[TransferTiming], message: Message, tensor: Tensor, /
+) -> Callable[[int, int], None]:
+    """What :meth:`UnitClock.span` calls with the span of ``message`` carrying ``tensor``."""
+
+    def done(start_ns: int, end_ns: int) -> None:
+        transfer_times.append(
+            TransferTiming(
+                src_rank=message.src_rank,
+                dst_rank=message.dst_rank,
+                producer=message.producer,
+                consumer=message.consumer,
+                n_bytes=tensor.numel() * tensor.element_size(),
+                start_ns=start_ns,
+                end_ns=end_ns,
+            )
+        )
+
+    return done
+
+
+def _local_run(
+    schedule: Schedule,
+    order: tuple[Work, ...],
+    runtime: StageRuntime,
+    timed: _Timed,
+    /,
+    *,
+    trace_grads: bool,
+) -> LocalRun:
+    """The :class:`LocalRun` of a finished run: ``runtime``'s results and ``timed``'s spans."""
+    n_mb = schedule.n_microbatches
+    n_stages = schedule.n_stages
     return LocalRun(
         schedule=schedule,
         executed=order,
         outputs=tuple(runtime.outputs[k] for k in range(n_mb)),
         losses=tuple(runtime.losses[k] for k in sorted(runtime.losses)),
-        actions=tuple(action_times),
-        transfers=tuple(transfer_times),
+        actions=timed.actions,
+        transfers=timed.transfers,
         transfer_bytes=transfer_table(runtime.transfer_bytes, n_stages=n_stages, n_mb=n_mb),
         activation_bytes=tuple(runtime.activation_bytes[s] for s in range(n_stages)),
         accumulation_orders=tuple(tuple(runtime.accumulated[s]) for s in range(n_stages)),
-        wall_ns=wall_ns,
+        wall_ns=timed.wall_ns,
         grad_trace=tuple(tuple(runtime.grad_trace[s]) for s in range(n_stages))
         if trace_grads
         else (),
