@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from verify.allocator import ALLOCATOR_ENV, DEFAULT_MODE, allocator_mode, configure_allocator
+from verify.allocator import ALLOCATOR_ENV, DEFAULT_ALLOCATOR_MODE, allocator_mode, configure_allocator
 from verify.errors import VerifyError
 
 
 def test_mode_defaults_to_retain_and_reads_system(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
-    assert allocator_mode() == DEFAULT_MODE == "retain"
+    assert allocator_mode() == DEFAULT_ALLOCATOR_MODE == "retain"
     # apply=False: say what applying would give without changing pytest's own malloc
     assert configure_allocator(apply=False) in ("retain", "system (mallopt unavailable: not glibc)")
     monkeypatch.setenv(ALLOCATOR_ENV, " System ")

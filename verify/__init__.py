@@ -35,6 +35,7 @@ from __future__ import annotations
 from verify.allocator import (
     ALLOCATOR_ENV,
     ALLOCATOR_MODES,
+    DEFAULT_ALLOCATOR_MODE,
     allocator_mode,
     configure_allocator,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "ALLOCATOR_ENV",
     "ALLOCATOR_MODES",
     "COMPUTING",
+    "DEFAULT_ALLOCATOR_MODE",
     "FINISHED",
     "HEADER_LENGTH",
     "MODEL_NAMES",

@@ -44,14 +44,14 @@ from verify.errors import VerifyError
 __all__ = [
     "ALLOCATOR_ENV",
     "ALLOCATOR_MODES",
-    "DEFAULT_MODE",
+    "DEFAULT_ALLOCATOR_MODE",
     "allocator_mode",
     "configure_allocator",
 ]
 
 ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
 ALLOCATOR_MODES = ("retain", "system")
-DEFAULT_MODE = "retain"
+DEFAULT_ALLOCATOR_MODE = "retain"
 
 # mallopt parameters (glibc's malloc.h) and the values pipesim sets.
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
@@ -74,11 +74,11 @@ def allocator_mode() -> str:
     >>> allocator_mode()
     'retain'
     """
-    mode = os.environ.get(ALLOCATOR_ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+    mode = os.environ.get(ALLOCATOR_ENV, DEFAULT_ALLOCATOR_MODE).strip().lower() or DEFAULT_ALLOCATOR_MODE
     if mode not in ALLOCATOR_MODES:
         raise VerifyError(
             f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
-            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for {DEFAULT_MODE})"
+            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for {DEFAULT_ALLOCATOR_MODE})"
         )
     return mode
 
