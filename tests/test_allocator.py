@@ -9,7 +9,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from verify.allocator import ALLOCATOR_ENV, DEFAULT_ALLOCATOR_MODE, allocator_mode, configure_allocator
+from verify.allocator import (
+    ALLOCATOR_ENV,
+    DEFAULT_ALLOCATOR_MODE,
+    allocator_mode,
+    configure_allocator,
+)
 from verify.errors import VerifyError
 
 

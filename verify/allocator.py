@@ -74,11 +74,12 @@ def allocator_mode() -> str:
     >>> allocator_mode()
     'retain'
     """
-    mode = os.environ.get(ALLOCATOR_ENV, DEFAULT_ALLOCATOR_MODE).strip().lower() or DEFAULT_ALLOCATOR_MODE
+    default = DEFAULT_ALLOCATOR_MODE
+    mode = os.environ.get(ALLOCATOR_ENV, default).strip().lower() or default
     if mode not in ALLOCATOR_MODES:
         raise VerifyError(
             f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not a CPU allocator mode; "
-            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for {DEFAULT_ALLOCATOR_MODE})"
+            f"use one of {', '.join(ALLOCATOR_MODES)} (or leave it unset for {default})"
         )
     return mode
 
