@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pipesim.costs import CostModel
 from pipesim.errors import PlanError, brief
@@ -66,6 +67,8 @@ __all__ = [
     "plan",
     "sweep_points",
 ]
+
+_T = TypeVar("_T")
 
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (1, 2, 4)
@@ -163,6 +166,36 @@ def _flags(values: tuple[bool, ...] | None, applies: bool) -> tuple[bool, ...]:
     return (True,) if values is None else tuple(dict.fromkeys(values))
 
 
+@dataclass(frozen=True, slots=True)
+class _Axes:
+    """The checked values of every dimension swept, before they are combined."""
+
+    tensors: tuple[int, ...]
+    recomputes: tuple[str, ...]
+    pinned_stages: tuple[int, ...] | None
+    """Pipeline degrees asked for; None: every divisor of devices / t up to the layers."""
+    sizes: tuple[int, ...]
+    """Micro-batch sizes."""
+    virtuals: tuple[int, ...]
+    names: tuple[str, ...]
+    """Schedules, ``auto`` expanded."""
+    virtual_values: dict[str, tuple[int, ...] | None]
+    """Per schedule: the stages per rank its rules accept (None: any)."""
+    sequence_parallel: tuple[bool, ...] | None
+    distributed_optimizer: tuple[bool, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Enumerated:
+    """What combining the axes gave: configurations to simulate, those refused, and the
+    degrees seen (for the error when every one was refused)."""
+
+    points: list[Point]
+    refused: list[PlanPoint]
+    degrees_seen: list[int]
+    data_parallel_seen: list[int]
+
+
 def sweep_points(
     *,
     devices: int,
@@ -182,6 +215,29 @@ def sweep_points(
     whole number of nodes, a pipeline degree that does not divide the
     devices, or a global batch that no configuration can split.
     """
+    _check_request(devices=devices, global_batch=global_batch, gpus_per_node=gpus_per_node)
+    dims = dimensions or Dimensions(
+        stages=None if stages is None else tuple(stages),
+        microbatch_sizes=tuple(microbatch_sizes),
+        virtual=tuple(virtual),
+        schedules=None if schedules is None else tuple(schedules),
+    )
+    axes = _axes(dims, devices=devices, gpus_per_node=gpus_per_node, workload=workload)
+    found = _enumerate(axes, devices=devices, global_batch=global_batch, n_layers=n_layers)
+    if not found.points and not found.refused:
+        raise PlanError(
+            f"no schedule among {list(axes.names)} takes {list(axes.virtuals)} stages per rank "
+            "with these degrees; see `pipesim schedules` for each schedule's rules, or change "
+            "--virtual, --stages or --tensor-parallel"
+        )
+    if not found.points:
+        raise _unsplittable_batch(found, axes, devices=devices, global_batch=global_batch)
+    return found.points, found.refused
+
+
+def _check_request(*, devices: int, global_batch: int, gpus_per_node: int) -> None:
+    """PlanError unless ``devices`` and ``global_batch`` are whole numbers >= 1 and the
+    devices fill whole nodes."""
     for name, value in (("devices", devices), ("global_batch", global_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -192,12 +248,12 @@ def sweep_points(
             f"{low} or {low + gpus_per_node} devices (or an accelerator with another "
             "gpus_per_node)"
         )
-    dims = dimensions or Dimensions(
-        stages=None if stages is None else tuple(stages),
-        microbatch_sizes=tuple(microbatch_sizes),
-        virtual=tuple(virtual),
-        schedules=None if schedules is None else tuple(schedules),
-    )
+
+
+def _axes(
+    dims: Dimensions, *, devices: int, gpus_per_node: int, workload: Workload | None
+) -> _Axes:
+    """Each dimension's values checked (PlanError naming the bad ones) and defaulted."""
     if workload is None:
         tensors: tuple[int, ...] = (1,)
         recomputes: tuple[str, ...] = ("none",)
@@ -222,29 +278,46 @@ def sweep_points(
     if not names:
         raise PlanError("no schedules to sweep; give at least one (see `pipesim schedules`)")
     specs = {name: get_cost_aware(name) or get_spec(name) for name in names}  # or unknown name
+    return _Axes(
+        tensors=tensors,
+        recomputes=recomputes,
+        pinned_stages=pinned_stages,
+        sizes=sizes,
+        virtuals=virtuals,
+        names=names,
+        virtual_values={name: spec.virtual_values for name, spec in specs.items()},
+        sequence_parallel=dims.sequence_parallel,
+        distributed_optimizer=dims.distributed_optimizer,
+    )
+
+
+def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -> _Enumerated:
+    """Every combination of the axes that the schedules' rules accept, in sweep order;
+    those whose global batch does not split into whole micro-batches are refused."""
+    # One loop nest on purpose: a helper per level would be a call per configuration.
     points: list[Point] = []
     refused: list[PlanPoint] = []
     degrees_seen: list[int] = []
     data_parallel_seen: list[int] = []
-    for t in tensors:
-        if pinned_stages is None:
+    for t in axes.tensors:
+        if axes.pinned_stages is None:
             degrees = tuple(p for p in _divisors(devices // t) if p <= n_layers)
         else:
-            degrees = tuple(p for p in pinned_stages if (devices // t) % p == 0)
+            degrees = tuple(p for p in axes.pinned_stages if (devices // t) % p == 0)
         degrees_seen += degrees
         data_parallel_seen += [devices // (t * p) for p in degrees]
         for p in degrees:
             d = devices // (t * p)
-            for b in sizes:
+            for b in axes.sizes:
                 m, remainder = divmod(global_batch, d * b)
-                for v in virtuals:
-                    for name in names:
-                        allowed = specs[name].virtual_values
+                for v in axes.virtuals:
+                    for name in axes.names:
+                        allowed = axes.virtual_values[name]
                         if allowed is not None and v not in allowed:
                             continue  # not a configuration of this schedule at all
-                        for recompute in recomputes:
-                            for sp in _flags(dims.sequence_parallel, t > 1):
-                                for zero in _flags(dims.distributed_optimizer, d > 1):
+                        for recompute in axes.recomputes:
+                            for sp in _flags(axes.sequence_parallel, t > 1):
+                                for zero in _flags(axes.distributed_optimizer, d > 1):
                                     point = Point(
                                         schedule=name,
                                         pipeline=p,
@@ -268,27 +341,27 @@ def sweep_points(
                                         )
                                     else:
                                         points.append(point)
-    if not points and not refused:
-        raise PlanError(
-            f"no schedule among {list(names)} takes {list(virtuals)} stages per rank with these "
-            "degrees; see `pipesim schedules` for each schedule's rules, or change --virtual, "
-            "--stages or --tensor-parallel"
-        )
-    if not points:
-        # Each configuration swept splits the batch into data-parallel x micro-batch-size
-        # pieces: the nearest global batches some configuration divides are the fix.
-        pieces = sorted({d * b for d in set(data_parallel_seen) for b in sizes})
-        above = min(-(-global_batch // q) * q for q in pieces)
-        below = max(global_batch // q * q for q in pieces)
-        nearest = f"{below} or {above}" if below else str(above)
-        raise PlanError(
-            f"global batch {global_batch} cannot be split over {devices} devices with "
-            f"pipeline degrees {sorted(set(degrees_seen))} and micro-batch sizes {list(sizes)}: "
-            "it must be a multiple of data parallel x micro-batch size (here one of "
-            f"{brief(pieces)}); use a global batch of {nearest}, or other micro-batch sizes or "
-            "pipeline degrees"
-        )
-    return points, refused
+    return _Enumerated(points, refused, degrees_seen, data_parallel_seen)
+
+
+def _unsplittable_batch(
+    found: _Enumerated, axes: _Axes, *, devices: int, global_batch: int
+) -> PlanError:
+    """The error when no configuration splits the global batch, naming the nearest
+    global batches that some configuration would."""
+    # Each configuration swept splits the batch into data-parallel x micro-batch-size
+    # pieces: the nearest global batches some configuration divides are the fix.
+    pieces = sorted({d * b for d in set(found.data_parallel_seen) for b in axes.sizes})
+    above = min(-(-global_batch // q) * q for q in pieces)
+    below = max(global_batch // q * q for q in pieces)
+    nearest = f"{below} or {above}" if below else str(above)
+    return PlanError(
+        f"global batch {global_batch} cannot be split over {devices} devices with "
+        f"pipeline degrees {sorted(set(found.degrees_seen))} and micro-batch sizes "
+        f"{list(axes.sizes)}: it must be a multiple of data parallel x micro-batch size (here "
+        f"one of {brief(pieces)}); use a global batch of {nearest}, or other micro-batch "
+        "sizes or pipeline degrees"
+    )
 
 
 def _refused(point: Point, reason: str) -> PlanPoint:
@@ -368,11 +441,88 @@ def plan(
     Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
     raising.
     """
-    if isinstance(model, str):
-        model = get_model(model)
-    workload = workload_from_model(model) if isinstance(model, ModelSpec) else model
+    workload = _as_workload(model)
     if isinstance(accelerator, str):
         accelerator = get_accelerator(accelerator)
+    settings = _settings(
+        accelerator,
+        engine=engine,
+        bytes_per_param=bytes_per_param,
+        memory_capacity_bytes=memory_capacity_bytes,
+        memory_headroom=memory_headroom,
+        min_mfu=min_mfu,
+    )
+    dims = Dimensions(
+        tensor=_pinned(tensor),
+        stages=_pinned(stages),
+        microbatch_sizes=tuple(microbatch_sizes),
+        virtual=tuple(virtual),
+        schedules=_pinned(schedules),
+        recompute=_pinned(recompute),
+        sequence_parallel=_pinned(sequence_parallel),
+        distributed_optimizer=_pinned(distributed_optimizer),
+    )
+    points, refused = sweep_points(
+        devices=devices,
+        global_batch=global_batch,
+        gpus_per_node=accelerator.gpus_per_node,
+        n_layers=len(workload.layers),
+        workload=workload,
+        dimensions=dims,
+    )
+    check_sweep(points, devices=devices, global_batch=global_batch)
+    context = SweepContext(
+        workload=workload,
+        accelerator=accelerator,
+        devices=devices,
+        bytes_per_param=settings.bytes_per_param,
+        optimizer_bytes_per_param=min(OPTIMIZER_BYTES_PER_PARAM, settings.bytes_per_param),
+        memory_capacity_bytes=settings.usable,
+        engine=settings.engine,
+    )
+    evaluations = evaluate_points(
+        context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
+    )
+    return _plan_result(context, settings, global_batch, points, evaluations, refused)
+
+
+def _as_workload(model: ModelSpec | Workload | str) -> Workload:
+    """The workload of a preset name, a :class:`ModelSpec` or a :class:`Workload`."""
+    if isinstance(model, str):
+        model = get_model(model)
+    return workload_from_model(model) if isinstance(model, ModelSpec) else model
+
+
+def _pinned(values: Sequence[_T] | None) -> tuple[_T, ...] | None:
+    """The values a dimension is pinned to, as a tuple; None: its defaults."""
+    return None if values is None else tuple(values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Settings:
+    """A plan's checked settings besides the sweep's dimensions."""
+
+    engine: str
+    bytes_per_param: int
+    capacity: int
+    """Device memory in bytes."""
+    headroom: float
+    usable: int
+    """``capacity`` less the headroom: what a configuration must fit in."""
+    min_mfu: float
+
+
+def _settings(
+    accelerator: Accelerator,
+    *,
+    engine: str,
+    bytes_per_param: int,
+    memory_capacity_bytes: int | None,
+    memory_headroom: float,
+    min_mfu: float | None,
+) -> _Settings:
+    """``plan``'s settings checked (PlanError naming the first bad one) and defaulted from
+    ``accelerator``."""
     if engine not in ("fast", "simpy"):
         raise PlanError(f"engine must be 'fast' or 'simpy', got {engine!r}")
     if (
@@ -387,41 +537,26 @@ def plan(
     headroom = check_share(memory_headroom, name="memory headroom")
     if min_mfu is None:
         min_mfu = accelerator.efficiency / 4
-    min_mfu = check_share(min_mfu, name="min_mfu", include_one=True)
-    dims = Dimensions(
-        tensor=None if tensor is None else tuple(tensor),
-        stages=None if stages is None else tuple(stages),
-        microbatch_sizes=tuple(microbatch_sizes),
-        virtual=tuple(virtual),
-        schedules=None if schedules is None else tuple(schedules),
-        recompute=None if recompute is None else tuple(recompute),
-        sequence_parallel=None if sequence_parallel is None else tuple(sequence_parallel),
-        distributed_optimizer=None
-        if distributed_optimizer is None
-        else tuple(distributed_optimizer),
-    )
-    points, refused = sweep_points(
-        devices=devices,
-        global_batch=global_batch,
-        gpus_per_node=accelerator.gpus_per_node,
-        n_layers=len(workload.layers),
-        workload=workload,
-        dimensions=dims,
-    )
-    check_sweep(points, devices=devices, global_batch=global_batch)
-    usable = math.floor(capacity * (1 - headroom))
-    context = SweepContext(
-        workload=workload,
-        accelerator=accelerator,
-        devices=devices,
-        bytes_per_param=bytes_per_param,
-        optimizer_bytes_per_param=min(OPTIMIZER_BYTES_PER_PARAM, bytes_per_param),
-        memory_capacity_bytes=usable,
+    return _Settings(
         engine=engine,
+        bytes_per_param=bytes_per_param,
+        capacity=capacity,
+        headroom=headroom,
+        usable=math.floor(capacity * (1 - headroom)),
+        min_mfu=check_share(min_mfu, name="min_mfu", include_one=True),
     )
-    evaluations = evaluate_points(
-        context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
-    )
+
+
+def _plan_result(
+    context: SweepContext,
+    settings: _Settings,
+    global_batch: int,
+    points: list[Point],
+    evaluations: list[Evaluation],
+    refused: list[PlanPoint],
+) -> PlanResult:
+    """The evaluated configurations, twins dropped, with those refused, ranked."""
+    workload = context.workload
     stopped = next((e.reason for e in evaluations if e.stopped), None)
     plan_points, duplicates = _dedupe(
         [
@@ -429,10 +564,10 @@ def plan(
                 point,
                 evaluation,
                 workload=workload,
-                accelerator=accelerator,
-                devices=devices,
+                accelerator=context.accelerator,
+                devices=context.devices,
                 global_batch=global_batch,
-                usable=usable,
+                usable=settings.usable,
             )
             for point, evaluation in zip(points, evaluations, strict=True)
         ],
@@ -441,14 +576,14 @@ def plan(
     spec = workload.spec
     return PlanResult(
         model=workload.name,
-        accelerator=accelerator,
-        devices=devices,
+        accelerator=context.accelerator,
+        devices=context.devices,
         global_batch=global_batch,
-        memory_capacity_bytes=capacity,
-        memory_headroom=headroom,
-        min_mfu=min_mfu,
+        memory_capacity_bytes=settings.capacity,
+        memory_headroom=settings.headroom,
+        min_mfu=settings.min_mfu,
         points=rank_points(plan_points + refused),
-        engine=engine,
+        engine=settings.engine,
         stopped=None if stopped is None else stopped.removeprefix("not evaluated: "),
         n_duplicates=duplicates,
         n_layers=0 if spec is None else spec.n_layers,
@@ -584,9 +719,7 @@ def configuration(
     cost model's durations include the tensor-parallel traffic inside F and I; the
     data-parallel traffic and optimizer step that follow the pipeline are not in it.
     """
-    if isinstance(model, str):
-        model = get_model(model)
-    workload = workload_from_model(model) if isinstance(model, ModelSpec) else model
+    workload = _as_workload(model)
     if not point.feasible:
         raise PlanError(f"{point.label()} was not simulated: {point.reason}")
     context = SweepContext(

@@ -306,26 +306,50 @@ def _stage_costs(
         ranks_per_node,
     )
     found = _COSTS.get(key)
-    if found is not None:
-        return found
-    if workload.measured is not None:
-        found = _COSTS[key] = _measured_costs(
+    if found is None:
+        price = _model_costs if workload.measured is None else _measured_costs
+        found = _COSTS[key] = price(
             context, workload, sizes, microbatch_size, ranks_per_node, n_copies
         )
-        return found
-    accelerator = context.accelerator
-    b = microbatch_size
-    ns_per_work = _ns_per_work(context, workload)
-    # one tensor-parallel all-reduce of this micro-batch's activation
-    allreduce_ns = (
-        allreduce_s(
-            workload.tp_payload_bytes * b,
-            n_devices=workload.tensor,
-            link=_tp_link(context, workload.tensor),
-        )
-        * _NS_PER_S
+    return found
+
+
+def _model_costs(
+    context: SweepContext,
+    workload: Workload,
+    sizes: tuple[int, ...],
+    microbatch_size: int,
+    ranks_per_node: int | None,
+    n_copies: int,
+) -> _StageTable:
+    """The stages of a model given by its shapes: its layers' work on this accelerator,
+    tensor-parallel traffic inside F and the backward, the accelerator's links."""
+    message_bytes = math.ceil(workload.message_bytes * microbatch_size)
+    stages, params, transient, tp_ns = _model_stages(
+        context, workload, sizes, microbatch_size, message_bytes
     )
-    message_bytes = math.ceil(workload.message_bytes * b)
+    intra, links = _stage_links(context.accelerator, message_bytes, ranks_per_node)
+    costs = CostModel(
+        stages=tuple(stages) * n_copies,
+        link=intra,
+        links=links,
+        memory_capacity_bytes=context.memory_capacity_bytes,
+        time_unit="ns",  # the planner's durations are whole nanoseconds
+    )
+    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
+
+
+def _model_stages(
+    context: SweepContext,
+    workload: Workload,
+    sizes: tuple[int, ...],
+    b: int,
+    message_bytes: int,
+) -> tuple[list[StageCost], list[int | Fraction], list[int], list[int]]:
+    """Per stage of ``sizes`` layers at micro-batch size ``b``: its cost, parameters,
+    recomputation transient and tensor-parallel traffic (ns)."""
+    ns_per_work = _ns_per_work(context, workload)
+    allreduce_ns = _tp_allreduce_ns(context, workload, b)
     stages = []
     params: list[int | Fraction] = []
     transient: list[int] = []
@@ -368,21 +392,42 @@ def _stage_costs(
             math.ceil(max((Fraction(x.transient_bytes) for x in layers), default=0) * b)
         )
         tp_ns.append(fwd_comm + bwd_comm)
-    intra = _link(accelerator.link(inter_node=False), message_bytes)
+    return stages, params, transient, tp_ns
+
+
+def _tp_allreduce_ns(context: SweepContext, workload: Workload, b: int) -> Fraction:
+    """One tensor-parallel all-reduce of a micro-batch of ``b`` sequences' activation."""
+    return (
+        allreduce_s(
+            workload.tp_payload_bytes * b,
+            n_devices=workload.tensor,
+            link=_tp_link(context, workload.tensor),
+        )
+        * _NS_PER_S
+    )
+
+
+def _stage_links(
+    accelerator: Accelerator,
+    message_bytes: int,
+    ranks_per_node: int | None,
+    measured: Link | None = None,
+) -> tuple[Link, Links | None]:
+    """The link between pipeline ranks in a node, and the links per rank pair when the
+    job spans nodes (None: it does not); a cost file's ``measured`` link, when it has
+    one, is the link in a node and lends its host overheads to the one between nodes."""
+    intra = measured or _link(accelerator.link(inter_node=False), message_bytes)
     links = None
     if ranks_per_node is not None:
         inter = _link(accelerator.link(inter_node=True), message_bytes)
+        if measured is not None:  # posting and taking a message cost the host the same
+            inter = replace(
+                inter,
+                send_overhead=measured.send_overhead,
+                receive_overhead=measured.receive_overhead,
+            )
         links = Links(ranks_per_node=ranks_per_node, intra_node=intra, inter_node=inter)
-    costs = CostModel(
-        stages=tuple(stages) * n_copies,
-        link=intra,
-        links=links,
-        memory_capacity_bytes=context.memory_capacity_bytes,
-        time_unit="ns",  # the planner's durations are whole nanoseconds
-    )
-    found = _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
-    _COSTS[key] = found
-    return found
+    return intra, links
 
 
 def _measured_costs(
@@ -407,16 +452,7 @@ def _measured_costs(
         for stage, p in zip(stages, params, strict=True)
     ]
     message_bytes = math.ceil(workload.message_bytes * microbatch_size)
-    accelerator = context.accelerator
-    intra = link or _link(accelerator.link(inter_node=False), message_bytes)
-    links = None
-    if ranks_per_node is not None:
-        inter = _link(accelerator.link(inter_node=True), message_bytes)
-        if link is not None:  # posting and taking a message cost the host the same
-            inter = replace(
-                inter, send_overhead=link.send_overhead, receive_overhead=link.receive_overhead
-            )
-        links = Links(ranks_per_node=ranks_per_node, intra_node=intra, inter_node=inter)
+    intra, links = _stage_links(context.accelerator, message_bytes, ranks_per_node, link)
     costs = CostModel(
         stages=tuple(stages) * n_copies,
         link=intra,
@@ -504,16 +540,11 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         schedule, fingerprint = generated
     n_stages = point.pipeline * point.virtual if schedule is None else schedule.n_stages
     n_copies = 1 if schedule is None else schedule.n_copies
-    # DualPipe keeps n_copies copies of the model: each copy is the whole model.
-    per_copy = n_stages // n_copies
     workload = _workload(context, point)
-    n_layers = len(workload.layers)
-    if per_copy > n_layers:
-        return Evaluation(
-            reason=f"{per_copy} stages but the model has only {n_layers} layers (embedding "
-            "and head included); use fewer stages or less virtual pipelining"
-        )
-    sizes = _partition(context, workload, per_copy)
+    # DualPipe keeps n_copies copies of the model: each copy is the whole model.
+    sizes = _stage_sizes(context, workload, n_stages // n_copies)
+    if isinstance(sizes, str):
+        return Evaluation(reason=sizes)
     table = _stage_costs(
         context,
         workload,
@@ -522,14 +553,74 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         _pipeline_ranks_per_node(context, point),
         n_copies,
     )
-    costs = table.costs
     if schedule is None:
         assert cost_aware is not None
         built = _build_cost_aware(context, point, table, cost_aware)
         if isinstance(built, str):
             return Evaluation(reason=built)
         schedule = built
-    metrics = _simulate(context, schedule, costs)
+    metrics = _simulate(context, schedule, table.costs)
+    loads = _rank_loads(context, point, schedule, table, metrics)
+    after = [
+        _rank_iteration(context, workload, point, loads.rank_params[r], table.costs, first)
+        for r, first in enumerate(loads.first_stage)
+    ]
+    worst = max(range(len(after)), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
+    # integer nanoseconds in, integer out; a cost file's link bandwidth can make a
+    # message's occupancy a fraction of a nanosecond
+    makespan = metrics.makespan if isinstance(metrics.makespan, int) else round(metrics.makespan)
+    return Evaluation(
+        n_stages=n_stages,
+        layers_per_stage=sizes,
+        makespan_ns=makespan,
+        tp_comm_ns=loads.tp_ns,
+        dp_comm_ns=max(x.dp_comm_ns for x in after),
+        dp_exposed_ns=after[worst].dp_exposed_ns,
+        optimizer_ns=after[worst].optimizer_ns,
+        allreduce_ns=after[worst].dp_exposed_ns + after[worst].optimizer_ns,
+        bubble=metrics.bubble_ratio,
+        peak_memory_bytes=loads.peak_bytes,
+        static_bytes=loads.static_bytes,
+        activation_bytes=loads.activation_bytes,
+        fingerprint=fingerprint,
+    )
+
+
+def _stage_sizes(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...] | str:
+    """Layers per stage of one model copy cut into ``per_copy`` stages; the reason when
+    the model has too few layers."""
+    n_layers = len(workload.layers)
+    if per_copy > n_layers:
+        return (
+            f"{per_copy} stages but the model has only {n_layers} layers (embedding "
+            "and head included); use fewer stages or less virtual pipelining"
+        )
+    return _partition(context, workload, per_copy)
+
+
+@dataclass(frozen=True, slots=True)
+class _RankLoads:
+    """Per rank what the schedule places on it, and the rank with the peak memory."""
+
+    rank_params: list[int | Fraction]
+    """Per rank: parameters of its stages."""
+    first_stage: list[int | None]
+    """Per rank: its first stage (None: it holds none)."""
+    tp_ns: int
+    """Tensor-parallel traffic of the busiest rank over the step."""
+    peak_bytes: int
+    """Largest over ranks of static memory + peak activations."""
+    static_bytes: int
+    """Static memory of the rank with the peak."""
+    activation_bytes: int
+    """Peak activations (with any recomputation transient) of the rank with the peak."""
+
+
+def _rank_loads(
+    context: SweepContext, point: Point, schedule: Schedule, table: _StageTable, metrics: Metrics
+) -> _RankLoads:
+    """Sum the stages' parameters, transients and tensor-parallel traffic onto the ranks
+    that hold them, and find the rank with the most memory."""
     n_ranks = schedule.n_ranks
     rank_params: list[int | Fraction] = [0] * n_ranks
     rank_transient = [0] * n_ranks
@@ -554,28 +645,13 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
     peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
     peak_rank = -peak_rank
-    after = [
-        _rank_iteration(context, workload, point, rank_params[r], costs, first_stage[r])
-        for r in range(n_ranks)
-    ]
-    worst = max(range(n_ranks), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
-    # integer nanoseconds in, integer out; a cost file's link bandwidth can make a
-    # message's occupancy a fraction of a nanosecond
-    makespan = metrics.makespan if isinstance(metrics.makespan, int) else round(metrics.makespan)
-    return Evaluation(
-        n_stages=n_stages,
-        layers_per_stage=sizes,
-        makespan_ns=makespan,
-        tp_comm_ns=max(rank_tp),
-        dp_comm_ns=max(x.dp_comm_ns for x in after),
-        dp_exposed_ns=after[worst].dp_exposed_ns,
-        optimizer_ns=after[worst].optimizer_ns,
-        allreduce_ns=after[worst].dp_exposed_ns + after[worst].optimizer_ns,
-        bubble=metrics.bubble_ratio,
-        peak_memory_bytes=peak,
+    return _RankLoads(
+        rank_params=rank_params,
+        first_stage=first_stage,
+        tp_ns=max(rank_tp),
+        peak_bytes=peak,
         static_bytes=static[peak_rank],
         activation_bytes=activation[peak_rank],
-        fingerprint=fingerprint,
     )
 
 
@@ -768,74 +844,121 @@ def evaluate_points(
     [(3, 3)]
     """
     total = len(points)
+    workers = _check_workers(workers, timeout_s)
+    stop = _Stopping(
+        deadline=time.monotonic() + timeout_s,
+        timeout_s=timeout_s,
+        partial=partial,
+        progress=progress,
+    )
+    # Cheapest first: results (and the progress bar) come from the first second, and a
+    # sweep stopped early has ranked the many small configurations, not a few huge ones.
+    indexed = sorted(enumerate(points), key=lambda item: _cost_estimate(item[1]))
+    results: list[Evaluation | None] = [None] * total
+    if progress is not None:
+        progress(0, total)  # the bar shows from the first moment
+    workers = min(workers, max(1, total // 8))
+    if workers == 1:
+        return _evaluate_here(context, indexed, results, stop)
+    return _evaluate_in_workers(context, indexed, results, stop, workers)
+
+
+def _check_workers(workers: int | None, timeout_s: float) -> int:
+    """The number of worker processes (None: every core); PlanError unless it is a whole
+    number >= 1 and the timeout is positive."""
     if workers is None:
         workers = os.cpu_count() or 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PlanError(f"workers must be a whole number >= 1, got {workers!r}")
     if timeout_s <= 0:
         raise PlanError(f"timeout must be positive, got {timeout_s!r} seconds")
-    deadline = time.monotonic() + timeout_s
-    # Cheapest first: results (and the progress bar) come from the first second, and a
-    # sweep stopped early has ranked the many small configurations, not a few huge ones.
-    indexed = sorted(enumerate(points), key=lambda item: _cost_estimate(item[1]))
-    results: list[Evaluation | None] = [None] * total
+    return workers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Stopping:
+    """When a sweep stops early, what it returns then, and whom it tells its progress."""
+
+    deadline: float
+    """``time.monotonic()`` past which the sweep stops."""
+    timeout_s: float
+    partial: bool
+    """On a stop: return the points not evaluated as stopped (else raise)."""
+    progress: Callable[[int, int], None] | None
+
+
+def _stopped_early(results: list[Evaluation | None], why: str) -> list[Evaluation]:
+    """``results`` with every point not evaluated marked as stopped for ``why``."""
+    note = Evaluation(stopped=True, reason=f"not evaluated: {why}")
+    return [note if r is None else r for r in results]
+
+
+def _evaluate_here(
+    context: SweepContext,
+    indexed: list[tuple[int, Point]],
+    results: list[Evaluation | None],
+    stop: _Stopping,
+) -> list[Evaluation]:
+    """Evaluate the points in this process, one at a time, into ``results``."""
+    total = len(results)
+    deadline, progress = stop.deadline, stop.progress
     done = 0
+    try:
+        for item in indexed:
+            if time.monotonic() > deadline:
+                if stop.partial:
+                    return _stopped_early(
+                        results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
+                    )
+                raise _timed_out(stop.timeout_s, done, total)
+            for index, evaluation in _evaluate_chunk([item], context):
+                results[index] = evaluation
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    except KeyboardInterrupt:
+        if not stop.partial:
+            raise
+        return _stopped_early(results, "the sweep was interrupted")
+    return [r for r in results if r is not None]
 
-    def finish(why: str) -> list[Evaluation]:
-        note = Evaluation(stopped=True, reason=f"not evaluated: {why}")
-        return [note if r is None else r for r in results]
 
-    if progress is not None:
-        progress(0, total)  # the bar shows from the first moment
-    workers = min(workers, max(1, total // 8))
-    if workers == 1:
-        try:
-            for item in indexed:
-                if time.monotonic() > deadline:
-                    if partial:
-                        return finish(f"the sweep stopped at its {timeout_s:g} s deadline")
-                    raise _timed_out(timeout_s, done, total)
-                for index, evaluation in _evaluate_chunk([item], context):
-                    results[index] = evaluation
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-        except KeyboardInterrupt:
-            if not partial:
-                raise
-            return finish("the sweep was interrupted")
-        return [r for r in results if r is not None]
+def _evaluate_in_workers(
+    context: SweepContext,
+    indexed: list[tuple[int, Point]],
+    results: list[Evaluation | None],
+    stop: _Stopping,
+    workers: int,
+) -> list[Evaluation]:
+    """Evaluate the points in chunks on ``workers`` processes, into ``results``."""
+    total = len(results)
+    done = 0
     chunk_size = max(1, min(16, total // (workers * 32)))
     chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
-    # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
-    # memory) the executor fails every pending future at once, where a Pool would
-    # silently wait for the lost chunk until the deadline.
-    executor = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context(_start_method()),
-        initializer=_worker_init,
-        initargs=(context,),
-    )
+    executor = _executor(context, workers)
     try:
         futures = [executor.submit(_evaluate_chunk, chunk) for chunk in chunks]
         try:
-            for future in as_completed(futures, timeout=max(deadline - time.monotonic(), 0)):
+            timeout = max(stop.deadline - time.monotonic(), 0)
+            for future in as_completed(futures, timeout=timeout):
                 chunk_results = future.result()
                 for index, evaluation in chunk_results:
                     results[index] = evaluation
                 done += len(chunk_results)
-                if progress is not None:
-                    progress(done, total)
+                if stop.progress is not None:
+                    stop.progress(done, total)
         except FuturesTimeout:
             _terminate(executor)
-            if partial:
-                return finish(f"the sweep stopped at its {timeout_s:g} s deadline")
-            raise _timed_out(timeout_s, done, total) from None
+            if stop.partial:
+                return _stopped_early(
+                    results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
+                )
+            raise _timed_out(stop.timeout_s, done, total) from None
         except KeyboardInterrupt:
             _terminate(executor)
-            if not partial:
+            if not stop.partial:
                 raise
-            return finish("the sweep was interrupted")
+            return _stopped_early(results, "the sweep was interrupted")
         except BrokenProcessPool:
             raise PlanError(
                 f"a sweep worker process died (killed, or out of memory?) after {done} of "
@@ -846,6 +969,19 @@ def evaluate_points(
         _terminate(executor)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+def _executor(context: SweepContext, workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes, each holding ``context`` and ignoring Ctrl-C."""
+    # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
+    # memory) the executor fails every pending future at once, where a Pool would
+    # silently wait for the lost chunk until the deadline.
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context(_start_method()),
+        initializer=_worker_init,
+        initargs=(context,),
+    )
 
 
 def _terminate(executor: ProcessPoolExecutor) -> None:

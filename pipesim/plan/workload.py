@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from pipesim.costs import CostModel
+from pipesim.costs import CostModel, StageCost
 from pipesim.errors import ParseError, PlanError
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
@@ -176,18 +176,13 @@ def workload_from_costs(
     verify runs), ``seq_length`` (for tokens/s) and ``n_layers`` (how many
     times a single uniform ``stage`` entry repeats). Keyword arguments override.
 
-    >>> from pipesim.costs import CostModel
+    >>> from pipesim.costs import CostModel, StageCost
     >>> w = workload_from_costs(CostModel.uniform(forward=1, backward=2), repeat=4)
     >>> len(w.layers), w.layers[0].work == 3
     (4, True)
     """
     meta = dict(meta or {})
-    unit_name = meta.get("time_unit", costs.time_unit if costs.time_unit in TIME_UNITS else "s")
-    if unit_name not in TIME_UNITS:
-        raise ParseError(
-            f"{name}: meta.time_unit must be one of {', '.join(TIME_UNITS)}, got {unit_name!r}"
-        )
-    seconds = TIME_UNITS[unit_name]
+    seconds = _seconds_per_unit(costs, meta, name)
     b0 = microbatch_size if microbatch_size is not None else meta.get("microbatch_size", 1)
     if isinstance(b0, bool) or not isinstance(b0, int) or b0 < 1:
         raise ParseError(f"{name}: microbatch_size must be a whole number >= 1, got {b0!r}")
@@ -195,30 +190,8 @@ def workload_from_costs(
     if dtype not in DTYPE_BYTES:
         raise ParseError(f"{name}: meta.dtype must be one of {', '.join(DTYPE_BYTES)}")
     copies = repeat if repeat is not None else meta.get("n_layers")
-    stages = costs.stages
-    if copies is not None:
-        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-            raise ParseError(f"{name}: n_layers must be a whole number >= 1, got {copies!r}")
-        if len(stages) != 1:
-            raise PlanError(
-                f"{name}: n_layers repeats a single uniform 'stage' entry, but the file lists "
-                f"{len(stages)} stages; drop n_layers or give one entry"
-            )
-        stages = stages * copies
-    per_time = seconds / b0
-    layers = tuple(
-        Layer(
-            name=f"unit {i}",
-            forward=Fraction(cost.forward) * per_time,
-            backward=Fraction(cost.backward) * per_time,
-            input_grad=Fraction(cost.input_grad) * per_time,
-            weight_grad=Fraction(cost.weight_grad) * per_time,
-            activation_bytes=Fraction(cost.activation_bytes, b0),
-            weight_grad_bytes=Fraction(cost.weight_grad_bytes, b0),
-            params=cost.param_bytes // DTYPE_BYTES[dtype],
-        )
-        for i, cost in enumerate(stages)
-    )
+    stages = _repeated_stages(costs, copies, name)
+    layers = _unit_layers(stages, per_time=seconds / b0, b0=b0, param_bytes=DTYPE_BYTES[dtype])
     # the size rule reads meta.microbatch_size: the resolved one (given, meta or 1)
     measured = MeasuredCosts(
         costs=costs,
@@ -237,4 +210,51 @@ def workload_from_costs(
         seq_length=seq if isinstance(seq, int) and seq > 0 else None,
         flops_per_sequence=None,
         measured=measured,
+    )
+
+
+def _seconds_per_unit(costs: CostModel, meta: dict[str, Any], name: str) -> Fraction:
+    """Seconds per unit of the file's times: ``meta.time_unit``, else the cost model's own
+    unit when it has one, else seconds."""
+    unit_name = meta.get("time_unit", costs.time_unit if costs.time_unit in TIME_UNITS else "s")
+    if unit_name not in TIME_UNITS:
+        raise ParseError(
+            f"{name}: meta.time_unit must be one of {', '.join(TIME_UNITS)}, got {unit_name!r}"
+        )
+    return TIME_UNITS[unit_name]
+
+
+def _repeated_stages(costs: CostModel, copies: object, name: str) -> tuple[StageCost, ...]:
+    """The file's stages; with ``copies`` (``n_layers``), its single stage that many times."""
+    stages = costs.stages
+    if copies is not None:
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ParseError(f"{name}: n_layers must be a whole number >= 1, got {copies!r}")
+        if len(stages) != 1:
+            raise PlanError(
+                f"{name}: n_layers repeats a single uniform 'stage' entry, but the file lists "
+                f"{len(stages)} stages; drop n_layers or give one entry"
+            )
+        stages = stages * copies
+    return stages
+
+
+def _unit_layers(
+    stages: tuple[StageCost, ...], *, per_time: Fraction, b0: int, param_bytes: int
+) -> tuple[Layer, ...]:
+    """One layer per stage, its costs per sequence of a ``b0``-sequence measurement: times
+    by ``per_time`` (seconds per unit and sequence), bytes by ``b0``; parameters from
+    their bytes at ``param_bytes`` each."""
+    return tuple(
+        Layer(
+            name=f"unit {i}",
+            forward=Fraction(cost.forward) * per_time,
+            backward=Fraction(cost.backward) * per_time,
+            input_grad=Fraction(cost.input_grad) * per_time,
+            weight_grad=Fraction(cost.weight_grad) * per_time,
+            activation_bytes=Fraction(cost.activation_bytes, b0),
+            weight_grad_bytes=Fraction(cost.weight_grad_bytes, b0),
+            params=cost.param_bytes // param_bytes,
+        )
+        for i, cost in enumerate(stages)
     )
