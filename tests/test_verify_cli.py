@@ -146,8 +146,9 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys, monkeypatch) -> Non
     assert sorted(run) == ["0F", "0I", "0W", "1F", "1I", "1W"]
     assert all(len(run[key]) == 2 for key in run) and meta["compute_run_spread_pct"]["0F"] == 0
     costs = load_costs(costs_path)
-    assert statistics.median(run["1W"]) == costs.stage(1).weight_grad
-    assert statistics.median(run["0F"]) == costs.stage(0).forward
+    # (the fit keeps whole ns: a median between two samples may lose its half)
+    assert abs(statistics.median(run["1W"]) - costs.stage(1).weight_grad) <= 0.5
+    assert abs(statistics.median(run["0F"]) - costs.stage(0).forward) <= 0.5
     assert main(["simulate", str(path), "--costs", str(costs_path), "--json"]) == 0
     band = json.loads(capsys.readouterr().out)["band"]
     assert band["runs"] == 1 and band["low"] <= band["drawn"] <= band["high"]
