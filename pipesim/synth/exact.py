@@ -80,12 +80,33 @@ def solve_exact(
     >>> solve_exact(pb).bound  # rank 1 starts after one F, then 6 actions of work
     7
     """
+    cp_model = _import_cp_model()
+    _check_size(problem)
+    times = _ScaledTimes.of(problem)
+    top = times.to_int(horizon) if horizon is not None else times.serial_total(problem)
+    built = _build_model(cp_model, problem, times, top=top)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    began = time.perf_counter()
+    status = solver.solve(built.model)
+    wall = time.perf_counter() - began
+    return _solution(cp_model, problem, built, solver, status, wall_s=wall)
+
+
+def _import_cp_model() -> Any:
+    """OR-Tools' CP-SAT module, an optional dependency imported only when used."""
     try:
         from ortools.sat.python import cp_model
     except ImportError:
         raise PipesimError(
             "the exact solver needs OR-Tools: pip install 'pipesim[exact]' (or ortools)"
         ) from None
+    return cp_model
+
+
+def _check_size(problem: Problem) -> None:
+    """Refuse a problem of more than :data:`MAX_EXACT_ACTIONS` actions."""
     n_stages, m = problem.n_stages, problem.n_microbatches
     n_actions = 3 * n_stages * m
     if n_actions > MAX_EXACT_ACTIONS:
@@ -94,29 +115,90 @@ def solve_exact(
             f"this one has {n_actions} (3 x {n_stages} stages x {m} micro-batches); drop "
             "--exact or use fewer micro-batches"
         )
-    durations, delays_f, delays_i = _times(problem)
-    scale = math.lcm(
-        *(Fraction(t).denominator for t in (*durations.values(), *delays_f, *delays_i))
-    )
 
-    def scaled(t: Time) -> int:
-        value = Fraction(t) * scale
-        assert value.denominator == 1
-        return value.numerator
 
-    total = (
-        sum(scaled(d) for d in durations.values()) * m
-        + sum(map(scaled, (*delays_f, *delays_i))) * m
-    )
-    top = scaled(horizon) if horizon is not None else total
+#: ``(stage, op, micro-batch)``: one action of the model.
+_Key = tuple[int, Op, int]
+
+
+def _scaled(t: Time, scale: int) -> int:
+    """``t * scale``, which the common denominator makes whole."""
+    value = Fraction(t) * scale
+    assert value.denominator == 1
+    return value.numerator
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ScaledTimes:
+    """The problem's times (:func:`_times`) as the solver's integers: each multiplied by
+    ``scale``, the common denominator, exactly."""
+
+    scale: int
+    durations: dict[tuple[int, Op], int]
+    delays_f: list[int]
+    delays_i: list[int]
+
+    @classmethod
+    def of(cls, problem: Problem) -> _ScaledTimes:
+        durations, delays_f, delays_i = _times(problem)
+        scale = math.lcm(
+            *(Fraction(t).denominator for t in (*durations.values(), *delays_f, *delays_i))
+        )
+        return cls(
+            scale=scale,
+            durations={key: _scaled(d, scale) for key, d in durations.items()},
+            delays_f=[_scaled(t, scale) for t in delays_f],
+            delays_i=[_scaled(t, scale) for t in delays_i],
+        )
+
+    def to_int(self, t: Time) -> int:
+        return _scaled(t, self.scale)
+
+    def to_time(self, value: int) -> Time:
+        return _exact(Fraction(value, self.scale))
+
+    def serial_total(self, problem: Problem) -> int:
+        """Every action and message one after another: no schedule needs a longer horizon."""
+        m = problem.n_microbatches
+        return sum(self.durations.values()) * m + sum((*self.delays_f, *self.delays_i)) * m
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Model:
+    """The CP-SAT model and the variables its answer is read from."""
+
+    model: Any
+    start: dict[_Key, Any]
+    makespan: Any
+    top: int
+    """The horizon, scaled: every start and the makespan lie within ``[0, top]``."""
+    times: _ScaledTimes
+
+
+def _build_model(cp_model: Any, problem: Problem, times: _ScaledTimes, *, top: int) -> _Model:
+    """The module's model: intervals, data flow, memory, and the makespan to minimise."""
     model = cp_model.CpModel()
-    start: dict[tuple[int, Op, int], Any] = {}
-    end: dict[tuple[int, Op, int], Any] = {}
+    start, end = _intervals(model, problem, times, top=top)
+    _data_flow(model, problem, times, start, end)
+    _memory(model, problem, start, end)
+    makespan = model.new_int_var(0, top, "makespan")
+    model.add_max_equality(makespan, list(end.values()))
+    model.minimize(makespan)
+    return _Model(model=model, start=start, makespan=makespan, top=top, times=times)
+
+
+def _intervals(
+    model: Any, problem: Problem, times: _ScaledTimes, *, top: int
+) -> tuple[dict[_Key, Any], dict[_Key, Any]]:
+    """One interval per action on its stage's rank, none overlapping on a rank; the
+    starts and ends by action."""
+    start: dict[_Key, Any] = {}
+    end: dict[_Key, Any] = {}
     per_rank: list[list[Any]] = [[] for _ in range(problem.n_ranks)]
-    for s in range(n_stages):
+    for s in range(problem.n_stages):
         for op in _OPS:
-            d = scaled(durations[s, op])
-            for k in range(m):
+            d = times.durations[s, op]
+            for k in range(problem.n_microbatches):
                 key = (s, op, k)
                 start[key] = model.new_int_var(0, top, f"s{s}{op.value}{k}")
                 end[key] = start[key] + d
@@ -125,50 +207,59 @@ def solve_exact(
                 )
     for intervals in per_rank:
         model.add_no_overlap(intervals)
+    return start, end
+
+
+def _data_flow(
+    model: Any,
+    problem: Problem,
+    times: _ScaledTimes,
+    start: dict[_Key, Any],
+    end: dict[_Key, Any],
+) -> None:
+    """F after the previous stage's F and its message, I after F and the next stage's I
+    and its message, W after I; stage 0 takes the micro-batches in order (symmetry)."""
+    n_stages, m = problem.n_stages, problem.n_microbatches
     for s in range(n_stages):
         for k in range(m):
             if s > 0:
-                model.add(start[s, Op.F, k] >= end[s - 1, Op.F, k] + scaled(delays_f[s - 1]))
+                model.add(start[s, Op.F, k] >= end[s - 1, Op.F, k] + times.delays_f[s - 1])
             model.add(start[s, Op.I, k] >= end[s, Op.F, k])
             if s + 1 < n_stages:
-                model.add(start[s, Op.I, k] >= end[s + 1, Op.I, k] + scaled(delays_i[s]))
+                model.add(start[s, Op.I, k] >= end[s + 1, Op.I, k] + times.delays_i[s])
             model.add(start[s, Op.W, k] >= end[s, Op.I, k])
     for k in range(1, m):
         model.add(start[0, Op.F, k] >= end[0, Op.F, k - 1])
-    _memory(model, problem, start, end)
-    makespan = model.new_int_var(0, top, "makespan")
-    model.add_max_equality(makespan, list(end.values()))
-    model.minimize(makespan)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = workers
-    began = time.perf_counter()
-    status = solver.solve(model)
-    wall = time.perf_counter() - began
+
+
+def _solution(
+    cp_model: Any, problem: Problem, built: _Model, solver: Any, status: Any, *, wall_s: float
+) -> ExactSolution:
+    """What the solver's run found: the orders of its best solution, if any, and the bound."""
+    times = built.times
     name = solver.status_name(status)
-    bound = _exact(Fraction(math.ceil(solver.best_objective_bound - 1e-9), scale))
+    bound = times.to_time(math.ceil(solver.best_objective_bound - 1e-9))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # Infeasible within the horizon: nothing beats the horizon itself.
-        floor = _exact(Fraction(top, scale)) if status == cp_model.INFEASIBLE else 0
+        floor = times.to_time(built.top) if status == cp_model.INFEASIBLE else 0
         return ExactSolution(
             schedule=None,
             makespan=None,
             bound=max(bound, floor),
             optimal=False,
             status=name,
-            wall_s=wall,
+            wall_s=wall_s,
         )
-    values = {key: solver.value(var) for key, var in start.items()}
-    lengths = {key: scaled(d) for key, d in durations.items()}
-    schedule = _orders(problem, values, lengths)
-    objective = _exact(Fraction(solver.value(makespan), scale))
+    values = {key: solver.value(var) for key, var in built.start.items()}
+    schedule = _orders(problem, values, times.durations)
+    objective = times.to_time(solver.value(built.makespan))
     return ExactSolution(
         schedule=schedule,
         makespan=objective,
         bound=objective if status == cp_model.OPTIMAL else bound,
         optimal=status == cp_model.OPTIMAL,
         status=name,
-        wall_s=wall,
+        wall_s=wall_s,
     )
 
 

@@ -43,7 +43,7 @@ from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
 from pipesim.cost_tables import cost_tables
-from pipesim.costs import CostModel, require_eager
+from pipesim.costs import CostModel, StageCost, require_eager
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time, to_fraction
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
@@ -223,6 +223,37 @@ def make_problem(
     >>> v.placement
     (0, 1, 1, 0)
     """
+    _check_sizes(n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual)
+    stage_ranks = _stage_ranks(n_ranks, virtual=virtual, placement=placement, overlap_fb=overlap_fb)
+    costs = (costs or CostModel()).for_stages(len(stage_ranks))
+    require_eager(costs, evaluator="pipesim synth")
+    memory_costs = _memory_costs(costs)
+    limit = parse_memory_limit(memory_limit)
+    limit_bytes = tuple(
+        _rank_limit_bytes(
+            limit,
+            rank=rank,
+            held=[memory_costs.stage(s) for s, r in enumerate(stage_ranks) if r == rank],
+            costs_give_bytes=memory_costs is costs,
+        )
+        for rank in range(n_ranks)
+    )
+    return Problem(
+        n_ranks=n_ranks,
+        virtual=virtual,
+        placement=stage_ranks,
+        placement_name=placement,
+        n_microbatches=n_microbatches,
+        costs=costs,
+        memory_costs=memory_costs,
+        limit=limit,
+        limit_bytes=limit_bytes,
+        overlap_fb=overlap_fb,
+    )
+
+
+def _check_sizes(*, n_ranks: int, n_microbatches: int, virtual: int) -> None:
+    """Whole numbers >= 1 within the documented limits, before anything is built."""
     for name, value in (
         ("n_ranks", n_ranks),
         ("n_microbatches", n_microbatches),
@@ -230,8 +261,8 @@ def make_problem(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ScheduleError(f"{name} must be a whole number >= 1, got {brief(value)}")
-    # The documented limits, before anything is built: a synthesised schedule splits every
-    # backward into I and W, three actions per stage and micro-batch.
+    # A synthesised schedule splits every backward into I and W, three actions per stage
+    # and micro-batch.
     check_range(n_ranks, name="n_ranks", maximum=MAX_RANKS, limit="MAX_RANKS")
     check_range(
         n_microbatches, name="n_microbatches", maximum=MAX_MICROBATCHES, limit="MAX_MICROBATCHES"
@@ -242,6 +273,12 @@ def make_problem(
         what=f"a synthesised schedule of {n_ranks} ranks x {virtual} stages x "
         f"{n_microbatches} micro-batches",
     )
+
+
+def _stage_ranks(
+    n_ranks: int, *, virtual: int, placement: str, overlap_fb: bool
+) -> tuple[int, ...]:
+    """``placement``'s rank of each stage; F&B pairs need the v placement."""
     if placement not in PLACEMENTS:
         raise ScheduleError(
             f"unknown placement {placement!r}; valid placements are: {', '.join(PLACEMENTS)}"
@@ -252,55 +289,48 @@ def make_problem(
                 f"the v placement holds two stages per rank (rank r holds r and 2p-1-r), got "
                 f"virtual={virtual}; pass --virtual 2"
             )
-        stage_ranks = v_placement(n_ranks)
-    elif overlap_fb:
+        return v_placement(n_ranks)
+    if overlap_fb:
         raise ScheduleError(
             "overlapped F&B pairs join a forward of one chunk with a backward of the rank's "
             f"other chunk, which needs the v placement, got {placement!r}; pass --placement v "
             "--virtual 2, or drop --overlap-fb"
         )
-    else:
-        stage_ranks = tuple(stage % n_ranks for stage in range(n_ranks * virtual))
-    costs = (costs or CostModel()).for_stages(len(stage_ranks))
-    require_eager(costs, evaluator="pipesim synth")
-    memory_costs = costs
+    return tuple(stage % n_ranks for stage in range(n_ranks * virtual))
+
+
+def _memory_costs(costs: CostModel) -> CostModel:
+    """``costs``, or with 1-byte activations held from F to W when it gives none (so a
+    limit in micro-batches still means what it says)."""
     if all(s.activation_bytes == 0 for s in costs.stages):
-        memory_costs = replace(
+        return replace(
             costs,
             stages=tuple(replace(s, activation_bytes=1, weight_grad_bytes=1) for s in costs.stages),
         )
-    limit = parse_memory_limit(memory_limit)
-    per_rank = []
-    for rank in range(n_ranks):
-        held = [memory_costs.stage(s) for s, r in enumerate(stage_ranks) if r == rank]
-        one = sum(microbatch_peak(cost) for cost in held)
-        if limit.n_bytes is not None:
-            if memory_costs is not costs:
-                raise PipesimError(
-                    f"a memory limit in bytes ({limit}) needs activation bytes in the cost "
-                    "model; give --activation-bytes (and --weight-grad-bytes), or a limit in "
-                    "micro-batches"
-                )
-            allowed = limit.n_bytes
-        else:
-            assert limit.microbatches is not None
-            allowed = math.floor(limit.microbatches * one)
-        if allowed < one:
+    return costs
+
+
+def _rank_limit_bytes(
+    limit: MemoryLimit, *, rank: int, held: list[StageCost], costs_give_bytes: bool
+) -> int:
+    """The most activation bytes ``rank`` may hold, holding the stages ``held``; refused
+    below one micro-batch, or in bytes when the cost model gives none (``costs_give_bytes``)."""
+    one = sum(microbatch_peak(cost) for cost in held)
+    if limit.n_bytes is not None:
+        if not costs_give_bytes:
             raise PipesimError(
-                f"the memory limit {limit} is below one micro-batch (the most it holds) on rank "
-                f"{rank} ({one:,} bytes): no schedule fits; raise --memory-limit to at least "
-                "1 micro-batch"
+                f"a memory limit in bytes ({limit}) needs activation bytes in the cost "
+                "model; give --activation-bytes (and --weight-grad-bytes), or a limit in "
+                "micro-batches"
             )
-        per_rank.append(allowed)
-    return Problem(
-        n_ranks=n_ranks,
-        virtual=virtual,
-        placement=stage_ranks,
-        placement_name=placement,
-        n_microbatches=n_microbatches,
-        costs=costs,
-        memory_costs=memory_costs,
-        limit=limit,
-        limit_bytes=tuple(per_rank),
-        overlap_fb=overlap_fb,
-    )
+        allowed = limit.n_bytes
+    else:
+        assert limit.microbatches is not None
+        allowed = math.floor(limit.microbatches * one)
+    if allowed < one:
+        raise PipesimError(
+            f"the memory limit {limit} is below one micro-batch (the most it holds) on rank "
+            f"{rank} ({one:,} bytes): no schedule fits; raise --memory-limit to at least "
+            "1 micro-batch"
+        )
+    return allowed

@@ -35,7 +35,7 @@ from pipesim.exact import Time, as_number
 from pipesim.graph import validate
 from pipesim.memory import stage_effects, work_effect
 from pipesim.metrics import Metrics
-from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
+from pipesim.plan.fastsim import StepResult, compile_schedule, evaluate, metrics_of
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
 from pipesim.synth.bound import lower_bound, split_is_cheapest
@@ -161,6 +161,38 @@ def synthesize(
         placement=placement,
         overlap_fb=overlap_fb,
     )
+    pool = _candidate_pool(
+        problem,
+        exact=exact,
+        exact_time_limit_s=exact_time_limit_s,
+        builtins=builtins,
+        quick=quick,
+        progress=progress,
+    )
+    return _result(problem, pool, _choose(problem, pool.candidates))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pool:
+    """Every candidate tried, the best lower bound known, and whether the solver proved
+    its schedule optimal (in its model, which ignores link contention)."""
+
+    candidates: list[Candidate]
+    bound: Time
+    optimal: bool
+
+
+def _candidate_pool(
+    problem: Problem,
+    *,
+    exact: bool,
+    exact_time_limit_s: float,
+    builtins: bool,
+    quick: bool,
+    progress: Callable[[int, int], None] | None,
+) -> _Pool:
+    """The greedy policies', the built-ins' and the solver's candidates, each ticked off
+    on ``progress`` as it is done."""
     total = len(policies(problem, quick=quick))
     total += (len(schedule_names()) if builtins else 0) + (1 if exact else 0)
     tick = _Ticks(progress, total=total)
@@ -168,18 +200,44 @@ def synthesize(
     if builtins:
         candidates += builtin_candidates(problem, tick=tick)
     bound = lower_bound(problem)
-    optimal = False
-    if exact:
-        from pipesim.synth.exact import solve_exact
+    if not exact:
+        return _Pool(candidates=candidates, bound=bound, optimal=False)
+    pool = _with_exact(problem, candidates, bound=bound, time_limit_s=exact_time_limit_s)
+    tick()
+    return pool
 
-        best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
-        solution = solve_exact(problem, time_limit_s=exact_time_limit_s, horizon=best_so_far)
-        if split_is_cheapest(problem):  # the solver's bound covers B and F&B schedules too
-            bound = max(bound, solution.bound)
-        if solution.schedule is not None:
-            candidates.append(evaluate_candidate(problem, solution.schedule, name="exact"))
-        optimal = solution.optimal
-        tick()
+
+def _with_exact(
+    problem: Problem, candidates: list[Candidate], *, bound: Time, time_limit_s: float
+) -> _Pool:
+    """``candidates`` plus the solver's schedule, if it finds one within the fastest
+    fitting candidate's makespan, and the bound tightened by the solver's where it holds."""
+    from pipesim.synth.exact import solve_exact
+
+    best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
+    solution = solve_exact(problem, time_limit_s=time_limit_s, horizon=best_so_far)
+    if split_is_cheapest(problem):  # the solver's bound covers B and F&B schedules too
+        bound = max(bound, solution.bound)
+    if solution.schedule is not None:
+        candidates = [*candidates, evaluate_candidate(problem, solution.schedule, name="exact")]
+    return _Pool(candidates=candidates, bound=bound, optimal=solution.optimal)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Choice:
+    """The winner, its evaluation, and the candidates it was chosen from."""
+
+    best: Candidate
+    step: StepResult
+    """``best`` under the problem's costs (the exact evaluator)."""
+    candidates: list[Candidate]
+    fitting: list[Candidate]
+    """Those of ``candidates`` within the memory limit."""
+
+
+def _choose(problem: Problem, candidates: list[Candidate]) -> _Choice:
+    """The fastest candidate that fits (ties: less memory, then a synthesised one before a
+    built-in), checked against the exact evaluator."""
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         raise PipesimError(
@@ -188,8 +246,8 @@ def synthesize(
             "--memory-limit"
         )
     best = min(fitting, key=_rank)
-    result = evaluate(compile_schedule(best.schedule), problem.costs)
-    if result.makespan != best.makespan:
+    step = evaluate(compile_schedule(best.schedule), problem.costs)
+    if step.makespan != best.makespan:
         # The greedy's own run disagreed with the evaluator, which links_never_queue
         # should rule out: evaluate every candidate and choose again.
         candidates = [
@@ -200,13 +258,19 @@ def synthesize(
         ]
         fitting = [c for c in candidates if c.fits]
         best = min(fitting, key=_rank)
-        result = evaluate(compile_schedule(best.schedule), problem.costs)
+        step = evaluate(compile_schedule(best.schedule), problem.costs)
+    return _Choice(best=best, step=step, candidates=candidates, fitting=fitting)
+
+
+def _result(problem: Problem, pool: _Pool, choice: _Choice) -> SynthesisResult:
+    """The winner renamed ``synthesized``, its metrics, and the best built-in's."""
+    best = choice.best
     schedule = replace(best.schedule, name="synthesized")
     validate(schedule)
-    metrics = metrics_of(schedule, problem.costs, result)
-    if optimal:  # the solver's optimum ignores link contention: proven only if met here
-        optimal = metrics.makespan == bound
-    builtin = [c for c in fitting if c.builtin]
+    metrics = metrics_of(schedule, problem.costs, choice.step)
+    # The solver's optimum ignores link contention: proven only if met here.
+    optimal = pool.optimal and metrics.makespan == pool.bound
+    builtin = [c for c in choice.fitting if c.builtin]
     best_builtin = min(builtin, key=_rank) if builtin else None
     builtin_metrics = None
     if best_builtin is not None:
@@ -218,9 +282,9 @@ def synthesize(
         metrics=metrics,
         peak_activation_bytes=best.peak_activation_bytes,
         winner=best.name,
-        lower_bound=bound,
+        lower_bound=pool.bound,
         optimal=optimal,
-        candidates=tuple(candidates),
+        candidates=tuple(choice.candidates),
         best_builtin=best_builtin,
         best_builtin_metrics=builtin_metrics,
     )
