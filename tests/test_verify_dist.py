@@ -133,8 +133,14 @@ def test_cli_dist_reproduces_the_chapter(tmp_path: Path, capsys) -> None:  # typ
             str(trace_path),
         ]
     )
-    data = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
     assert status == 0 and data["bit_identical"] is True
+    # 2 ranks x this process's torch threads: warned on stderr exactly when they outnumber
+    # the CPUs (the 2-core CI machine with torch's default of 2 threads: warned)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shared = 2 * torch.get_num_threads() > (cpus or 1)
+    assert ("share cores" in captured.err) is shared
     assert data["param_bytes"] == [43_776, 38_800]
     assert data["transfer_bytes"] == [[3_072] * 4]  # 8 rows x 96 x 4 bytes
     # four equal micro-batches: the mean of the means is the chapter's full-batch mean
@@ -300,3 +306,15 @@ def test_sigterm_removes_the_temporary_folder_and_every_rank(models: str, tmp_pa
     time.sleep(0.5)
     assert processes_with(marker) == []
     assert b"Traceback" not in stderr
+
+
+def test_shared_cores_warns_only_when_rank_threads_outnumber_the_cpus() -> None:
+    from verify.launch import shared_cores
+
+    # by hand: ranks x threads against the CPUs
+    assert shared_cores(2, 1, cpus=2) is None  # 2 threads, 2 CPUs
+    assert shared_cores(4, 4, cpus=16) is None  # 16, 16
+    why = shared_cores(2, 2, cpus=2)  # 4 threads, 2 CPUs
+    assert why is not None and why.startswith("2 rank processes x 2 torch threads on 2 CPUs")
+    assert "OMP_NUM_THREADS=1" in why and "bit-identical" in why
+    assert shared_cores(3, 1, cpus=2) is not None  # more ranks than CPUs, one thread each

@@ -35,13 +35,38 @@ from verify.rank_status import (
     status_length,
 )
 
-__all__ = ["as_rank", "launch"]
+__all__ = ["as_rank", "launch", "shared_cores"]
 
 _POLL_S = 0.02
 """How often the launcher looks at the ranks' exit codes."""
 _GRACE_S = 1.0
 """After one rank fails, how long the others get to notice (their waits fail fast) and
 write what they saw, before they are killed."""
+
+
+def shared_cores(n_ranks: int, n_threads: int, /, *, cpus: int | None = None) -> str | None:
+    """Why timings of ``n_ranks`` rank processes with ``n_threads`` torch threads each
+    will run slow on ``cpus`` CPUs (default: those this process may use), or None.
+
+    The ranks take the launching process's thread count, so that they run the same
+    kernels and give the same bits; on a small machine that oversubscribes the cores.
+    Measured on the 2-core machine (6x512 GPT, 1F1B, p=2, m=8, ``--dist``, 3 runs each):
+    a step took 1.45-1.60 s with 2 threads per rank, 0.95-1.03 s with 1.
+
+    >>> shared_cores(2, 1, cpus=2) is None
+    True
+    >>> shared_cores(2, 2, cpus=2)[:62]
+    '2 rank processes x 2 torch threads on 2 CPUs share cores: meas'
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if not cpus or n_ranks * n_threads <= cpus:
+        return None
+    return (
+        f"{n_ranks} rank processes x {n_threads} torch threads on {cpus} CPUs share cores: "
+        "measured times (and --costs-out) run slow; for timings set OMP_NUM_THREADS=1 (as "
+        "pipesim calibrate's --threads 1 does); outputs stay bit-identical either way"
+    )
 
 
 def launch(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 import warnings
 from typing import Any
 
@@ -222,9 +223,19 @@ def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
             f"--dist runs CPU ranks with gloo; drop --device {args.devices}, run without --dist "
             "for CUDA devices in one process, or start the ranks with torchrun for NCCL"
         )
+    _warn_shared_cores(schedule.n_ranks)
     report = verify_distributed(schedule, **common)
     _print(args, report, schedule)
     return 0 if report.bit_identical else 1
+
+
+def _warn_shared_cores(n_ranks: int) -> None:
+    import torch
+
+    from verify.launch import shared_cores
+
+    if (why := shared_cores(n_ranks, torch.get_num_threads())) is not None:
+        print(f"pipesim verify --dist: {why}", file=sys.stderr)
 
 
 def _print(args: argparse.Namespace, report: Any, schedule: Any) -> None:
