@@ -71,7 +71,7 @@ from verify.fidelity import (
     measure_all,
     threads_per_rank,
 )
-from verify.launch import as_rank, launch
+from verify.launch import as_rank, launch, shared_cores
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -198,6 +198,7 @@ __all__ = [
     "schedule_accumulation_orders",
     "set_current_schedule",
     "set_state",
+    "shared_cores",
     "split_microbatches",
     "stage_bytes",
     "status_length",
