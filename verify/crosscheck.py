@@ -244,6 +244,7 @@ def _both(
                 first = (step % 2 == 0) == torch_first
                 for side in ("torch", "pipesim") if first else ("pipesim", "torch"):
                     runner = theirs if side == "torch" else ours
+                    results.pop(side, None)  # its memory free for this step (run_rank's rule)
                     results[side], wall_ns, cpu_ns = runner.timed_step()
                     walls[side].append(wall_ns)
                     cpu[side].append(cpu_ns)

@@ -90,6 +90,12 @@ def run_rank(
     walls, cpu = [], []
     with exact_settings(runner.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+            # Let go of the last step's tensors first, as a training loop's next step finds
+            # them gone: the step then reuses their memory instead of touching new pages.
+            # Held, they made the measured step fault in fresh pages (about 10 us each on a
+            # virtual machine): DualPipe's first F&B pairs took 190 ms instead of 87 (10,000
+            # faults each), its steps 13-23% longer than predicted (docs/fidelity.md).
+            result = {}
             result, wall_ns, cpu_ns = runner.timed_step()
             walls.append(wall_ns)
             cpu.append(cpu_ns)
@@ -379,3 +385,4 @@ def run_specs(
             set_current_schedule(status, world_size, index)
         result = run_rank(rank, spec, device=torch.device("cpu"), report=report)
         torch.save(result, Path(workdir) / f"rank{rank}-{index}.pt")
+        del result  # saved: the next schedule's steps reuse its memory (see run_rank)
