@@ -142,6 +142,9 @@ def _row(
         "spread_pct": spread,
         "error_pct": error,
         "excess_pct": max(abs(error) - spread / 2, 0.0),
+        # The most page faults a rank took in one measured step: first touches of memory
+        # inside the ops, which a steady training loop does not pay (verify.rank.run_rank).
+        "page_faults_max": max((f for f in got.page_faults if f is not None), default=None),
         "load": load,
         "busy": load > max_load,
     }
@@ -281,6 +284,7 @@ def _merge(rounds: list[Measurement], n: int) -> tuple[Measurement, ...]:
                 steps=tuple(step for got in found for step in got.steps),
                 makespans_ns=tuple(t for got in found for t in got.makespans_ns),
                 stage_bytes=found[-1].stage_bytes,
+                page_faults=tuple(f for got in found for f in got.page_faults),
             )
         )
     return tuple(merged)
@@ -594,6 +598,7 @@ def _summary(
         "runs_with_band": sum(len(r["runs_ms"]) for r in rows if r["band_ms"]),
         "busy_lines": len(busy),
         "load_average_end": os.getloadavg(),
+        "page_faults": _faults([*rows, *floor]),
     }
     summary["groups"] = _groups(rows)
     if json_out:
@@ -631,7 +636,27 @@ def _summary(
         "in sample (calibration schedule from its own file): "
         + ", ".join(f"{e:+.1f}%" for e in summary["in_sample_error_pct"])
     )
+    if summary["page_faults"] is not None:
+        faults = summary["page_faults"]
+        print(
+            f"page faults in a measured step, the most on one rank: median "
+            f"{faults['median']:,.0f} over the configurations, at most {faults['max']:,} "
+            f"({faults['where']})"
+        )
     return 0
+
+
+def _faults(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Over the configurations' ``page_faults_max``: the median, the most and where."""
+    counted = [r for r in rows if r.get("page_faults_max") is not None]
+    if not counted:
+        return None
+    worst = max(counted, key=lambda r: r["page_faults_max"])
+    return {
+        "median": statistics.median(r["page_faults_max"] for r in counted),
+        "max": worst["page_faults_max"],
+        "where": f"{worst['model']} {worst['schedule']} m={worst['m']}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

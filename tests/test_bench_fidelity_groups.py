@@ -62,3 +62,15 @@ def test_groups_split_sizes_and_the_grid_from_the_micro_batch_sizes() -> None:
         "(signed +10.0%); model error mean 0.5% max 0.5% (signed +0.5%)"
     )
     assert "drawn mean 4.0% max 6.0% (signed +2.0%)" in bench._group_line("g", grid)
+
+
+def test_page_faults_summary_is_the_median_and_the_worst_configuration() -> None:
+    bench = load_benchmark("bench_fidelity")
+    rows = [
+        {"model": "6x256", "schedule": "1f1b", "m": 4, "page_faults_max": 12},
+        {"model": "6x256", "schedule": "zbv", "m": 16, "page_faults_max": None},
+        {"model": "6x512", "schedule": "dualpipe", "m": 4, "page_faults_max": 3000},
+        {"model": "6x512", "schedule": "gpipe", "m": 16, "page_faults_max": 40},
+    ]
+    assert bench._faults(rows) == {"median": 40, "max": 3000, "where": "6x512 dualpipe m=4"}
+    assert bench._faults([rows[1]]) is None  # nothing counted: no line, no figure

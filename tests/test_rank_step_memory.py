@@ -75,3 +75,49 @@ def test_the_next_schedule_starts_after_the_last_ones_result_is_saved_and_releas
     assert _FakeRunner.earlier[0]() is None
     saved = torch.load(tmp_path / "rank0-0.pt")
     assert torch.equal(saved["grads"][0][0], torch.ones(1024))
+
+
+def test_each_steps_page_faults_are_the_counters_difference_around_it(
+    fake_runner: type[_FakeRunner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = iter([100, 130, 200, 260, 261, 261])  # before and after each of three steps
+    monkeypatch.setattr(rank_module, "minor_page_faults", lambda: next(counts))
+    result = run_rank(0, _spec(2), device=torch.device("cpu"))
+    assert result["step_page_faults"] == [30, 60, 0]
+
+
+def test_page_faults_are_none_where_the_platform_cannot_count_them(
+    fake_runner: type[_FakeRunner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rank_module, "minor_page_faults", lambda: None)
+    assert run_rank(0, _spec(1), device=torch.device("cpu"))["step_page_faults"] == [None, None]
+
+
+def test_this_process_counts_the_pages_it_touches_first() -> None:
+    before = rank_module.minor_page_faults()
+    block = torch.empty(64 << 20, dtype=torch.uint8)  # 64 MiB, mapped but not yet touched
+    block.fill_(1)  # every 4 KiB page touched once
+    after = rank_module.minor_page_faults()
+    assert before is not None and after is not None
+    # At least one fault per page touched: 16,384 pages of 4 KiB, or 32 if the kernel backs
+    # the block with 2 MiB huge pages (transparent huge pages set to "always").
+    assert after - before >= (64 << 20) // (2 << 20)
+
+
+def test_the_report_shows_the_measured_steps_page_faults_only_where_counted() -> None:
+    from dataclasses import replace
+
+    from pipesim.schedules import generate
+    from verify import verify
+    from verify.report import format_report
+
+    report = verify(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp", warmup=0)
+    assert report.page_faults is None  # one process: not counted
+    assert "page faults" not in format_report(report)
+    assert report.to_dict()["page_faults"] is None
+    quiet = format_report(replace(report, page_faults=(12, 0))).splitlines()[-1]
+    assert quiet == "page faults in the measured step, per rank: 12, 0"
+    noisy = format_report(replace(report, page_faults=(1_001, 3))).splitlines()[-1]
+    assert noisy.startswith("page faults in the measured step, per rank: 1,001, 3 (over 1,000")
+    assert noisy.endswith("raise --warmup")
+    assert replace(report, page_faults=(7, 8)).to_dict()["page_faults"] == [7, 8]

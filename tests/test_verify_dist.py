@@ -137,6 +137,10 @@ def test_cli_dist_reproduces_the_chapter(tmp_path: Path, capsys) -> None:  # typ
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert status == 0 and data["bit_identical"] is True
+    # With no warm-up the measured step is each fresh rank process's first: it must have
+    # touched new memory pages for its activations and gradients.
+    faults = data["page_faults"]
+    assert len(faults) == 2 and all(isinstance(f, int) and f > 0 for f in faults)
     # The CLI prints shared_cores' warning (its rule is tested by hand below) exactly when
     # it has one for 2 ranks x this process's torch threads (the 2-core CI machine with
     # torch's default of 2 threads: warned).

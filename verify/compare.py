@@ -392,6 +392,7 @@ def build_report(
         makespan_error_percent=timing.error_percent,
         costs=timing.costs,
         trace=timing.trace,
+        page_faults=run.page_faults,
         as_run=as_run,
     )
 

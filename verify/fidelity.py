@@ -81,6 +81,9 @@ class Measurement:
     """First compute start to last compute end of each step."""
     stage_bytes: tuple[Any, ...]
     """Per stage, the byte fields verify measured (a StageCost each)."""
+    page_faults: tuple[int | None, ...] = ()
+    """Per step, the most minor page faults a rank process took in it (None: not counted);
+    thousands mean its ops paid for first touches of memory (``VerifyReport.page_faults``)."""
 
     @property
     def median_ns(self) -> Time:
@@ -123,6 +126,7 @@ def measure_all(
         else [microbatch_size] * len(schedules)
     )
     steps: list[list[MeasuredStep]] = [[] for _ in schedules]
+    faults: list[list[int | None]] = [[] for _ in schedules]
     stage_bytes: list[tuple[Any, ...]] = [() for _ in schedules]
     with threads_per_rank(threads):
         for round_ in range(first_round, first_round + max(repeats, 1)):
@@ -149,6 +153,7 @@ def measure_all(
                         "model: " + "; ".join(report.mismatches[:3])
                     )
                 steps[k].append(MeasuredStep(schedule=schedule, trace=report.trace))
+                faults[k].append(max(report.page_faults) if report.page_faults else None)
                 stage_bytes[k] = report.costs.stages
             if on_round is not None:
                 on_round(round_ - first_round, time.perf_counter() - start)
@@ -158,8 +163,9 @@ def measure_all(
             steps=tuple(found),
             makespans_ns=tuple(measured_makespan(s.trace) for s in found),
             stage_bytes=sb,
+            page_faults=tuple(f),
         )
-        for schedule, found, sb in zip(schedules, steps, stage_bytes, strict=True)
+        for schedule, found, sb, f in zip(schedules, steps, stage_bytes, faults, strict=True)
     )
 
 

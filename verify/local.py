@@ -100,6 +100,9 @@ class LocalRun:
     """Per stage, the micro-batches in the order their parameter gradients were added."""
     wall_ns: int
     """Wall time of the whole run on the host."""
+    page_faults: tuple[int, ...] | None = None
+    """Per rank process, the minor page faults of the measured step; None where not
+    counted (every rank in one process, or a platform without ``resource``)."""
     grad_trace: tuple[tuple[tuple[str, tuple[Tensor | None, ...]], ...], ...] = ()
     """Per stage, after each B or W, the action and every parameter's gradient so far
     (before the final division); empty unless the run was asked to trace them."""

@@ -83,11 +83,12 @@ def run_rank(
 ) -> dict[str, Any]:
     """One rank's measured step (after ``spec.warmup`` untimed ones), in a process group
     that is already up; the result holds CPU tensors, and each step's wall and CPU time
-    (``step_wall_ns``, ``step_cpu_ns``, warm-ups first). ``report(state, value, peer)``
+    (``step_wall_ns``, ``step_cpu_ns``, warm-ups first) and minor page faults
+    (``step_page_faults``, None where not counted). ``report(state, value, peer)``
     hears what the rank is doing."""
     runner = RankRunner(rank, spec, device=device, report=report)
     result: dict[str, Any] = {}
-    walls, cpu = [], []
+    walls, cpu, faults = [], [], []
     with exact_settings(runner.layers, devices=[device]):
         for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
             # Let go of the last step's tensors first, as a training loop's next step finds
@@ -96,12 +97,26 @@ def run_rank(
             # virtual machine): DualPipe's first F&B pairs took 190 ms instead of 87 (10,000
             # faults each), its steps 13-23% longer than predicted (docs/fidelity.md).
             result = {}
+            before = minor_page_faults()
             result, wall_ns, cpu_ns = runner.timed_step()
+            after = minor_page_faults()
             walls.append(wall_ns)
             cpu.append(cpu_ns)
+            faults.append(None if before is None or after is None else after - before)
     result["step_wall_ns"] = walls
     result["step_cpu_ns"] = cpu
+    result["step_page_faults"] = faults
     return result
+
+
+def minor_page_faults() -> int | None:
+    """Minor page faults of this process so far (first touches of memory pages), or None
+    where the platform has no ``resource`` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 class RankRunner:

@@ -142,5 +142,15 @@ def assemble(
         activation_bytes=tuple(activation_bytes),
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
+        page_faults=_measured_step_faults(results),
         grad_trace=tuple(tuple(traced[s]) for s in range(schedule.n_stages)) if traced else (),
     )
+
+
+def _measured_step_faults(results: Sequence[dict[str, Any]]) -> tuple[int, ...] | None:
+    """Per rank, the page faults of its last (measured) step; None unless every rank
+    counted them."""
+    faults = [(r.get("step_page_faults") or [None])[-1] for r in results]
+    if not faults or any(f is None for f in faults):
+        return None
+    return tuple(int(f) for f in faults)

@@ -7,11 +7,13 @@
 ``predicted_makespan`` (seconds). ``grads_equal`` is null for a forward-only
 schedule (no gradients to compare). ``measured_trace`` is the measured step as a
 pipesim trace file's object (times in ns, :mod:`verify.measured`), which
-``pipesim plot --measured REPORT.json`` draws against its prediction.
+``pipesim plot --measured REPORT.json`` draws against its prediction. ``page_faults``
+is, per rank process, the minor page faults of the measured step (null in process).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ from pipesim.costs import CostModel, costs_to_dict
 from pipesim.schedule import Schedule
 from pipesim.trace import Trace
 
-__all__ = ["VerifyReport", "format_report"]
+__all__ = ["PAGE_FAULTS_NOTICED", "VerifyReport", "format_report", "page_faults_line"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -77,6 +79,11 @@ class VerifyReport:
     """The calibrated cost model (time unit: ns)."""
     trace: Trace
     """The measured trace (times in ns)."""
+    page_faults: tuple[int, ...] | None = None
+    """Per rank process, the minor page faults of the measured step (first touches of
+    memory pages; each costs microseconds inside the op that touches it, about 10 us on a
+    virtual machine); None where not counted (an in-process run). Thousands mean the
+    warm-up did not reach a steady state: raise ``--warmup``."""
     as_run: Schedule | None = None
     """The schedule as the executor ran it (ranks sharing a host thread or a CUDA device
     merged, see :func:`verify.calibrate.as_run_schedule`), whose simulation predicts the
@@ -135,4 +142,29 @@ def format_report(report: VerifyReport, /) -> str:
         f"{r.predicted_makespan * 1e3:.3f} ms ({r.makespan_error_percent:+.1f}%); "
         f"one device per rank would take {r.predicted_makespan_parallel * 1e3:.3f} ms"
     )
+    if r.page_faults is not None:
+        lines.append(page_faults_line(r.page_faults))
     return "\n".join(lines)
+
+
+#: Page faults of one rank's measured step above which ``format_report`` suggests more
+#: warm-up: about 10 ms of first touches at the ~10 us a fault costs on a virtual machine.
+PAGE_FAULTS_NOTICED = 1000
+
+
+def page_faults_line(faults: Sequence[int], /) -> str:
+    """The report's line on the measured step's page faults, with advice when many.
+
+    >>> page_faults_line((12, 0))
+    'page faults in the measured step, per rank: 12, 0'
+    >>> page_faults_line((12, 5000)).endswith("(over 1,000 on a rank: the step still touched "
+    ...     "new memory, which slows the ops that touch it); raise --warmup")
+    True
+    """
+    line = "page faults in the measured step, per rank: " + ", ".join(f"{f:,}" for f in faults)
+    if max(faults, default=0) > PAGE_FAULTS_NOTICED:
+        line += (
+            f" (over {PAGE_FAULTS_NOTICED:,} on a rank: the step still touched new "
+            "memory, which slows the ops that touch it); raise --warmup"
+        )
+    return line
