@@ -72,6 +72,11 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert data["stages"][1]["forward"] == round(sum(run["1F"]) / 2)
     assert data["stages"][0]["weight_grad"] == run["0W"][0]
     assert set(meta["compute_run_spread_pct"].values()) == {0.0}
+    # --warmup 0: the one measured step is its fresh processes' first, so it touched new
+    # memory pages; the file keeps the count and calibrate prints it.
+    (faults,) = meta["measured_step_page_faults"]
+    assert isinstance(faults, int) and faults > 0
+    assert f"page faults in the measured step, the most on one rank: {faults:,}" in text
     costs = costs_from_dict(data)
     assert costs.time_unit == "ns"
     assert all(s.forward > 0 and s.backward > 0 and s.weight_grad > 0 for s in costs.stages)

@@ -273,4 +273,7 @@ def fit_cut(
     # Each run's own compute times (fresh rank processes each): how far the runs spread,
     # and what pipesim.band.predict_band draws from.
     meta |= samples_meta(compute_samples(measured.steps))
+    # Per run, the most page faults a rank took in its measured step (None: not counted):
+    # thousands mean first touches of memory inflated the ops (VerifyReport.page_faults).
+    meta["measured_step_page_faults"] = list(measured.page_faults)
     return fit.costs, meta

@@ -242,6 +242,11 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
             f"  runs' medians spread (largest - smallest) / median: mean "
             f"{sum(spread.values()) / len(spread):.1f}%, widest {widest} {spread[widest]:.1f}%"
         )
+    faults = [f for f in meta.get("measured_step_page_faults", []) if f is not None]
+    if faults:
+        from verify.report import page_faults_line  # calibrating needed torch already
+
+        print("  " + page_faults_line([max(faults)]).replace("per rank", "the most on one rank"))
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
     print(f"wrote {path}")
