@@ -85,7 +85,15 @@ from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, measured_step_dict, write_measured_trace
 from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
 from verify.partition import param_bytes, partition
-from verify.rank import RankRunner, RankSpec, message_shapes, prepare_spec, run_rank, run_specs
+from verify.rank import (
+    RankRunner,
+    RankSpec,
+    message_shapes,
+    minor_page_faults,
+    prepare_spec,
+    run_rank,
+    run_specs,
+)
 from verify.rank_results import assemble, locate_from_results, report_from_results
 from verify.rank_status import (
     COMPUTING,
@@ -99,7 +107,7 @@ from verify.rank_status import (
     set_state,
     status_length,
 )
-from verify.report import VerifyReport, format_report
+from verify.report import PAGE_FAULTS_NOTICED, VerifyReport, format_report, page_faults_line
 from verify.runtime import SavedBytes, StageRuntime
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
@@ -120,6 +128,7 @@ __all__ = [
     "FINISHED",
     "HEADER_LENGTH",
     "MODEL_NAMES",
+    "PAGE_FAULTS_NOTICED",
     "STARTING",
     "WAITING",
     "ActionTiming",
@@ -184,7 +193,9 @@ __all__ = [
     "measured_step_dict",
     "measured_trace",
     "message_shapes",
+    "minor_page_faults",
     "mlp",
+    "page_faults_line",
     "param_bytes",
     "parse_devices",
     "partition",

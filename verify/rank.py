@@ -44,7 +44,15 @@ from verify.runtime import StageRuntime
 from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
-__all__ = ["RankRunner", "RankSpec", "message_shapes", "prepare_spec", "run_rank", "run_specs"]
+__all__ = [
+    "RankRunner",
+    "RankSpec",
+    "message_shapes",
+    "minor_page_faults",
+    "prepare_spec",
+    "run_rank",
+    "run_specs",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
