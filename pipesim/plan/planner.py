@@ -660,28 +660,14 @@ def _plan_point(
     if evaluation.reason is not None:
         return replace(base, reason=evaluation.reason, evaluated=not evaluation.stopped)
     step_ns = evaluation.makespan_ns + evaluation.allreduce_ns
-    seconds = step_ns / 1e9
+    tokens, mfu = _throughput(
+        step_ns,
+        workload=workload,
+        accelerator=accelerator,
+        devices=devices,
+        global_batch=global_batch,
+    )
     fits = evaluation.peak_memory_bytes <= usable
-    tokens = None
-    if workload.seq_length is not None and step_ns:
-        tokens = global_batch * workload.seq_length / seconds
-    mfu = None
-    if workload.flops_per_sequence is not None and step_ns:
-        mfu = (
-            workload.flops_per_sequence
-            * global_batch
-            / (seconds * devices * accelerator.peak_flops)
-        )
-    reason = None
-    if not fits:
-        peak = evaluation.peak_memory_bytes
-        digits = _digits_apart(peak, usable)
-        reason = (
-            f"needs {format_bytes(peak, digits=digits)} per device "
-            f"({format_bytes(evaluation.static_bytes)} params, grads and optimizer + "
-            f"{format_bytes(evaluation.activation_bytes)} activations) > "
-            f"{format_bytes(usable, digits=digits)} usable"
-        )
     return replace(
         base,
         n_stages=evaluation.n_stages,
@@ -700,7 +686,43 @@ def _plan_point(
         static_memory_bytes=evaluation.static_bytes,
         peak_activation_bytes=evaluation.activation_bytes,
         fits=fits,
-        reason=reason,
+        reason=None if fits else _memory_reason(evaluation, usable),
+    )
+
+
+def _throughput(
+    step_ns: float,
+    *,
+    workload: Workload,
+    accelerator: Accelerator,
+    devices: int,
+    global_batch: int,
+) -> tuple[float | None, float | None]:
+    """Tokens per second and model FLOPs utilisation of a step of ``step_ns``; None where
+    the workload lacks the sequence length or FLOPs per sequence (or the step is 0)."""
+    seconds = step_ns / 1e9
+    tokens = None
+    if workload.seq_length is not None and step_ns:
+        tokens = global_batch * workload.seq_length / seconds
+    mfu = None
+    if workload.flops_per_sequence is not None and step_ns:
+        mfu = (
+            workload.flops_per_sequence
+            * global_batch
+            / (seconds * devices * accelerator.peak_flops)
+        )
+    return tokens, mfu
+
+
+def _memory_reason(evaluation: Evaluation, usable: int) -> str:
+    """Why a point does not fit: its peak per device, split, against ``usable``."""
+    peak = evaluation.peak_memory_bytes
+    digits = _digits_apart(peak, usable)
+    return (
+        f"needs {format_bytes(peak, digits=digits)} per device "
+        f"({format_bytes(evaluation.static_bytes)} params, grads and optimizer + "
+        f"{format_bytes(evaluation.activation_bytes)} activations) > "
+        f"{format_bytes(usable, digits=digits)} usable"
     )
 
 

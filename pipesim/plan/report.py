@@ -152,18 +152,7 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
     if pareto_more:
         lines += ["", "more of the Pareto front (step time vs memory):"]
         lines += rows[len(shown) :]
-    groups: dict[str, list[str]] = {}
-    for point in infeasible:
-        text = (point.reason or "?").split(";")[0]
-        # one line per kind of reason: the same rule with other numbers is the same kind
-        groups.setdefault(re.sub(r"(?<![\w'-])\d+", "#", text), []).append(text)
-    if groups:
-        lines += ["", f"{len(infeasible)} configurations not simulated, for example:"]
-        ranked = sorted(groups.values(), key=lambda texts: -len(texts))
-        for texts in ranked[:8]:
-            lines.append(f"  {len(texts):5d} x {texts[0]}")
-        if len(ranked) > 8:
-            lines.append(f"  ... and {len(ranked) - 8} more kinds (see --json or --csv)")
+    lines += _not_simulated(infeasible)
     if result.n_duplicates:
         lines += [
             "",
@@ -171,23 +160,46 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
             "orders and costs, e.g. interleaved-1f1b with v=1 is 1f1b) are not repeated",
         ]
     lines += ["", "winner: " + explain(result)]
-    best = result.recommended
-    if best is not None:
-        from pipesim.plan.frameworks import megatron_args, torchtitan_args
+    return "\n".join(lines + _winner_lines(result))
 
-        parts = best.parts_s() or {}
-        lines += [
-            "",
-            "iteration (s): "
-            + ", ".join(
-                f"{name} {parts[name]:.3g}"
-                for name in ("pipeline", "tp_comm", "bubble", "dp_comm", "optimizer", "step")
-            )
-            + " (tp_comm and bubble are inside pipeline)",
-            "Megatron-LM: " + megatron_args(result, best),
-            "torchtitan:  " + torchtitan_args(result, best),
-        ]
-    return "\n".join(lines)
+
+def _not_simulated(infeasible: Sequence[PlanPoint]) -> list[str]:
+    """Up to 8 kinds of reason a configuration was not simulated, most frequent first."""
+    groups: dict[str, list[str]] = {}
+    for point in infeasible:
+        text = (point.reason or "?").split(";")[0]
+        # one line per kind of reason: the same rule with other numbers is the same kind
+        groups.setdefault(re.sub(r"(?<![\w'-])\d+", "#", text), []).append(text)
+    if not groups:
+        return []
+    lines = ["", f"{len(infeasible)} configurations not simulated, for example:"]
+    ranked = sorted(groups.values(), key=lambda texts: -len(texts))
+    for texts in ranked[:8]:
+        lines.append(f"  {len(texts):5d} x {texts[0]}")
+    if len(ranked) > 8:
+        lines.append(f"  ... and {len(ranked) - 8} more kinds (see --json or --csv)")
+    return lines
+
+
+def _winner_lines(result: PlanResult) -> list[str]:
+    """The recommended point's iteration breakdown and its framework arguments."""
+    best = result.recommended
+    if best is None:
+        return []
+    from pipesim.plan.frameworks import megatron_args, torchtitan_args
+
+    parts = best.parts_s() or {}
+    return [
+        "",
+        "iteration (s): "
+        + ", ".join(
+            f"{name} {parts[name]:.3g}"
+            for name in ("pipeline", "tp_comm", "bubble", "dp_comm", "optimizer", "step")
+        )
+        + " (tp_comm and bubble are inside pipeline)",
+        "Megatron-LM: " + megatron_args(result, best),
+        "torchtitan:  " + torchtitan_args(result, best),
+    ]
 
 
 _CSV_FIELDS = (

@@ -272,40 +272,59 @@ def bar_traces(
         _fill_idle(sim, factor, columns.setdefault(("idle", 0), _Columns()))
     # White outlines separate neighbouring bars, but on crowded rows they wash the colour out.
     outline = 0.5 if len(sim.trace.actions) <= 64 * sim.trace.n_ranks else 0.0
-    bars = []
-    for kind, chunk in sorted(columns, key=lambda key: (BAR_KINDS.index(key[0]), key[1])):
-        col = columns[(kind, chunk)]
-        if not col.y:
-            continue
-        chunked = n_chunks > 1 and kind not in ("transfer", "idle")
-        name = OP_NAMES[kind] + (f", chunk {chunk}" if chunked else "")
-        template = {"transfer": _TRANSFER_HOVER, "idle": _IDLE_HOVER, "overlap": _OVERLAP_HOVER}
-        hover = template.get(kind, _ACTION_HOVER).replace("{unit}", suffix)
-        hover = hover.replace("{chunk}", f" (chunk {chunk} of its rank)" if chunked else "")
-        bars.append(
-            go.Bar(
-                orientation="h",
-                y=col.y,
-                base=col.base,
-                x=col.x,
-                width=0.8,
-                name=name,
-                legendgroup=kind,
-                showlegend=showlegend,
-                marker={
-                    "color": shade(OP_COLORS[kind], chunk, n_chunks),
-                    "line": {"width": outline if kind != "idle" else 0.0, "color": "white"},
-                },
-                text=col.text if kind != "idle" else None,
-                textposition="inside" if kind != "idle" else "none",
-                insidetextanchor="middle",
-                textangle=0,
-                textfont={"color": "white" if kind != "idle" else "#444444"},
-                customdata=col.customdata,
-                hovertemplate=hover,
-            )
+    order = sorted(columns, key=lambda key: (BAR_KINDS.index(key[0]), key[1]))
+    return [
+        _bar(
+            kind,
+            chunk,
+            columns[(kind, chunk)],
+            n_chunks=n_chunks,
+            suffix=suffix,
+            outline=outline,
+            showlegend=showlegend,
         )
-    return bars
+        for kind, chunk in order
+        if columns[(kind, chunk)].y
+    ]
+
+
+def _bar(
+    kind: str,
+    chunk: int,
+    col: _Columns,
+    *,
+    n_chunks: int,
+    suffix: str,
+    outline: float,
+    showlegend: bool,
+) -> go.Bar:
+    """The bar trace of one kind (and chunk) from its ``col``umns."""
+    chunked = n_chunks > 1 and kind not in ("transfer", "idle")
+    name = OP_NAMES[kind] + (f", chunk {chunk}" if chunked else "")
+    template = {"transfer": _TRANSFER_HOVER, "idle": _IDLE_HOVER, "overlap": _OVERLAP_HOVER}
+    hover = template.get(kind, _ACTION_HOVER).replace("{unit}", suffix)
+    hover = hover.replace("{chunk}", f" (chunk {chunk} of its rank)" if chunked else "")
+    return go.Bar(
+        orientation="h",
+        y=col.y,
+        base=col.base,
+        x=col.x,
+        width=0.8,
+        name=name,
+        legendgroup=kind,
+        showlegend=showlegend,
+        marker={
+            "color": shade(OP_COLORS[kind], chunk, n_chunks),
+            "line": {"width": outline if kind != "idle" else 0.0, "color": "white"},
+        },
+        text=col.text if kind != "idle" else None,
+        textposition="inside" if kind != "idle" else "none",
+        insidetextanchor="middle",
+        textangle=0,
+        textfont={"color": "white" if kind != "idle" else "#444444"},
+        customdata=col.customdata,
+        hovertemplate=hover,
+    )
 
 
 def default_label(step: Viewable, /, *, schedule: Schedule | None = None) -> str:
