@@ -71,7 +71,7 @@ from verify.fidelity import (
     measure_all,
     threads_per_rank,
 )
-from verify.launch import as_rank, launch, shared_cores
+from verify.launch import PIN_ENV, as_rank, launch, rank_cpus, shared_cores
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -129,6 +129,7 @@ __all__ = [
     "HEADER_LENGTH",
     "MODEL_NAMES",
     "PAGE_FAULTS_NOTICED",
+    "PIN_ENV",
     "STARTING",
     "WAITING",
     "ActionTiming",
@@ -200,6 +201,7 @@ __all__ = [
     "parse_devices",
     "partition",
     "prepare_spec",
+    "rank_cpus",
     "reference_run",
     "report_from_results",
     "run_rank",

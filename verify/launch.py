@@ -35,7 +35,7 @@ from verify.rank_status import (
     status_length,
 )
 
-__all__ = ["as_rank", "launch", "shared_cores"]
+__all__ = ["PIN_ENV", "as_rank", "launch", "rank_cpus", "shared_cores"]
 
 _POLL_S = 0.02
 """How often the launcher looks at the ranks' exit codes."""
@@ -67,6 +67,45 @@ def shared_cores(n_ranks: int, n_threads: int, /, *, cpus: int | None = None) ->
         "measured times (and --costs-out) run slow; for timings set OMP_NUM_THREADS=1 (as "
         "pipesim calibrate's --threads 1 does); outputs stay bit-identical either way"
     )
+
+
+#: ``0`` leaves the rank processes pipesim starts wherever the OS schedules them.
+PIN_ENV = "PIPESIM_PIN_RANKS"
+
+
+def rank_cpus(rank: int, n_ranks: int, n_threads: int, /, cpus: Sequence[int]) -> set[int] | None:
+    """The CPUs rank ``rank`` of ``n_ranks`` keeps to, ``n_threads`` of ``cpus`` (those the
+    launcher may use) of its own; None when the ranks do not fit (they share cores anyway,
+    see :func:`shared_cores`).
+
+    Why: left to the OS, two busy rank processes sometimes share one core for a while,
+    and the step they measure is then slower than their ops calibrated. On the 2-core
+    machine (``bench_fidelity.py --sizes 6x256 --scale-sizes none``, two pairs of runs,
+    alternated, 2026-12-01 11:23-11:35 UTC) pinned ranks gave a model error of 2.1% and
+    1.4% mean (11.3% and 6.1% max) against 3.8% and 3.2% (16.8% and 15.4%) unpinned, and
+    a prediction error of 4.7% and 3.5% against 6.2% and 5.2%. torchrun-style launchers
+    do the same (one core set per local rank).
+
+    >>> rank_cpus(1, 2, 1, cpus=[0, 1]), rank_cpus(1, 2, 2, cpus=[0, 1, 2, 3, 4])
+    ({1}, {2, 3})
+    >>> rank_cpus(0, 2, 2, cpus=[0, 1]) is None
+    True
+    """
+    if n_ranks * n_threads > len(cpus):
+        return None
+    ordered = sorted(cpus)
+    return set(ordered[rank * n_threads : (rank + 1) * n_threads])
+
+
+def _pin(rank: int, n_ranks: int, n_threads: int) -> None:
+    """Keep this rank process (and the threads it starts from now on: gloo's) to its own
+    CPUs (:func:`rank_cpus`), unless ``$PIPESIM_PIN_RANKS`` is ``0`` or the platform
+    cannot (no ``sched_setaffinity``: macOS, Windows)."""
+    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return
+    mine = rank_cpus(rank, n_ranks, n_threads, cpus=sorted(os.sched_getaffinity(0)))
+    if mine is not None:
+        os.sched_setaffinity(0, mine)
 
 
 def launch(
@@ -157,6 +196,7 @@ def as_rank(
     try:
         torch.set_num_threads(specs[0].n_threads)  # the parent's count: same kernels, same bits
         configure_allocator()  # $PIPESIM_CPU_ALLOCATOR: see verify.allocator
+        _pin(rank, world_size, specs[0].n_threads)  # before gloo starts its threads
         dist.init_process_group(
             "gloo",
             init_method=f"file://{workdir}/rendezvous",
