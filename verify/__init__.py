@@ -38,6 +38,7 @@ from verify.allocator import (
     DEFAULT_ALLOCATOR_MODE,
     allocator_mode,
     configure_allocator,
+    minor_page_faults,
 )
 from verify.calibrate import (
     as_run_schedule,

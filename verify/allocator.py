@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_ALLOCATOR_MODE",
     "allocator_mode",
     "configure_allocator",
+    "minor_page_faults",
 ]
 
 ALLOCATOR_ENV = "PIPESIM_CPU_ALLOCATOR"
@@ -111,3 +112,15 @@ def _glibc() -> ctypes.CDLL | None:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def minor_page_faults() -> int | None:
+    """Minor page faults of this process so far: first touches of memory pages, which the
+    kernel zeroes inside whatever op touches them (what ``retain`` avoids, and what a step
+    that still grows its memory pays); None where the platform has no ``resource`` module
+    (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)

@@ -36,6 +36,7 @@ from pipesim.comms import Comm, Message, lower_comms, messages
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
 from pipesim.structure import step_structure
+from verify.allocator import minor_page_faults
 from verify.compare import build_stages, split_microbatches
 from verify.exactness import exact_settings
 from verify.models import VerifyModel, load_model
@@ -48,7 +49,6 @@ __all__ = [
     "RankRunner",
     "RankSpec",
     "message_shapes",
-    "minor_page_faults",
     "prepare_spec",
     "run_rank",
     "run_specs",
@@ -115,16 +115,6 @@ def run_rank(
     result["step_cpu_ns"] = cpu
     result["step_page_faults"] = faults
     return result
-
-
-def minor_page_faults() -> int | None:
-    """Minor page faults of this process so far (first touches of memory pages), or None
-    where the platform has no ``resource`` module (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 class RankRunner:

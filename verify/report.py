@@ -152,8 +152,9 @@ def format_report(report: VerifyReport, /) -> str:
 PAGE_FAULTS_NOTICED = 1000
 
 
-def page_faults_line(faults: Sequence[int], /) -> str:
-    """The report's line on the measured step's page faults, with advice when many.
+def page_faults_line(faults: Sequence[int], /, *, label: str = "per rank") -> str:
+    """The report's line on the measured step's page faults (``label`` says whose), with
+    advice when many.
 
     >>> page_faults_line((12, 0))
     'page faults in the measured step, per rank: 12, 0'
@@ -161,7 +162,7 @@ def page_faults_line(faults: Sequence[int], /) -> str:
     ...     "new memory, which slows the ops that touch it); raise --warmup")
     True
     """
-    line = "page faults in the measured step, per rank: " + ", ".join(f"{f:,}" for f in faults)
+    line = f"page faults in the measured step, {label}: " + ", ".join(f"{f:,}" for f in faults)
     if max(faults, default=0) > PAGE_FAULTS_NOTICED:
         line += (
             f" (over {PAGE_FAULTS_NOTICED:,} on a rank: the step still touched new "

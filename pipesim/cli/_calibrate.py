@@ -246,7 +246,7 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
     if faults:
         from verify.report import page_faults_line  # calibrating needed torch already
 
-        print("  " + page_faults_line([max(faults)]).replace("per rank", "the most on one rank"))
+        print("  " + page_faults_line([max(faults)], label="the most on one rank"))
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
     print(f"wrote {path}")
