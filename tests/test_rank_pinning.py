@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from pipesim.schedules import generate
-from verify.launch import PIN_ENV, as_rank, launch, rank_cpus
+from verify.errors import VerifyError
+from verify.launch import PIN_ENV, as_rank, launch, pin_ranks, rank_cpus
 from verify.rank import RankSpec
 
 pytestmark = pytest.mark.skipif(
@@ -64,3 +65,24 @@ def test_rank_cpus_gives_consecutive_blocks_by_hand() -> None:
     assert rank_cpus(0, 3, 2, cpus=[7, 1, 3, 5, 2, 9]) == {1, 2}
     assert rank_cpus(2, 3, 2, cpus=[7, 1, 3, 5, 2, 9]) == {7, 9}
     assert rank_cpus(0, 4, 1, cpus=[0, 1, 2]) is None
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "off"])
+def test_a_bad_pin_value_is_refused_once_by_the_launcher_naming_it(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipesim.cli import main
+
+    monkeypatch.setenv(PIN_ENV, value)
+    with pytest.raises(VerifyError, match=rf"PIPESIM_PIN_RANKS='{value}' is neither 0 nor 1"):
+        pin_ranks()
+    assert main(["verify", "1f1b", "-p", "2", "-m", "2", "--dist", "--timeout", "60"]) == 2
+    err = capsys.readouterr().err
+    # once, from the launcher: no rank started to fail with it
+    assert err.count(f"PIPESIM_PIN_RANKS='{value}'") == 1 and "rank 0" not in err
+
+
+@pytest.mark.parametrize(("value", "pinned"), [("", True), (" 1 ", True), ("0", False)])
+def test_pin_values(value: str, pinned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PIN_ENV, value)
+    assert pin_ranks() is pinned

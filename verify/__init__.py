@@ -72,7 +72,7 @@ from verify.fidelity import (
     measure_all,
     threads_per_rank,
 )
-from verify.launch import PIN_ENV, as_rank, launch, rank_cpus, shared_cores
+from verify.launch import PIN_ENV, as_rank, launch, pin_ranks, rank_cpus, shared_cores
 from verify.local import (
     ActionTiming,
     LocalRun,
@@ -90,7 +90,6 @@ from verify.rank import (
     RankRunner,
     RankSpec,
     message_shapes,
-    minor_page_faults,
     prepare_spec,
     run_rank,
     run_specs,
@@ -201,6 +200,7 @@ __all__ = [
     "param_bytes",
     "parse_devices",
     "partition",
+    "pin_ranks",
     "prepare_spec",
     "rank_cpus",
     "reference_run",

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from pipesim.schedule import Schedule
 from verify.allocator import allocator_mode, configure_allocator
-from verify.errors import RunFailedError
+from verify.errors import RunFailedError, VerifyError
 from verify.rank import RankSpec, run_specs
 from verify.rank_status import (
     current_schedule,
@@ -35,7 +35,7 @@ from verify.rank_status import (
     status_length,
 )
 
-__all__ = ["PIN_ENV", "as_rank", "launch", "rank_cpus", "shared_cores"]
+__all__ = ["PIN_ENV", "as_rank", "launch", "pin_ranks", "rank_cpus", "shared_cores"]
 
 _POLL_S = 0.02
 """How often the launcher looks at the ranks' exit codes."""
@@ -97,11 +97,29 @@ def rank_cpus(rank: int, n_ranks: int, n_threads: int, /, cpus: Sequence[int]) -
     return set(ordered[rank * n_threads : (rank + 1) * n_threads])
 
 
+def pin_ranks() -> bool:
+    """Whether rank processes keep to CPUs of their own: ``$PIPESIM_PIN_RANKS`` is ``1``
+    (the default, also when unset or empty) or ``0``; anything else is refused.
+
+    >>> import os
+    >>> os.environ.pop(PIN_ENV, None) and None
+    >>> pin_ranks()
+    True
+    """
+    value = os.environ.get(PIN_ENV, "").strip() or "1"
+    if value not in ("0", "1"):
+        raise VerifyError(
+            f"{PIN_ENV}={os.environ[PIN_ENV]!r} is neither 0 nor 1; use 1 (or leave it unset) "
+            "to keep each rank process to CPUs of its own, 0 to let the OS place them"
+        )
+    return value == "1"
+
+
 def _pin(rank: int, n_ranks: int, n_threads: int) -> None:
     """Keep this rank process (and the threads it starts from now on: gloo's) to its own
-    CPUs (:func:`rank_cpus`), unless ``$PIPESIM_PIN_RANKS`` is ``0`` or the platform
+    CPUs (:func:`rank_cpus`), unless :func:`pin_ranks` says not to or the platform
     cannot (no ``sched_setaffinity``: macOS, Windows)."""
-    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    if not pin_ranks() or not hasattr(os, "sched_setaffinity"):
         return
     mine = rank_cpus(rank, n_ranks, n_threads, cpus=sorted(os.sched_getaffinity(0)))
     if mine is not None:
@@ -122,6 +140,7 @@ def launch(
     what."""
     target = _verify_worker if target is None else target
     allocator_mode()  # a bad $PIPESIM_CPU_ALLOCATOR is refused here, not once per rank
+    pin_ranks()  # and a bad $PIPESIM_PIN_RANKS
     n_ranks = schedules[0].n_ranks
     context = multiprocessing.get_context("spawn")
     status = context.Array("q", status_length(n_ranks), lock=False)
