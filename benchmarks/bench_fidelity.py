@@ -9,12 +9,16 @@ gloo, ``--threads`` intra-op threads per rank, one warm-up step each), in rounds
 (``verify.fidelity.measure_all``): a round runs all of them, one after the other, in
 one fresh pair of rank processes, each round in its own seeded order, so every
 configuration is measured once per process pair and the process start-up is paid
-once per round, not once per run.
+once per round, not once per run. The first schedule of a round runs
+``verify.fidelity.BURN_IN`` untimed steps more than the others: fresh processes fault
+in new memory pages for a few steps.
 
 1. Calibration: the mixed-backward calibration schedule (1F1B with odd
    micro-batches' backward split into I + W; no registered family) at p=2, m=4,
    once per cut (2 stages, and 4 for the schedules with two stages per rank).
-   ``verify.fidelity.fit_cut`` makes one cost file per cut.
+   ``verify.fidelity.fit_cut`` makes one cost file per cut from all its runs: it runs
+   ``--calibration-copies`` times (default 3) in every round, each at its own place,
+   so the file does not rest on one slow spell of the machine.
 2. Grid: every registered family at p=2, for m in ``--microbatches`` (default 4
    and 16: up to 4x), predicted from the cost files alone
    (``pipesim.calibration.predict``: the simulated step as the executor times it).
@@ -83,7 +87,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from pipesim.schedules import generate, get_spec, schedule_names
 from verify.allocator import ALLOCATOR_ENV, ALLOCATOR_MODES, allocator_mode
-from verify.fidelity import Measurement, fit_cut, measure, measure_all
+from verify.fidelity import BURN_IN, Measurement, fit_cut, measure, measure_all
 
 _QUICK_FAMILIES = ("gpipe", "zb-h1", "interleaved-1f1b", "zbv")
 
@@ -190,6 +194,9 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, Schedule, int]]:
     calibration at B rows, ``grid`` a configuration predicted from the cuts, ``scale:B``
     one predicted from the two-size fit."""
     m_cal = args.calibration_microbatches
+    # Each calibration runs --calibration-copies times per round, at its own seeded place
+    # in the round: its cost file then pools runs spread over the whole measurement
+    # instead of resting on one slow spell of the machine (_combine_copies merges them).
     plan = [
         (
             f"cal:{v}",
@@ -197,6 +204,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, Schedule, int]]:
             args.microbatch_size,
         )
         for v in (1, 2)
+        for _ in range(args.calibration_copies)
     ]
     for name in _families(args):
         virtual = get_spec(name).default_virtual
@@ -210,9 +218,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, Schedule, int]]:
     if args.scale_sizes:
         for b in args.scale_sizes:
             if b != args.microbatch_size:
-                plan.append(
-                    (f"cal-b:{b}", calibration_schedule(n_ranks=2, n_microbatches=m_cal), b)
-                )
+                cal_b = calibration_schedule(n_ranks=2, n_microbatches=m_cal)
+                plan += [(f"cal-b:{b}", cal_b, b)] * args.calibration_copies
         for b in args.scale_targets:
             for name in ("1f1b", "zb-h1"):
                 plan.append((f"scale:{b}", generate(name, n_ranks=2, n_microbatches=2 * m_cal), b))
@@ -272,6 +279,25 @@ def _allocator(mode: str | None) -> Iterator[None]:
             os.environ[ALLOCATOR_ENV] = before
 
 
+def _combine_copies(
+    plan: list[tuple[str, Schedule, int]], measured: tuple[Measurement, ...]
+) -> tuple[list[tuple[str, Schedule, int]], tuple[Measurement, ...]]:
+    """``plan`` with one entry per calibration role, whose Measurement holds the runs of
+    all its copies (``--calibration-copies``); every other configuration as measured."""
+    index: dict[str, int] = {}
+    entries: list[tuple[str, Schedule, int]] = []
+    runs: list[list[Measurement]] = []
+    for entry, got in zip(plan, measured, strict=True):
+        role = entry[0]
+        if role.startswith("cal") and role in index:
+            runs[index[role]].append(got)
+            continue
+        index[role] = len(entries)
+        entries.append(entry)
+        runs.append([got])
+    return entries, tuple(_merge(copies, 1)[0] for copies in runs)
+
+
 def _merge(rounds: list[Measurement], n: int) -> tuple[Measurement, ...]:
     """One Measurement per schedule from rounds measured one at a time (``rounds`` holds
     ``n`` per round, in plan order)."""
@@ -306,7 +332,9 @@ def run(args: argparse.Namespace) -> int:
     max_load = args.max_load if args.max_load is not None else default
     sizes = _parse_sizes(args.sizes)
     print(
-        f"fidelity: p=2, calibration m={args.calibration_microbatches}, "
+        f"fidelity: p=2, calibration m={args.calibration_microbatches} "
+        f"({args.calibration_copies} runs a round, the first schedule of a round "
+        f"{BURN_IN} more untimed steps), "
         f"{args.microbatch_size} rows per micro-batch, {args.threads} thread(s) per rank, "
         f"{args.repeats} rounds (fresh rank processes each); CPU allocator "
         f"{' and '.join(args.allocators) if args.allocators else allocator_mode()}; "
@@ -329,12 +357,13 @@ def run(args: argparse.Namespace) -> int:
         load = _load()
         by_mode = _measure_size(args, options, plan)
         load = max(load, _load())
-        for mode, measured in by_mode.items():
-            steps_out.append(_plain_size(model, mode, plan, measured))
+        for mode, copies in by_mode.items():
+            plan_once, measured = _combine_copies(plan, copies)
+            steps_out.append(_plain_size(model, mode, plan_once, measured))
             if len(by_mode) > 1:
                 print(f"  under the {mode} allocator:", flush=True)
             rows, floor = results.setdefault(mode, ([], []))
-            _evaluate(args, (model, options), plan, measured, (load, max_load), (rows, floor))
+            _evaluate(args, (model, options), plan_once, measured, (load, max_load), (rows, floor))
             for row in rows + floor:
                 row["allocator"] = mode
         if args.effects and (layers, width) == sizes[0]:
@@ -666,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default=None, help="schedules to predict (all registered)")
     parser.add_argument("--microbatches", default=None, help="m values to predict (4,16)")
     parser.add_argument("--calibration-microbatches", type=int, default=4)
+    parser.add_argument(
+        "--calibration-copies",
+        type=int,
+        default=3,
+        help="runs of each calibration schedule per round, at their own places in it (3)",
+    )
     parser.add_argument("--microbatch-size", type=int, default=8, help="rows per micro-batch")
     parser.add_argument(
         "--repeats", type=int, default=None, help="rounds: runs per configuration (3)"
@@ -712,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     args.scale_targets = [int(v) for v in args.scale_targets.split(",")]
     args.effects = bool(args.effects)
     args.allocators = _allocators(parser, args.allocators)
+    if args.calibration_copies < 1:
+        parser.error(f"--calibration-copies {args.calibration_copies}: give 1 or more")
     return run(args)
 
 

@@ -74,3 +74,42 @@ def test_page_faults_summary_is_the_median_and_the_worst_configuration() -> None
     ]
     assert bench._faults(rows) == {"median": 40, "max": 3000, "where": "6x512 dualpipe m=4"}
     assert bench._faults([rows[1]]) is None  # nothing counted: no line, no figure
+
+
+def test_calibration_copies_become_one_measurement_per_role() -> None:
+    """A plan with each calibration role three times (--calibration-copies 3) and two grid
+    configurations, measured over two rounds: one entry per role remains, in plan order,
+    holding the six runs of its copies in order; the grid entries are as measured."""
+    from pipesim.calibration import calibration_schedule
+    from pipesim.schedules import generate
+    from verify.fidelity import Measurement
+
+    bench = load_benchmark("bench_fidelity")
+    cal = calibration_schedule(n_ranks=2, n_microbatches=4)
+    gpipe = generate("gpipe", n_ranks=2, n_microbatches=4)
+    plan = [("cal:1", cal, 8)] * 3 + [("grid", gpipe, 8)] + [("cal-b:4", cal, 4)] * 3
+    plan.append(("grid", gpipe, 8))
+
+    def runs(k: int) -> Measurement:  # two rounds: spans 10k + 1 and 10k + 2 ns
+        return Measurement(
+            schedule=plan[k][1],
+            steps=(),
+            makespans_ns=(10 * k + 1, 10 * k + 2),
+            stage_bytes=(),
+            page_faults=(k, None),
+        )
+
+    entries, measured = bench._combine_copies(plan, tuple(runs(k) for k in range(len(plan))))
+    assert [(role, b) for role, _, b in entries] == [
+        ("cal:1", 8),
+        ("grid", 8),
+        ("cal-b:4", 4),
+        ("grid", 8),
+    ]
+    assert [m.makespans_ns for m in measured] == [
+        (1, 2, 11, 12, 21, 22),
+        (31, 32),
+        (41, 42, 51, 52, 61, 62),
+        (71, 72),
+    ]
+    assert measured[2].page_faults == (4, None, 5, None, 6, None)

@@ -62,6 +62,7 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert meta["cpu_allocator"] == "retain"
     assert meta["schedule"] == calibration_schedule(n_ranks=2, n_microbatches=2).name
     assert (meta["n_ranks"], meta["n_stages"], meta["repeats"]) == (2, 2, 1)
+    assert meta["burn_in_steps"] == 0  # --warmup 0: the very first step, as asked
     assert meta["assumed"] == []  # F, B, I and W all measured
     assert meta["samples"]["0I"] == 1 and meta["samples"]["1B"] == 1
     # One run's own compute times per stage and op: two forwards and one of each backward

@@ -107,10 +107,13 @@ def verify_distributed_all(
     timeout_s: float = 120.0,
     wait_timeout_s: float | None = None,
     warmup: int = 1,
+    burn_in: int = 0,
 ) -> tuple[VerifyReport, ...]:
     """:func:`verify_distributed` for several schedules of one rank count, one after the
     other in the same rank processes (started once); ``timeout_s`` bounds the whole run.
-    ``batch_size`` is one for all or one per schedule."""
+    ``batch_size`` is one for all or one per schedule. The first schedule runs
+    ``burn_in`` untimed steps more than ``warmup``: fresh processes keep touching memory
+    pages they never touched before for a few steps (:data:`verify.fidelity.BURN_IN`)."""
     if not schedules:
         return ()
     sizes = list(batch_size) if isinstance(batch_size, Sequence) else [batch_size] * len(schedules)
@@ -130,6 +133,10 @@ def verify_distributed_all(
         (s, *prepare_spec(s, **common, batch_size=size))
         for s, size in zip(schedules, sizes, strict=True)
     ]
+    if burn_in > 0:
+        first, model_0, stages_0, spec_0 = prepared[0]
+        spec_0 = dataclasses.replace(spec_0, warmup=spec_0.warmup + burn_in)
+        prepared[0] = (first, model_0, stages_0, spec_0)
     reports = []
     with (
         exit_on_sigterm(),

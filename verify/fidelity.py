@@ -71,6 +71,15 @@ def threads_per_rank(n_threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# Untimed steps the first schedule in fresh rank processes runs beyond ``warmup``.
+# A fresh process keeps faulting in memory pages it never touched in its 2nd and 3rd
+# steps (measured on the 6x512 GPT, p=2 m=16, every family: 0-10,500 pages per rank in
+# step 2 and 0-1,400 in step 3, at about 10 us each on a KVM guest), so the schedule
+# that came first in a round ran 3-17% slow: calibrating from those runs alone put the
+# grid 12-17% off (docs/fidelity.md, "The first schedule in fresh processes").
+BURN_IN = 2
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement:
     """Several measured steps of one schedule, each in fresh rank processes."""
@@ -109,11 +118,14 @@ def measure_all(
     timeout_s: float = 300.0,
     on_round: Callable[[int, float], None] | None = None,
     first_round: int = 0,
+    burn_in: int = BURN_IN,
 ) -> tuple[Measurement, ...]:
     """Run every schedule of ``schedules`` (one rank count) ``repeats`` times: each round
     runs them all, one after the other, in one fresh set of rank processes (each after
-    ``warmup`` untimed steps, ``threads`` intra-op threads per rank), so every schedule
-    is measured once in each of ``repeats`` process sets, at interleaved times.
+    ``warmup`` untimed steps, ``threads`` intra-op threads per rank; with ``warmup`` > 0
+    the round's first schedule ``burn_in`` more, while ``warmup`` 0 measures the fresh
+    processes' very first step as asked), so every schedule is measured once in each of
+    ``repeats`` process sets, at interleaved times.
     ``microbatch_size`` is rows per micro-batch, one for all or one per schedule;
     ``timeout_s`` bounds each schedule's run; ``on_round(round, seconds)`` hears each
     round's end. Rounds are numbered from ``first_round`` (each number seeds its order),
@@ -131,11 +143,11 @@ def measure_all(
     with threads_per_rank(threads):
         for round_ in range(first_round, first_round + max(repeats, 1)):
             start = time.perf_counter()
-            # Each round in its own order (seeded): a slow start or end of the processes
-            # falls on different schedules each round instead of always on the same ones.
+            # Each round in its own order (seeded), the first too: a slow start or end of
+            # the processes, or a slow spell of the machine, falls on different schedules
+            # each round instead of always on the same ones.
             order = list(range(len(schedules)))
-            if round_:
-                random.Random(round_).shuffle(order)
+            random.Random(round_).shuffle(order)
             reports = verify_distributed_all(
                 [schedules[k] for k in order],
                 model=model,
@@ -144,6 +156,7 @@ def measure_all(
                 timeout_s=timeout_s * len(schedules),
                 wait_timeout_s=timeout_s,
                 warmup=warmup,
+                burn_in=burn_in if warmup > 0 else 0,
             )
             for k, report in sorted(zip(order, reports, strict=True), key=lambda kr: kr[0]):
                 schedule = schedules[k]
@@ -224,7 +237,7 @@ def calibrate_cut(
         warmup=warmup,
         timeout_s=timeout_s,
     )
-    return fit_cut(
+    costs, meta = fit_cut(
         measured,
         model=model,
         model_options=model_options,
@@ -233,6 +246,9 @@ def calibrate_cut(
         warmup=warmup,
         send_mode=send_mode,
     )
+    # Every run was the first (and only) schedule in its rank processes.
+    meta["burn_in_steps"] = BURN_IN if warmup > 0 else 0
+    return costs, meta
 
 
 def fit_cut(

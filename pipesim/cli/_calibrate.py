@@ -114,7 +114,9 @@ def register(subparsers: Any) -> None:
         type=WARMUP,
         default=1,
         metavar="W",
-        help="untimed steps before each measured one (default 1)",
+        help="untimed steps before each measured one (default 1); each run's fresh rank "
+        "processes add 2 more (verify.fidelity.BURN_IN) when W > 0: they keep touching new "
+        "memory for a few steps (the file records burn_in_steps)",
     )
     parser.add_argument(
         "--timeout",
