@@ -21,6 +21,7 @@ from pipesim.plan.fasttrace import fast_trace
 from pipesim.schedules import generate
 from pipesim.structure import step_structure
 from pipesim.synth.problem import make_problem
+from pipesim.trace import Trace
 
 
 def _gpipe_costs(send_mode: str, handshake: int) -> CostModel:
@@ -354,3 +355,32 @@ def _measured_1f1b_and_gpipe(truth: CostModel) -> list[MeasuredStep]:
         trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
         steps.append(MeasuredStep(schedule=schedule, trace=trace))
     return steps
+
+
+def test_one_message_held_in_one_run_leaves_the_latency_alone() -> None:
+    """Three 1F1B runs generated from a known model; in one, the step's last message
+    (1B3 -> 0B3) arrives 1000 later, as gloo delivered it in one process pair of three
+    (pipesim.calibration, rule 5): the fit still recovers the model exactly, where a
+    mean of the waits would have put the latency at (11 * 3 + 1003) / 12 = 86."""
+    truth = CostModel.uniform(
+        forward=40,
+        backward=90,
+        dispatch_overhead=1,
+        link=Link(latency=3, send_overhead=2, receive_overhead=4, handshake=7),
+        send_mode="rendezvous",
+    )
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=4)
+    trace = compute_only(simulate(schedule, costs=truth).trace, schedule, truth)
+    last = max(trace.actions, key=lambda r: r.end)
+    assert str(last.work) == "0B3"  # nothing runs after it: only its wait changes
+    held = Trace(
+        n_ranks=trace.n_ranks,
+        actions=tuple(
+            replace(r, start=r.start + 1000, end=r.end + 1000) if r is last else r
+            for r in trace.actions
+        ),
+    )
+    steps = [MeasuredStep(schedule=schedule, trace=t) for t in (trace, trace, held)]
+    fit = fit_costs(steps, send_mode="rendezvous")
+    assert fit.samples["latency"] == 12
+    assert fit.costs.link == truth.link
