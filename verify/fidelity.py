@@ -75,8 +75,9 @@ def threads_per_rank(n_threads: int) -> Iterator[None]:
 # A fresh process keeps faulting in memory pages it never touched in its 2nd and 3rd
 # steps (measured on the 6x512 GPT, p=2 m=16, every family: 0-10,500 pages per rank in
 # step 2 and 0-1,400 in step 3, at about 10 us each on a KVM guest), so the schedule
-# that came first in a round ran 3-17% slow: calibrating from those runs alone put the
-# grid 12-17% off (docs/fidelity.md, "The first schedule in fresh processes").
+# that came first in a round ran up to 18% slow: calibrating from those runs alone put
+# the grid 3-18% off on average (docs/fidelity.md, "The first schedule in fresh
+# processes").
 BURN_IN = 2
 
 
