@@ -565,40 +565,20 @@ def _compare_grads(
     equal = True
     covered: set[int] = set()
     combined: dict[int, Tensor] = {}  # the step's gradient: the copies' gradients added
-    for s, module in enumerate(stages):
-        bases = list(twin(stages, s, per_copy=per_copy).parameters())
-        owns = list(module.parameters())
-        if len(bases) != len(owns):
-            equal = False
-            mismatches.append(f"stage {s} does not have the parameters of its copy-0 twin")
-            continue
-        for base, p in zip(bases, owns, strict=True):
-            i = index_of.get(id(base))
-            if i is None:
-                equal = False
-                mismatches.append(f"a parameter of stage {s} is not a parameter of the model")
-                continue
+    for s in range(len(stages)):
+        pairs, lined_up = _model_parameters(stages, s, per_copy, index_of, mismatches)
+        equal &= lined_up
+        for i, p in pairs:
             covered.add(i)
             if not p.requires_grad:
                 continue
-            name = named[i][0]
             per_mb = [ref.grads[k][i] for k in range(n_microbatches)]
             expected = _accumulate(per_mb, orders[s], n_microbatches)
-            actual = p.grad
-            if expected is None or actual is None:
-                if (expected is None) != (actual is None):
-                    equal = False
-                    state = "missing" if actual is None else "unexpected"
-                    mismatches.append(f"gradient of {name} (stage {s}): {state}")
-                continue
-            if not torch.equal(actual.cpu(), expected.cpu()):
-                equal = False
-                mismatches.append(
-                    f"gradient of {name} (stage {s}) (max abs diff "
-                    f"{max_abs_diff(actual, expected):.3g}, added by {added_by[s]})"
-                )
-            total = combined.get(i)
-            combined[i] = actual.cpu() if total is None else total + actual.cpu()
+            where = f"{named[i][0]} (stage {s})"
+            equal &= _grad_matches(where, expected, p.grad, added_by[s], mismatches)
+            if expected is not None and p.grad is not None:
+                total = combined.get(i)
+                combined[i] = p.grad.cpu() if total is None else total + p.grad.cpu()
     for i, (name, p) in enumerate(named):
         if p.requires_grad and i not in covered:
             equal = False
@@ -608,6 +588,51 @@ def _compare_grads(
         if full is not None:
             full_diffs.append(max_abs_diff(total, full))
     return equal
+
+
+def _model_parameters(
+    stages: Sequence[nn.Module],
+    s: int,
+    per_copy: int,
+    index_of: dict[int, int],
+    mismatches: list[str],
+) -> tuple[list[tuple[int, nn.Parameter]], bool]:
+    """Stage ``s``'s parameters, each with the index of the model parameter it stands for
+    (through its copy-0 twin), and whether all of them line up (else ``mismatches`` says
+    how they do not)."""
+    bases = list(twin(stages, s, per_copy=per_copy).parameters())
+    owns = list(stages[s].parameters())
+    if len(bases) != len(owns):
+        mismatches.append(f"stage {s} does not have the parameters of its copy-0 twin")
+        return [], False
+    pairs = []
+    for base, p in zip(bases, owns, strict=True):
+        i = index_of.get(id(base))
+        if i is None:
+            mismatches.append(f"a parameter of stage {s} is not a parameter of the model")
+            continue
+        pairs.append((i, p))
+    return pairs, len(pairs) == len(owns)
+
+
+def _grad_matches(
+    where: str, expected: Tensor | None, actual: Tensor | None, added_by: str, mismatches: list[str]
+) -> bool:
+    """Whether a parameter's gradient is bit-identical to the reference's (both absent
+    counts); else ``mismatches`` says where and by how much."""
+    if expected is None or actual is None:
+        if (expected is None) != (actual is None):
+            state = "missing" if actual is None else "unexpected"
+            mismatches.append(f"gradient of {where}: {state}")
+            return False
+        return True
+    if torch.equal(actual.cpu(), expected.cpu()):
+        return True
+    mismatches.append(
+        f"gradient of {where} (max abs diff "
+        f"{max_abs_diff(actual, expected):.3g}, added by {added_by})"
+    )
+    return False
 
 
 def _where(schedule: Schedule) -> tuple[dict[int, str], list[str]]:
