@@ -59,9 +59,10 @@ step (each action's rank, start, end) to refit or replay offline.
 Run (the final benchmark, quiet machine):
 ``python benchmarks/bench_fidelity.py --json-out fidelity.json --steps-out steps.json``
 It prints a line per round (with the time left for the model size) and then one
-per configuration. Measured on a quiet 2-core machine (2026-12-01), a round of the 33
-schedules takes 53-60 s for 6x256 and 181-209 s for 6x512, so the default run (both
-sizes, scaling included) takes 13-16 minutes; ``--sizes 6x256 --scale-sizes none`` about 3;
+per configuration. Measured on a quiet 2-core machine (2026-12-01), a round of the 39
+schedules (33 and the calibration copies) takes 59-65 s for 6x256 and 219-227 s for
+6x512, so the default run (both sizes, scaling included) takes 16-19 minutes;
+``--sizes 6x256 --scale-sizes none`` about 3;
 ``--quick`` (4 families at m=8, 2 rounds) about 1 minute.
 """
 

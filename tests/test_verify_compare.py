@@ -392,3 +392,25 @@ def test_bad_inputs_are_refused() -> None:
         verify(Schedule.from_orders([["0F0"], ["1F0", "1B0"]]), model="mlp")
     with pytest.raises(VerifyError, match=r"3 stage modules for a schedule of 2 stages"):
         verify(schedule, model="mlp", stages=partition(mlp().layers, n_stages=3))
+
+
+def test_a_gradient_is_checked_bit_for_bit_and_every_difference_is_named() -> None:
+    """verify.compare._grad_matches by hand: both absent and equal tensors match; one side
+    absent or one bit off is a mismatch that names the parameter, the stage, the size of
+    the difference and the actions that added the gradient."""
+    from verify.compare import _grad_matches
+
+    found: list[str] = []
+    one = torch.tensor([1.0, 2.0])
+    assert _grad_matches("w (stage 0)", None, None, "0B0", found)
+    assert _grad_matches("w (stage 0)", one, one.clone(), "0B0", found)
+    assert found == []
+    assert not _grad_matches("w (stage 0)", one, None, "0B0", found)
+    assert not _grad_matches("w (stage 1)", None, one, "1B0", found)
+    off = torch.tensor([1.0, 2.0 + 2.0**-22])  # one float32 ulp above 2
+    assert not _grad_matches("w (stage 1)", one, off, "1B0..1B1", found)
+    assert found == [
+        "gradient of w (stage 0): missing",
+        "gradient of w (stage 1): unexpected",
+        "gradient of w (stage 1) (max abs diff 2.38e-07, added by 1B0..1B1)",
+    ]
