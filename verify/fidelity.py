@@ -128,10 +128,11 @@ def measure_all(
     processes' very first step as asked), so every schedule is measured once in each of
     ``repeats`` process sets, at interleaved times.
     ``microbatch_size`` is rows per micro-batch, one for all or one per schedule;
-    ``timeout_s`` bounds each schedule's run; ``on_round(round, seconds)`` hears each
-    round's end. Rounds are numbered from ``first_round`` (each number seeds its order),
-    so a caller that runs one round at a time (say, alternating CPU allocators between
-    rounds) keeps the orders of one call. A run that is not bit-identical is an error: it
+    ``timeout_s`` bounds each schedule's run (the round's deadline adds the burn-in
+    steps' share on top); ``on_round(round, seconds)`` hears each round's end. Rounds are
+    numbered from ``first_round`` (each number seeds its order), so a caller that runs one
+    round at a time (say, alternating CPU allocators between rounds) keeps the orders of
+    one call. A run that is not bit-identical is an error: it
     measured something else than the schedule."""
     sizes = (
         list(microbatch_size)
@@ -149,15 +150,17 @@ def measure_all(
             # each round instead of always on the same ones.
             order = list(range(len(schedules)))
             random.Random(round_).shuffle(order)
+            extra = burn_in if warmup > 0 else 0
             reports = verify_distributed_all(
                 [schedules[k] for k in order],
                 model=model,
                 model_options=dict(model_options or {}),
                 batch_size=[sizes[k] * schedules[k].n_microbatches for k in order],
-                timeout_s=timeout_s * len(schedules),
+                # A run is warmup + 1 steps; the burn-in adds that share of one.
+                timeout_s=timeout_s * (len(schedules) + extra / (warmup + 1)),
                 wait_timeout_s=timeout_s,
                 warmup=warmup,
-                burn_in=burn_in if warmup > 0 else 0,
+                burn_in=extra,
             )
             for k, report in sorted(zip(order, reports, strict=True), key=lambda kr: kr[0]):
                 schedule = schedules[k]
