@@ -96,3 +96,30 @@ def test_calibrate_help_names_the_burn_in_it_adds(capsys: pytest.CaptureFixture[
         main(["calibrate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"add {BURN_IN} more (verify.fidelity.BURN_IN) when W > 0" in help_text
+
+
+@pytest.mark.parametrize(
+    ("warmup", "burn_in", "deadline"), [(1, BURN_IN, 100.0 * (2 + BURN_IN / 2)), (0, 0, 200.0)]
+)
+def test_the_round_deadline_adds_the_burn_in_share(
+    monkeypatch: pytest.MonkeyPatch, warmup: int, burn_in: int, deadline: float
+) -> None:
+    """Two schedules of 100 s each: a round may take 200 s, and with warmup 1 (a run of 2
+    steps) the BURN_IN steps add BURN_IN / 2 runs' share (100 s for 2); warmup 0 has no
+    burn-in."""
+    import verify.fidelity as fidelity
+
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(schedules: object, /, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(fidelity, "verify_distributed_all", capture)
+    schedules = [generate("gpipe", n_ranks=2, n_microbatches=2) for _ in range(2)]
+    with pytest.raises(Stop):
+        measure_all(schedules, model="mlp", repeats=1, warmup=warmup, timeout_s=100)
+    assert (seen["timeout_s"], seen["burn_in"], seen["wait_timeout_s"]) == (deadline, burn_in, 100)
