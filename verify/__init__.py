@@ -65,7 +65,9 @@ from verify.dist import verify_distributed, verify_distributed_all
 from verify.errors import ExactnessError, RunFailedError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
 from verify.fidelity import (
+    BURN_IN,
     Measurement,
+    burn_in_steps,
     calibrate_cut,
     fit_cut,
     measure,
@@ -123,6 +125,7 @@ from verify.transport import (
 __all__ = [
     "ALLOCATOR_ENV",
     "ALLOCATOR_MODES",
+    "BURN_IN",
     "COMPUTING",
     "DEFAULT_ALLOCATOR_MODE",
     "FINISHED",
@@ -160,6 +163,7 @@ __all__ = [
     "assemble",
     "build_report",
     "build_stages",
+    "burn_in_steps",
     "calibrate",
     "calibrate_cut",
     "calibration_fit",

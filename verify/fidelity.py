@@ -49,7 +49,9 @@ from verify.dist import verify_distributed_all
 from verify.errors import VerifyError
 
 __all__ = [
+    "BURN_IN",
     "Measurement",
+    "burn_in_steps",
     "calibrate_cut",
     "fit_cut",
     "measure",
@@ -79,6 +81,17 @@ def threads_per_rank(n_threads: int) -> Iterator[None]:
 # the grid 3-18% off on average (docs/fidelity.md, "The first schedule in fresh
 # processes").
 BURN_IN = 2
+
+
+def burn_in_steps(warmup: int, burn_in: int = BURN_IN) -> int:
+    """The untimed steps the first schedule in fresh processes runs beyond ``warmup``:
+    ``burn_in`` when a warm-up is asked for at all, none when ``warmup`` is 0 (the very
+    first step, as asked).
+
+    >>> burn_in_steps(1), burn_in_steps(0), burn_in_steps(3, 5)
+    (2, 0, 5)
+    """
+    return burn_in if warmup > 0 else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +145,8 @@ def measure_all(
     steps' share on top); ``on_round(round, seconds)`` hears each round's end. Rounds are
     numbered from ``first_round`` (each number seeds its order), so a caller that runs one
     round at a time (say, alternating CPU allocators between rounds) keeps the orders of
-    one call. A run that is not bit-identical is an error: it
-    measured something else than the schedule."""
+    one call. A run that is not bit-identical is an error: it measured something else
+    than the schedule."""
     sizes = (
         list(microbatch_size)
         if isinstance(microbatch_size, Sequence)
@@ -142,6 +155,7 @@ def measure_all(
     steps: list[list[MeasuredStep]] = [[] for _ in schedules]
     faults: list[list[int | None]] = [[] for _ in schedules]
     stage_bytes: list[tuple[Any, ...]] = [() for _ in schedules]
+    extra = burn_in_steps(warmup, burn_in)
     with threads_per_rank(threads):
         for round_ in range(first_round, first_round + max(repeats, 1)):
             start = time.perf_counter()
@@ -150,7 +164,6 @@ def measure_all(
             # each round instead of always on the same ones.
             order = list(range(len(schedules)))
             random.Random(round_).shuffle(order)
-            extra = burn_in if warmup > 0 else 0
             reports = verify_distributed_all(
                 [schedules[k] for k in order],
                 model=model,
@@ -251,7 +264,7 @@ def calibrate_cut(
         send_mode=send_mode,
     )
     # Every run was the first (and only) schedule in its rank processes.
-    meta["burn_in_steps"] = BURN_IN if warmup > 0 else 0
+    meta["burn_in_steps"] = burn_in_steps(warmup)
     return costs, meta
 
 
