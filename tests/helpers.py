@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from pipesim.errors import ScheduleError
-from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.hardware import EFFICIENCIES, Accelerator, get_accelerator
 from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
 from pipesim.plan.workload import Workload
 from pipesim.schedules import generate, get_spec, schedule_names
@@ -39,7 +39,8 @@ JSON_CONTRACT = frozenset(
 #: The keys of each entry of its ``ranks``.
 RANK_CONTRACT = frozenset({"rank", "busy", "idle", "peak_activation_bytes", "peak_inflight"})
 
-#: Free links: zero latency and a bandwidth so high that every message rounds to 0 ns.
+#: Free links: zero latency and a bandwidth so high that every message rounds to 0 ns; free
+#: memory traffic and every GEMM at peak, so a layer takes exactly its FLOPs / peak_flops.
 FREE_ACCELERATOR = Accelerator(
     name="ideal",
     peak_flops=1e15,
@@ -49,7 +50,8 @@ FREE_ACCELERATOR = Accelerator(
     intra_node_bandwidth=1e30,
     inter_node_latency=0.0,
     inter_node_bandwidth=1e30,
-    efficiency=1.0,
+    memory_bandwidth=1e30,
+    **dict.fromkeys(EFFICIENCIES, 1.0),
 )
 
 

@@ -175,8 +175,8 @@ def test_metrics_of_a_point_by_hand() -> None:
     assert point.tokens_per_s == pytest.approx(8 * 512 / seconds)
     flops = sum(layer.flops for layer in model_layers(SMALL)) * 8
     assert point.mfu == pytest.approx(flops / (seconds * 2 * h100.peak_flops))
-    # MFU cannot beat the efficiency the durations were computed with
-    assert point.mfu < h100.efficiency
+    # MFU cannot beat the best GEMM rate the durations were computed with
+    assert point.mfu < h100.matmul_efficiency
     # static memory: 18 bytes per parameter of the stage's layers (embedding or head
     # included): bf16 weights, fp32 gradients, fp32 Adam (Megatron-LM's table), d = 1
     layers = model_layers(SMALL)
@@ -195,7 +195,10 @@ def test_mfu_never_exceeds_efficiency_for_any_schedule() -> None:
     assert {"1f1b", "gpipe"} <= names
     for p in result.points:
         if p.feasible:
-            assert p.mfu is not None and p.mfu <= 0.4 * (1 + 1e-6), p.label()
+            # no kernel runs faster than the achievable matmul rate
+            assert p.mfu is not None and p.mfu <= get_accelerator("h100-sxm").matmul_efficiency, (
+                p.label()
+            )
 
 
 def test_simpy_engine_gives_the_same_plan() -> None:

@@ -8,7 +8,12 @@ from importlib import resources
 import pytest
 
 from pipesim.errors import ParseError, PlanError, UnknownNameError
-from pipesim.plan.hardware import accelerator_names, get_accelerator, load_accelerator
+from pipesim.plan.hardware import (
+    EFFICIENCIES,
+    accelerator_names,
+    get_accelerator,
+    load_accelerator,
+)
 from pipesim.plan.layers import (
     embedding,
     lm_head,
@@ -146,7 +151,9 @@ def test_every_preset_number_carries_a_source() -> None:
     assert set(accelerators) == set(accelerator_names()) >= {"a100-80gb", "h100-sxm", "h200"}
     for name, entry in accelerators.items():
         numbers = [k for k, v in entry.items() if isinstance(v, int | float)]
-        assert len(numbers) == 9, name
+        # every field the planner prices with is there, each with its source
+        required = {"peak_flops", "memory_bytes", "memory_bandwidth", "gpus_per_node"}
+        assert required | set(EFFICIENCIES) <= set(numbers), name
         for key in numbers:
             assert len(entry[f"{key}_source"]) > 10, (name, key)
 
@@ -157,7 +164,9 @@ def test_accelerator_presets() -> None:
     # Capacity as the driver reports it (NVML total in MiB, published per GPU in the
     # preset's source), not the datasheet's round "80GB" read as 10**9 bytes.
     assert h100.memory_bytes == 81_559 * 2**20 != 80 * 10**9
-    assert h100.link(inter_node=True).bandwidth_bytes_per_s == 50e9
+    # the link at NCCL's measured bus bandwidth: the datasheet's times the measured share
+    assert h100.inter_node_bandwidth == 50e9
+    assert h100.link(inter_node=True).bandwidth_bytes_per_s == 50e9 * h100.inter_node_efficiency
     assert get_accelerator("h200").memory_bytes == 143_771 * 2**20
     assert get_accelerator("a100-80gb").memory_bytes == 80 * 2**30
     assert get_accelerator("a100-40gb").memory_bytes == 40 * 2**30
@@ -168,9 +177,19 @@ def test_custom_accelerator_file(tmp_path) -> None:  # type: ignore[no-untyped-d
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(entry))
     assert load_accelerator(path).memory_bytes == 24 * 10**9
-    path.write_text(json.dumps(entry | {"efficiency": 1.5}))
-    with pytest.raises(PlanError, match="between 0 and 1"):
+    path.write_text(json.dumps(entry | {"matmul_efficiency": 1.5}))
+    with pytest.raises(
+        PlanError, match="matmul_efficiency is a measured share of a peak, between 0 and 1"
+    ):
         load_accelerator(path)
+    # a file written for the one-efficiency model is refused, naming what replaced it
+    old = {k: v for k, v in entry.items() if k not in EFFICIENCIES} | {"efficiency": 0.5}
+    path.write_text(json.dumps(old))
+    with pytest.raises(ParseError, match=r"'efficiency' .* is gone.*matmul_efficiency"):
+        load_accelerator(path)
+    # fp8 on an accelerator without FP8 tensor cores names the fix
+    with pytest.raises(PlanError, match="a100-80gb has no FP8 tensor cores"):
+        _ = get_accelerator("a100-80gb").fp8_flops
 
 
 def test_unknown_presets_list_the_valid_ones() -> None:

@@ -21,7 +21,7 @@ from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
-from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
+from pipesim.plan.hardware import EFFICIENCIES, Accelerator, Interconnect, get_accelerator
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 
@@ -76,18 +76,12 @@ def test_flops_with_tensor_parallelism_and_recomputation() -> None:
     assert transformer_block(flash, recompute="selective") == transformer_block(flash)
 
 
-def test_parameters_and_tensor_parallel_traffic_per_device() -> None:
+def test_parameters_per_device() -> None:
     # 12 h^2 = 768 weights and the column-parallel biases (QKV 3h = 24, fc1 f = 32) split;
     # the row-parallel biases (2h) and the LayerNorms (4h) replicated
     two = transformer_block(GPT, tensor=2)
     assert two.params == (768 + 24 + 32) // 2 + 6 * 8
     assert transformer_block(GPT).params == 872
-    # two all-reduces forward, two backward (Narayanan et al. 2021, section 3.3);
-    # full recomputation repeats the forward's
-    assert (two.tp_forward_allreduces, two.tp_backward_allreduces) == (2, 2)
-    full = transformer_block(GPT, tensor=2, recompute="full")
-    assert full.tp_backward_allreduces == 4
-    assert transformer_block(GPT).tp_forward_allreduces == 0
     # vocabulary-parallel embedding and head
     assert embedding(GPT, tensor=2).params == 10 * 8 // 2 + 4 * 8
     head = lm_head(GPT, tensor=2)
@@ -122,8 +116,8 @@ def _accelerator(**changes: object) -> Accelerator:
         intra_node_bandwidth=1e9,
         inter_node_latency=1e-6,
         inter_node_bandwidth=1e9,
-        efficiency=1.0,
         memory_bandwidth=3e9,
+        **dict.fromkeys(EFFICIENCIES, 1.0),
     )
     return Accelerator(**(base | changes))  # type: ignore[arg-type]
 
@@ -143,8 +137,8 @@ def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
     )  # type: ignore[arg-type]
     assert plain.dp_comm_ns == 14_014_000
     assert plain.dp_exposed_ns == 14_014_000 - 5_000_000
-    # Adam: 30 bytes per parameter at 3 GB/s
-    assert plain.optimizer_ns == 40_000_000
+    # the optimizer step: 42 bytes per parameter at 3 GB/s (memory efficiency 1)
+    assert plain.optimizer_ns == 56_000_000
     # distributed optimizer: reduce-scatter (7.007 ms, hides 5) + all-gather of bf16 weights
     # (7.007 ms, hides behind the 1 ms first forward); the step on 1/8 of the parameters
     zero = rank_iteration(
@@ -156,12 +150,12 @@ def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
     )  # type: ignore[arg-type]
     assert zero.dp_comm_ns == 2 * 7_007_000
     assert zero.dp_exposed_ns == 2_007_000 + 6_007_000
-    assert zero.optimizer_ns == 5_000_000
+    assert zero.optimizer_ns == 7_000_000
 
 
 def test_a_pinned_configuration_by_hand() -> None:
     # all dimensions pinned: exactly one configuration, its pipeline time by hand.
-    acc = _accelerator()
+    acc = _accelerator(memory_bandwidth=1e30)  # free memory traffic: FLOPs and comm only
     result = plan(
         GPT,
         devices=2,
@@ -185,12 +179,18 @@ def test_a_pinned_configuration_by_hand() -> None:
     flops = 3 * (block.forward_flops + block.backward_flops) + sum(
         x.flops for x in (embedding(GPT, tensor=2), lm_head(GPT, tensor=2))
     )
-    # all-reduces of s h bf16 = 64 bytes over t = 2: 2 * 1/2 * 64 / 1e9 + 2 * 1 us
-    per_allreduce = Fraction(64, 10**9) + Fraction(2, 10**6)
-    n_allreduce = 3 * (2 + 4) + 1 + 1  # blocks F 2 + B 4 (recompute), embedding, head
-    expected = round(Fraction(flops, 10**15) * 10**9) + n_allreduce * per_allreduce * 10**9
-    assert abs(point.pipeline_time_ns - expected) <= 4  # type: ignore[operator]  # 4 roundings
-    assert point.tp_comm_time_ns == pytest.approx(float(n_allreduce * per_allreduce * 10**9), abs=4)
+    # with sequence parallelism every collective is a reduce-scatter or all-gather of the
+    # s h bf16 = 64-byte activation over t = 2: 1/2 * 64 / 1e9 + 1 us each. A block's F
+    # has 4 (all-gather and reduce-scatter around attention and MLP), its B the 4
+    # backwards and, recomputed, the 4 again; the embedding and the head one each way
+    per_half = Fraction(32, 10**9) + Fraction(1, 10**6)
+    n_halves = 3 * (4 + 8) + 2 + 2
+    # and the loss's three all-reduces of s fp32 = 16 bytes: 2 * 1/2 * 16 / 1e9 + 2 us
+    loss = 3 * (Fraction(16, 10**9) + Fraction(2, 10**6))
+    comm_ns = (n_halves * per_half + loss) * 10**9
+    expected = Fraction(flops, 10**15) * 10**9 + comm_ns
+    assert abs(point.pipeline_time_ns - expected) <= 4  # type: ignore[operator]  # roundings
+    assert point.tp_comm_time_ns == pytest.approx(float(comm_ns), abs=4)
     assert point.dp_comm_time_ns == 0 and point.data_parallel == 1
     parts = point.parts_s()
     assert parts is not None and parts["step"] == pytest.approx(
@@ -213,9 +213,18 @@ def test_llama2_70b_on_64_h100_is_sensible() -> None:
     )
     best = result.recommended
     assert best is not None
-    assert best.tensor >= 4 and best.pipeline >= 2 and best.schedule != "sequential"
+    assert best.tensor >= 2 and best.pipeline >= 2 and best.schedule != "sequential"
     assert best.mfu is not None and best.mfu > 0.25
-    assert best.peak_memory_bytes <= 0.9 * 80e9  # type: ignore[operator]  # the headroom
+    # the winner is explained by its breakdown: against the best that fits at t = 8 it
+    # exposes less tensor-parallel traffic, and what that saves outweighs any extra bubble
+    wide = min((p for p in result.points if p.fits and p.tensor == 8), key=lambda p: p.step_time_ns)
+    ours, theirs = best.parts_s(), wide.parts_s()
+    assert ours is not None and theirs is not None
+    assert ours["tp_comm"] < theirs["tp_comm"]
+    saved = theirs["tp_comm"] - ours["tp_comm"]
+    assert saved > ours["bubble"] - theirs["bubble"]
+    assert ours["step"] < theirs["step"]
+    assert best.peak_memory_bytes <= 0.9 * get_accelerator("h100-sxm").memory_bytes  # type: ignore[operator]  # the headroom
     megatron = megatron_args(result, best)
     assert f"--tensor-model-parallel-size {best.tensor}" in megatron
     assert "--global-batch-size 512" in megatron and "--sequence-parallel" in megatron

@@ -82,7 +82,12 @@ def register(subparsers: Any) -> None:
     ):
         kind = LAYERS if dest == "n_layers" else None
         model.add_argument(flag, dest=dest, type=kind or positive_int, metavar="N", help=text)
-    model.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training dtype")
+    model.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32", "fp8"),
+        help="training precision (fp8: FP8 GEMMs at the accelerator's FP8 peak, bf16 for "
+        "the rest, as Transformer Engine runs)",
+    )
     model.add_argument(
         "--flash-attention",
         action=argparse.BooleanOptionalAction,
@@ -154,6 +159,19 @@ def register(subparsers: Any) -> None:
     )
     sweep.add_argument("--stages", metavar="P[,P...]", help="pipeline degrees (default: all)")
     sweep.add_argument(
+        "--context-parallel",
+        metavar="C[,C...]",
+        default="1",
+        help="context-parallel sizes: each sequence split C ways, ring attention as "
+        "Megatron-Core runs it (default 1; needs flash attention)",
+    )
+    sweep.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="hide tensor-parallel collectives under the GEMMs next to them (Megatron-LM's "
+        "--tp-comm-overlap, Transformer Engine's userbuffers)",
+    )
+    sweep.add_argument(
         "--microbatch-sizes",
         metavar="B[,B...]",
         default="1,2,4,8",
@@ -191,8 +209,8 @@ def register(subparsers: Any) -> None:
         sweep,
         "--min-mfu",
         metavar="F",
-        help="the least MFU a winner must reach to be recommended (default: a quarter of "
-        "the accelerator's assumed efficiency)",
+        help="the least MFU a winner must reach to be recommended (default: an eighth of "
+        "the accelerator's achievable matmul share)",
     )
     out = parser.add_argument_group("output")
     kind = out.add_mutually_exclusive_group()
@@ -373,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
             global_batch=args.global_batch,
             stages=_ints(args.stages, "--stages"),
             tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
+            context_parallel=_ints(args.context_parallel, "--context-parallel") or (1,),
+            tp_comm_overlap=args.tp_comm_overlap,
             recompute=_words(args.recompute),
             sequence_parallel=_flag_values(args.sequence_parallel, "--sequence-parallel"),
             distributed_optimizer=_flag_values(

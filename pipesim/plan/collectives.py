@@ -37,8 +37,9 @@ def reduce_scatter_s(n_bytes: Amount, /, *, n_devices: int, link: Interconnect) 
     if n <= 1 or n_bytes == 0:
         return Fraction(0)
     steps = n - 1
+    # the bus bandwidth NCCL reaches for a buffer of this size (nccl-tests' busbw)
     return Fraction(steps, n) * Fraction(n_bytes) / _exact(
-        link.bandwidth_bytes_per_s
+        link.bandwidth_at(float(n_bytes))
     ) + steps * _exact(link.latency_s)
 
 

@@ -93,6 +93,8 @@ def megatron_line(point: PlanPoint, /, *, global_batch: int, n_layers: int) -> s
                 "blocks per stage " + " ".join(map(str, blocks)) + " need Megatron-LM's "
                 "--pipeline-model-parallel-layout"
             )
+    if point.context_parallel > 1:
+        args.append(f"--context-parallel-size {point.context_parallel}")
     if point.sequence_parallel:
         args.append("--sequence-parallel")
     args += [f"--micro-batch-size {point.microbatch_size}", f"--global-batch-size {global_batch}"]
@@ -126,6 +128,8 @@ def torchtitan_line(point: PlanPoint, /, *, global_batch: int, seq_length: int |
         else:
             args.append(f"--parallelism.pipeline_parallel_schedule {name}")
         args.append(f"--parallelism.pipeline_parallel_microbatch_size {point.microbatch_size}")
+    if point.context_parallel > 1:
+        args.append(f"--parallelism.context_parallel_degree {point.context_parallel}")
     shard = "shard" if point.distributed_optimizer else "replicate"
     args.append(f"--parallelism.data_parallel_{shard}_degree {point.data_parallel}")
     args.append(f"--training.global_batch_size {global_batch}")
@@ -138,8 +142,19 @@ def torchtitan_line(point: PlanPoint, /, *, global_batch: int, seq_length: int |
 
 
 def megatron_args(result: PlanResult, point: PlanPoint, /) -> str:
-    """:func:`megatron_line` with the plan's global batch and the model's layer count."""
-    return megatron_line(point, global_batch=result.global_batch, n_layers=result.n_layers)
+    """:func:`megatron_line` with the plan's global batch and the model's layer count, and
+    the plan's precision and communication overlap (Transformer Engine's FP8 recipe:
+    ``--fp8-format hybrid``)."""
+    line = megatron_line(point, global_batch=result.global_batch, n_layers=result.n_layers)
+    extra = []
+    if result.dtype == "fp8":
+        extra.append("--fp8-format hybrid")
+    if result.tp_comm_overlap and point.tensor > 1:
+        extra.append("--tp-comm-overlap")
+    if not extra:
+        return line
+    head, sep, notes = line.partition("  # ")
+    return " ".join([head, *extra]) + (sep + notes if sep else "")
 
 
 def torchtitan_args(result: PlanResult, point: PlanPoint, /) -> str:

@@ -6,12 +6,17 @@ public source; :func:`accelerator_from_dict` builds a custom one.
 >>> h100 = get_accelerator("h100-sxm")
 >>> h100.peak_flops, h100.memory_bytes, h100.gpus_per_node
 (989000000000000.0, 85520809984, 8)
->>> h100.link(inter_node=False).bandwidth_bytes_per_s
+>>> h100.intra_node_bandwidth   # NVLink 4, per direction (the datasheet's 900 GB/s total)
 450000000000.0
+>>> link = h100.link(inter_node=False)   # at NCCL's measured bus bandwidth
+>>> link.bandwidth_bytes_per_s == 450e9 * h100.intra_node_efficiency
+True
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
@@ -39,16 +44,42 @@ class Interconnect:
     latency_s: float
     """Seconds from send to arrival of an empty message."""
     bandwidth_bytes_per_s: float
-    """Bytes per second, one direction."""
+    """Bytes per second, one direction (for collectives: the largest bus bandwidth)."""
+    size_curve: tuple[tuple[float, float], ...] = ()
+    """Measured ``(buffer bytes, share of bandwidth_bytes_per_s)`` points of a
+    collective's bus bandwidth against its buffer size, ascending; empty: flat."""
+
+    def bandwidth_at(self, n_bytes: float, /) -> float:
+        """The bus bandwidth a collective of an ``n_bytes`` buffer reaches: the size curve
+        interpolated in log size (flat past its ends), times the largest.
+
+        >>> link = Interconnect(latency_s=0, bandwidth_bytes_per_s=100.0,
+        ...                     size_curve=((2**20, 0.1), (2**30, 1.0)))
+        >>> [round(link.bandwidth_at(n), 6) for n in (2**25, 2**40, 1)]
+        [55.0, 100.0, 10.0]
+        """
+        curve = self.size_curve
+        if not curve or n_bytes >= curve[-1][0]:
+            share = curve[-1][1] if curve else 1.0
+        elif n_bytes <= curve[0][0]:
+            share = curve[0][1]
+        else:
+            x = math.log(n_bytes)
+            for (a, sa), (b, sb) in itertools.pairwise(curve):
+                if n_bytes <= b:
+                    share = sa + (sb - sa) * (x - math.log(a)) / (math.log(b) - math.log(a))
+                    break
+        return self.bandwidth_bytes_per_s * share
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
-    """One kind of device and the node it sits in."""
+    """One kind of device and the node it sits in: what :mod:`pipesim.plan.gpu` prices
+    a layer's kernels with."""
 
     name: str
     peak_flops: float
-    """Peak dense bf16 FLOP/s (no sparsity)."""
+    """Peak dense bf16 / fp16 tensor-core FLOP/s (no sparsity)."""
     memory_bytes: int
     """Device memory capacity: bytes, or a size with a unit (``"80GiB"``,
     :func:`pipesim.units.parse_bytes`)."""
@@ -57,20 +88,43 @@ class Accelerator:
     intra_node_latency: float
     """Seconds, intra-node link (NVLink)."""
     intra_node_bandwidth: float
-    """Bytes per second per direction, intra-node link."""
+    """Bytes per second per direction, intra-node link (the datasheet's figure)."""
     inter_node_latency: float
     """Seconds, inter-node link (InfiniBand / Ethernet)."""
     inter_node_bandwidth: float
-    """Bytes per second per direction per device, inter-node link."""
-    efficiency: float
-    """Share of peak FLOP/s that real training kernels achieve (0 < e <= 1)."""
-    memory_bandwidth: float | None = None
-    """Device memory (HBM) bytes per second, for the optimizer step; None: unknown
-    (the step is then not timed)."""
+    """Bytes per second per direction per device, inter-node link (the datasheet's)."""
+    memory_bandwidth: float
+    """Device memory (HBM) bytes per second (the datasheet's figure)."""
+    matmul_efficiency: float
+    """Share of ``peak_flops`` the best-shaped large GEMM reaches, measured (0 < e <= 1)."""
+    attention_forward_efficiency: float
+    """Share of ``peak_flops`` a fused (flash) attention forward reaches, measured."""
+    attention_backward_efficiency: float
+    """The same for its backward."""
+    memory_efficiency: float
+    """Share of ``memory_bandwidth`` a streaming kernel reaches, measured."""
+    intra_node_efficiency: float
+    """NCCL's largest measured bus bandwidth inside a node over ``intra_node_bandwidth``."""
+    inter_node_efficiency: float
+    """NCCL bus bandwidth between nodes over ``inter_node_bandwidth``, measured."""
+    intra_node_size_curve: tuple[tuple[float, float], ...] = ()
+    """Measured all-reduce bus bandwidth inside a node against buffer bytes, as shares of
+    its largest: ``((bytes, share), ...)`` ascending (empty: flat)."""
+    fp8_peak_flops: float | None = None
+    """Peak dense FP8 tensor-core FLOP/s; None: no FP8 tensor cores."""
+    fp8_matmul_efficiency: float | None = None
+    """Share of ``fp8_peak_flops`` the best FP8 GEMM reaches, measured; None: as bf16's."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (GEMM wave quantization); None: not modeled."""
     description: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "intra_node_bandwidth", "inter_node_bandwidth"):
+        for name in (
+            "peak_flops",
+            "intra_node_bandwidth",
+            "inter_node_bandwidth",
+            "memory_bandwidth",
+        ):
             _check_number(name, getattr(self, name), positive=True)
         for name in ("intra_node_latency", "inter_node_latency"):
             _check_number(name, getattr(self, name), positive=False)
@@ -79,35 +133,61 @@ class Accelerator:
         except CostError as exc:
             raise PlanError(str(exc)) from None
         object.__setattr__(self, "memory_bytes", memory)
-        if (
-            isinstance(self.gpus_per_node, bool)
-            or not isinstance(self.gpus_per_node, int)
-            or (self.gpus_per_node < 1)
-        ):
-            raise PlanError(
-                f"gpus_per_node must be a whole number >= 1, got {brief(self.gpus_per_node)}"
-            )
-        if self.memory_bandwidth is not None:
-            _check_number("memory_bandwidth", self.memory_bandwidth, positive=True)
-        _check_number("efficiency", self.efficiency, positive=True)
-        if self.efficiency > 1:
-            raise PlanError(
-                f"efficiency is the achieved share of peak, between 0 and 1, got {self.efficiency}"
-            )
+        for name in ("gpus_per_node", "sm_count"):
+            value = getattr(self, name)
+            if value is None and name == "sm_count":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{name} must be a whole number >= 1, got {brief(value)}")
+        if self.fp8_peak_flops is not None:
+            _check_number("fp8_peak_flops", self.fp8_peak_flops, positive=True)
+        object.__setattr__(self, "intra_node_size_curve", _size_curve(self.intra_node_size_curve))
+        shares = [
+            *EFFICIENCIES,
+            *(["fp8_matmul_efficiency"] if self.fp8_matmul_efficiency is not None else []),
+        ]
+        for name in shares:
+            _check_number(name, getattr(self, name), positive=True)
+            if getattr(self, name) > 1:
+                raise PlanError(
+                    f"{name} is a measured share of a peak, between 0 and 1, got "
+                    f"{brief(getattr(self, name))}"
+                )
 
     @property
-    def achieved_flops(self) -> float:
-        """``peak_flops * efficiency``: the FLOP/s the planner assumes."""
-        return self.peak_flops * self.efficiency
+    def achieved_memory_bandwidth(self) -> float:
+        """``memory_bandwidth * memory_efficiency``: what streaming kernels get."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+    @property
+    def fp8_matmul_share(self) -> float:
+        """The achievable share of the FP8 peak (bf16's when not measured apart)."""
+        if self.fp8_matmul_efficiency is None:
+            return self.matmul_efficiency
+        return self.fp8_matmul_efficiency
+
+    @property
+    def fp8_flops(self) -> float:
+        """The FP8 peak; PlanError naming the accelerator when it has none."""
+        if self.fp8_peak_flops is None:
+            raise PlanError(
+                f"accelerator {self.name} has no FP8 tensor cores (fp8_peak_flops is not set); "
+                "train in bf16 or fp16 on it, or pick a Hopper or Blackwell accelerator"
+            )
+        return self.fp8_peak_flops
 
     def link(self, *, inter_node: bool) -> Interconnect:
-        """The intra-node or inter-node path."""
+        """The intra-node or inter-node path at the bandwidth NCCL measures on it (the
+        datasheet's times the measured efficiency): collectives and pipeline sends alike."""
         if inter_node:
             return Interconnect(
-                latency_s=self.inter_node_latency, bandwidth_bytes_per_s=self.inter_node_bandwidth
+                latency_s=self.inter_node_latency,
+                bandwidth_bytes_per_s=self.inter_node_bandwidth * self.inter_node_efficiency,
             )
         return Interconnect(
-            latency_s=self.intra_node_latency, bandwidth_bytes_per_s=self.intra_node_bandwidth
+            latency_s=self.intra_node_latency,
+            bandwidth_bytes_per_s=self.intra_node_bandwidth * self.intra_node_efficiency,
+            size_curve=self.intra_node_size_curve,
         )
 
     def with_memory(self, memory_bytes: int, /) -> Accelerator:
@@ -119,6 +199,22 @@ class Accelerator:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _size_curve(points: object) -> tuple[tuple[float, float], ...]:
+    """``points`` as ascending ``(bytes, share)`` pairs; PlanError naming what is wrong."""
+    try:
+        curve = tuple((float(size), float(share)) for size, share in points)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise PlanError(
+            f"intra_node_size_curve must be a list of [bytes, share] pairs, got {brief(points)}"
+        ) from None
+    sizes = [size for size, _ in curve]
+    if sizes != sorted(set(sizes)) or any(s <= 0 for s in sizes):
+        raise PlanError("intra_node_size_curve sizes must be positive and strictly ascending")
+    if any(not 0 < share <= 1 for _, share in curve):
+        raise PlanError("intra_node_size_curve shares must be between 0 and 1")
+    return curve
+
+
 def _check_number(name: str, value: object, *, positive: bool) -> None:
     # Values beyond a float (1e308) are refused too: the planner computes in floats.
     ok = not isinstance(value, bool) and isinstance(value, int | float) and abs(value) < 1e300
@@ -127,7 +223,24 @@ def _check_number(name: str, value: object, *, positive: bool) -> None:
         raise PlanError(f"accelerator {name} must be a {bound} finite number, got {brief(value)}")
 
 
+#: The measured shares of a peak an accelerator names, each between 0 and 1.
+EFFICIENCIES = (
+    "matmul_efficiency",
+    "attention_forward_efficiency",
+    "attention_backward_efficiency",
+    "memory_efficiency",
+    "intra_node_efficiency",
+    "inter_node_efficiency",
+)
+
 _FIELDS = {f.name for f in fields(Accelerator)}
+_OPTIONAL = {
+    "description",
+    "fp8_peak_flops",
+    "fp8_matmul_efficiency",
+    "sm_count",
+    "intra_node_size_curve",
+}
 
 
 def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Accelerator:
@@ -136,15 +249,20 @@ def accelerator_from_dict(data: object, /, *, source: str = "accelerator") -> Ac
         raise ParseError(f"{source}: expected a JSON object of accelerator fields")
     values = {k: v for k, v in data.items() if not k.endswith("_source") and k != "source"}
     values.setdefault("name", "custom")
+    if "efficiency" in values:
+        raise ParseError(
+            f"{source}: 'efficiency' (one share of peak for all work) is gone: the planner "
+            "prices each kernel, so give the measured shares instead: "
+            + ", ".join(EFFICIENCIES)
+            + " (see pipesim/data/accelerators.json for each one's meaning and sources)"
+        )
     unknown = sorted(set(values) - _FIELDS)
     if unknown:
         raise ParseError(
             f"{source}: unknown accelerator fields {unknown}; valid fields are {sorted(_FIELDS)}"
         )
     missing = sorted(
-        f.name
-        for f in fields(Accelerator)
-        if f.name not in values and f.name not in ("description", "memory_bandwidth")
+        f.name for f in fields(Accelerator) if f.name not in values and f.name not in _OPTIONAL
     )
     if missing:
         raise ParseError(f"{source}: missing accelerator fields {missing}")

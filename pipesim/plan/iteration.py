@@ -27,10 +27,14 @@ Ranks reduce in parallel (different groups), so the iteration adds the
 largest exposed time of any rank; the time a rank waits for others to drain
 the pipeline is not counted as overlap (an upper bound).
 
-Optimizer step (memory bound): Adam reads the fp32 gradient, master weight,
-momentum and variance and writes the last three and the bf16 weight: 30 bytes
-per parameter held, at the device's memory bandwidth (of the 1/d shard with
-the distributed optimizer).
+Optimizer step (memory bound, a streaming kernel of :mod:`pipesim.plan.gpu`: the bytes
+at the achievable HBM rate), over the parameters held (the 1/d shard with the
+distributed optimizer), per parameter: the gradient-norm for clipping reads the fp32
+gradient (4 bytes; Megatron-LM's ``clip_grad_norm_fp32``, on by default with
+``--clip-grad 1.0``); Adam reads the fp32 gradient, master weight, momentum and
+variance and writes the last three (28); the updated master weight is copied into
+the bf16 model weight (reads 4, writes 2); the gradient buffer is zeroed for the next
+step (writes 4): 42 bytes.
 
 Devices are ordered as Megatron-LM orders its groups, tensor parallel
 innermost, then data parallel, then pipeline (``megatron/core/parallel_state.py``,
@@ -66,8 +70,9 @@ __all__ = [
 BYTES_PER_PARAM = 18
 #: The part of BYTES_PER_PARAM the distributed optimizer shards over data parallel.
 OPTIMIZER_BYTES_PER_PARAM = 12
-#: Bytes an Adam step moves per parameter: reads 16 (grad, master, m, v), writes 14.
-ADAM_STEP_BYTES_PER_PARAM = 30
+#: Bytes the optimizer step moves per parameter held (see the module docstring): norm 4,
+#: Adam 16 + 12, copy to the bf16 weights 4 + 2, zeroing the gradient buffer 4.
+ADAM_STEP_BYTES_PER_PARAM = 42
 
 _NS_PER_S = 10**9
 
@@ -125,11 +130,14 @@ def rank_iteration(
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
 
     >>> from pipesim.plan.hardware import get_accelerator
-    >>> it = rank_iteration(10**9, accelerator=get_accelerator("h100-sxm"), tensor=8,
+    >>> h100 = get_accelerator("h100-sxm")
+    >>> it = rank_iteration(10**9, accelerator=h100, tensor=8,
     ...     data_parallel=1, distributed_optimizer=False, grad_bytes_per_param=2,
     ...     weight_bytes_per_param=2, last_backward_ns=0, first_forward_ns=0)
-    >>> it.dp_comm_ns, it.optimizer_ns   # no replicas; 30 GB at 3.35 TB/s
-    (0, 8955224)
+    >>> it.dp_comm_ns   # no replicas
+    0
+    >>> it.optimizer_ns == round(42e9 / h100.achieved_memory_bandwidth * 1e9)  # 42 GB
+    True
     """
     d = data_parallel
     link = data_parallel_link(accelerator, tensor=tensor, data_parallel=d)
@@ -147,8 +155,8 @@ def rank_iteration(
         total = round(allreduce_s(grads, n_devices=d, link=link) * _NS_PER_S)
         exposed = max(0, total - hidden_b)
         held = Fraction(params)
-    optimizer = 0
-    if accelerator.memory_bandwidth is not None:
-        seconds = held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.memory_bandwidth))
-        optimizer = round(seconds * _NS_PER_S)
+    seconds = (
+        held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.achieved_memory_bandwidth))
+    )
+    optimizer = round(seconds * _NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

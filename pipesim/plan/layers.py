@@ -51,13 +51,9 @@ full gradient (zero-bubble's Megatron keeps ``grad_output`` and the saved input 
 its ``WeightGradStore``). With full recomputation I re-creates the inputs, so W
 holds the same bytes, more than the block input stored from F.
 
-Tensor-parallel traffic (Narayanan et al. 2021, section 2.3: "two all-reduce
-operations in the forward pass and two in the backward pass" per block;
-Korthikanti et al. 2023, section 4.2.2: with sequence parallelism each becomes
-a reduce-scatter plus an all-gather of the same total volume): counted in
-all-reduces of the ``s h`` activation (``LayerCost.tp_forward_allreduces``,
-``tp_backward_allreduces``); full recomputation repeats the forward's in the
-backward. Zero when t = 1.
+Time is not priced here: :mod:`pipesim.plan.kernels` lists each layer's kernels (its
+tensor-parallel collectives among them) and :mod:`pipesim.plan.gpu` prices them on an
+accelerator. The FLOPs here count what MFU counts and balance the pipeline cut.
 
 >>> from pipesim.plan.model import ModelSpec
 >>> gpt = ModelSpec(n_layers=1, hidden=1024, n_heads=16, seq_length=2048, vocab_size=50000)
@@ -116,11 +112,6 @@ class LayerCost:
     """The part of ``activation_bytes`` that W still needs after I."""
     transient_bytes: Amount = 0
     """Bytes re-created for the backward and freed by it (full recomputation)."""
-    tp_forward_allreduces: int = 0
-    """Tensor-parallel all-reduces (or reduce-scatter + all-gather pairs) of the
-    layer's ``s h`` activation in the forward."""
-    tp_backward_allreduces: int = 0
-    """The same in the backward (I), recomputation included."""
 
     @property
     def backward_flops(self) -> Amount:
@@ -217,7 +208,6 @@ def transformer_block(
         activation = full_bytes - _split(recomputable, t)
     else:
         activation = full_bytes
-    tp_ops = 2 if t > 1 else 0  # attention and MLP each end in an all-reduce
     return LayerCost(
         name="block",
         params=params,
@@ -227,8 +217,6 @@ def transformer_block(
         activation_bytes=activation,
         weight_grad_bytes=weight_grad_bytes,
         transient_bytes=transient,
-        tp_forward_allreduces=tp_ops,
-        tp_backward_allreduces=tp_ops * (2 if recompute == "full" else 1),
     )
 
 
@@ -256,7 +244,6 @@ def embedding(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = 
         weight_grad_flops=0,
         activation_bytes=ids + mask,
         weight_grad_bytes=ids + output_grad,
-        tp_forward_allreduces=1 if t > 1 else 0,
     )
 
 
@@ -284,7 +271,6 @@ def lm_head(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = Fa
         weight_grad_flops=matmul,
         activation_bytes=2 * inputs + _split(4 * s * v, t),
         weight_grad_bytes=inputs + _split(d * s * v, t),
-        tp_backward_allreduces=1 if t > 1 else 0,
     )
 
 

@@ -27,8 +27,10 @@ from pipesim.suggest import did_you_mean
 
 __all__ = ["DTYPE_BYTES", "ModelSpec", "get_model", "load_model", "model_from_dict", "model_names"]
 
-#: Bytes per element of the training dtypes the planner knows.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Bytes per stored element of the training dtypes the planner knows. ``fp8`` trains the
+#: linear layers' GEMMs in FP8 and keeps weights and activations in bf16, as Transformer
+#: Engine's ``fp8_autocast`` does (its GEMM inputs are cast to FP8 per kernel).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +52,7 @@ class ModelSpec:
     ffn_hidden: int | None = None
     """MLP width; None: ``4 * hidden``."""
     dtype: str = "bf16"
-    """Weights and activations in training: bf16, fp16 or fp32."""
+    """Training precision: bf16, fp16, fp32, or fp8 (FP8 GEMMs, bf16 storage)."""
     gated_mlp: bool = False
     """SwiGLU-style MLP with three matrices (Llama) instead of two (GPT)."""
     bias: bool = True

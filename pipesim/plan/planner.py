@@ -31,6 +31,7 @@ True
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -93,6 +94,8 @@ class Dimensions:
     """None: on wherever t > 1 (it costs no time and saves memory)."""
     distributed_optimizer: tuple[bool, ...] | None = None
     """None: on wherever d > 1 (same traffic as an all-reduce, less memory)."""
+    context: tuple[int, ...] = (1,)
+    """Context-parallel sizes (each sequence split c ways, ring attention)."""
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
@@ -140,6 +143,31 @@ def _tensor_sizes(
     return sizes
 
 
+def _context_sizes(dims: Dimensions, *, devices: int, workload: Workload | None) -> tuple[int, ...]:
+    """The context-parallel sizes, checked: each divides the devices, and the model can
+    split its sequences that many ways (fused attention, 2c equal chunks)."""
+    sizes = _positive_ints("context parallel sizes", dims.context)
+    if sizes == (1,):
+        return sizes
+    bad = [c for c in sizes if devices % c]
+    if bad:
+        raise PlanError(
+            f"context parallel size {bad} does not divide {devices} devices; use divisors of "
+            f"{devices}: {list(_divisors(devices))}"
+        )
+    spec = None if workload is None else workload.spec
+    if spec is None:
+        raise PlanError(
+            "context parallelism applies only to a model given by its shapes (a preset, a "
+            "model file or --layers/--hidden/...); drop --context-parallel"
+        )
+    from pipesim.plan.kernels import Shard, block_kernels
+
+    for c in sizes:
+        block_kernels(spec, Shard(context=c))  # PlanError naming why it cannot split
+    return sizes
+
+
 def _recomputes(dims: Dimensions, workload: Workload) -> tuple[str, ...]:
     if dims.recompute is None:
         if workload.spec is None:
@@ -183,6 +211,8 @@ class _Axes:
     """Per schedule: the stages per rank its rules accept (None: any)."""
     sequence_parallel: tuple[bool, ...] | None
     distributed_optimizer: tuple[bool, ...] | None
+    contexts: tuple[int, ...]
+    """Context-parallel sizes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +318,7 @@ def _axes(
         virtual_values={name: spec.virtual_values for name, spec in specs.items()},
         sequence_parallel=dims.sequence_parallel,
         distributed_optimizer=dims.distributed_optimizer,
+        contexts=_context_sizes(dims, devices=devices, workload=workload),
     )
 
 
@@ -299,15 +330,17 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
     refused: list[PlanPoint] = []
     degrees_seen: list[int] = []
     data_parallel_seen: list[int] = []
-    for t in axes.tensors:
+    for t, c in itertools.product(axes.tensors, axes.contexts):
+        if devices % (t * c):
+            continue
         if axes.pinned_stages is None:
-            degrees = tuple(p for p in _divisors(devices // t) if p <= n_layers)
+            degrees = tuple(p for p in _divisors(devices // (t * c)) if p <= n_layers)
         else:
-            degrees = tuple(p for p in axes.pinned_stages if (devices // t) % p == 0)
+            degrees = tuple(p for p in axes.pinned_stages if (devices // (t * c)) % p == 0)
         degrees_seen += degrees
-        data_parallel_seen += [devices // (t * p) for p in degrees]
+        data_parallel_seen += [devices // (t * c * p) for p in degrees]
         for p in degrees:
-            d = devices // (t * p)
+            d = devices // (t * c * p)
             for b in axes.sizes:
                 m, remainder = divmod(global_batch, d * b)
                 for v in axes.virtuals:
@@ -329,6 +362,7 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
                                         sequence_parallel=sp,
                                         recompute=recompute,
                                         distributed_optimizer=zero,
+                                        context_parallel=c,
                                     )
                                     if remainder or m == 0:
                                         refused.append(
@@ -376,6 +410,7 @@ def _refused(point: Point, reason: str) -> PlanPoint:
         sequence_parallel=point.sequence_parallel,
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
+        context_parallel=point.context_parallel,
         reason=reason,
     )
 
@@ -414,6 +449,10 @@ def plan(
     recompute: Sequence[str] | None = None,
     sequence_parallel: Sequence[bool] | None = None,
     distributed_optimizer: Sequence[bool] | None = None,
+    context_parallel: Sequence[int] = (1,),
+    dtype: str | None = None,
+    tp_comm_overlap: bool = False,
+    overlap_grad_reduce: bool = True,
     bytes_per_param: int = BYTES_PER_PARAM,
     memory_capacity_bytes: int | None = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
@@ -433,17 +472,26 @@ def plan(
     module docstring for the defaults). ``bytes_per_param``: weights + gradients
     + optimizer state per parameter without the distributed optimizer (18:
     Megatron-LM's bf16 weights with fp32 gradients and Adam, see
-    :mod:`pipesim.plan.iteration`). ``memory_capacity_bytes`` overrides the
+    :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
+    to try (default 1). ``dtype``: the training precision instead of the model's own
+    (``fp8``: FP8 GEMMs, bf16 storage). ``tp_comm_overlap``: hide tensor-parallel
+    collectives under the GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``).
+    ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and
+    first forward (``--overlap-grad-reduce`` / ``--overlap-param-gather``; on by
+    default, as Megatron-Core's recipes run).
+    ``memory_capacity_bytes`` overrides the
     accelerator's memory; ``memory_headroom`` is the share of it kept free.
-    ``min_mfu``: the least MFU a winner needs to be recommended (default a
-    quarter of the accelerator's efficiency). ``engine``: ``fast`` or ``simpy``
+    ``min_mfu``: the least MFU a winner needs to be recommended (default an
+    eighth of the accelerator's achievable matmul share). ``engine``: ``fast`` or ``simpy``
     (the reference; identical results, slower). ``partial``: on a deadline or
     Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
     raising.
     """
-    workload = _as_workload(model)
+    workload = _with_dtype(_as_workload(model), dtype)
     if isinstance(accelerator, str):
         accelerator = get_accelerator(accelerator)
+    if workload.spec is not None and workload.spec.dtype == "fp8":
+        accelerator.fp8_flops  # noqa: B018  # PlanError now, not in every worker
     settings = _settings(
         accelerator,
         engine=engine,
@@ -461,6 +509,7 @@ def plan(
         recompute=_pinned(recompute),
         sequence_parallel=_pinned(sequence_parallel),
         distributed_optimizer=_pinned(distributed_optimizer),
+        context=tuple(context_parallel),
     )
     points, refused = sweep_points(
         devices=devices,
@@ -479,6 +528,8 @@ def plan(
         optimizer_bytes_per_param=min(OPTIMIZER_BYTES_PER_PARAM, settings.bytes_per_param),
         memory_capacity_bytes=settings.usable,
         engine=settings.engine,
+        tp_comm_overlap=tp_comm_overlap,
+        overlap_grad_reduce=overlap_grad_reduce,
     )
     evaluations = evaluate_points(
         context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
@@ -491,6 +542,17 @@ def _as_workload(model: ModelSpec | Workload | str) -> Workload:
     if isinstance(model, str):
         model = get_model(model)
     return workload_from_model(model) if isinstance(model, ModelSpec) else model
+
+
+def _with_dtype(workload: Workload, dtype: str | None) -> Workload:
+    """``workload`` trained in ``dtype`` (None: its own); a cost file has its own."""
+    if dtype is None or (workload.spec is not None and workload.spec.dtype == dtype):
+        return workload
+    if workload.spec is None:
+        raise PlanError(
+            f"{workload.name} is a cost file, measured in its own precision; drop --dtype"
+        )
+    return workload_from_model(replace(workload.spec, dtype=dtype))
 
 
 def _pinned(values: Sequence[_T] | None) -> tuple[_T, ...] | None:
@@ -536,7 +598,7 @@ def _settings(
         raise PlanError(f"memory capacity must be a whole number of bytes >= 1, got {capacity!r}")
     headroom = check_share(memory_headroom, name="memory headroom")
     if min_mfu is None:
-        min_mfu = accelerator.efficiency / 4
+        min_mfu = accelerator.matmul_efficiency / 8
     return _Settings(
         engine=engine,
         bytes_per_param=bytes_per_param,
@@ -588,6 +650,8 @@ def _plan_result(
         n_duplicates=duplicates,
         n_layers=0 if spec is None else spec.n_layers,
         seq_length=workload.seq_length,
+        tp_comm_overlap=context.tp_comm_overlap,
+        dtype=None if spec is None else spec.dtype,
     )
 
 
@@ -618,6 +682,7 @@ def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[Plan
             point.sequence_parallel,
             point.recompute,
             point.distributed_optimizer,
+            point.context_parallel,
         )
         if key in seen:
             dropped.add(i)
@@ -656,6 +721,7 @@ def _plan_point(
         sequence_parallel=point.sequence_parallel,
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
+        context_parallel=point.context_parallel,
     )
     if evaluation.reason is not None:
         return replace(base, reason=evaluation.reason, evaluated=not evaluation.stopped)
@@ -741,7 +807,7 @@ def configuration(
     cost model's durations include the tensor-parallel traffic inside F and I; the
     data-parallel traffic and optimizer step that follow the pipeline are not in it.
     """
-    workload = _as_workload(model)
+    workload = _with_dtype(_as_workload(model), result.dtype)
     if not point.feasible:
         raise PlanError(f"{point.label()} was not simulated: {point.reason}")
     context = SweepContext(
@@ -750,6 +816,7 @@ def configuration(
         devices=result.devices,
         bytes_per_param=bytes_per_param,
         memory_capacity_bytes=result.usable_memory_bytes,
+        tp_comm_overlap=result.tp_comm_overlap,
     )
     return build_configuration(
         context,
@@ -764,5 +831,6 @@ def configuration(
             sequence_parallel=point.sequence_parallel,
             recompute=point.recompute,
             distributed_optimizer=point.distributed_optimizer,
+            context_parallel=point.context_parallel,
         ),
     )

@@ -46,6 +46,8 @@ class PlanPoint:
     """Activation recomputation: none, selective or full."""
     distributed_optimizer: bool = False
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
+    context_parallel: int = 1
+    """Context-parallel size c (``--context-parallel``): each sequence split c ways."""
     n_stages: int | None = None
     """Stages the model is cut into (``p * v`` for interleaved schedules)."""
     layers_per_stage: tuple[int, ...] = ()
@@ -56,7 +58,8 @@ class PlanPoint:
     pipeline_time_ns: int | None = None
     """The pipeline schedule's makespan, tensor-parallel traffic inside F / I included."""
     tp_comm_time_ns: int | None = None
-    """Tensor-parallel traffic inside the pipeline time (busiest rank; part of it)."""
+    """Tensor- and context-parallel communication not hidden under compute, inside the
+    pipeline time (busiest rank; part of it)."""
     dp_comm_time_ns: int | None = None
     """Data-parallel traffic not hidden behind compute (added to the pipeline time)."""
     dp_comm_total_ns: int | None = None
@@ -116,6 +119,8 @@ class PlanPoint:
             f"{self.schedule} t={self.tensor} p={self.pipeline} v={self.virtual} "
             f"d={self.data_parallel} b={self.microbatch_size} m={self.n_microbatches}"
         )
+        if self.context_parallel > 1:
+            text += f" c={self.context_parallel}"
         if self.sequence_parallel:
             text += " sp"
         if self.recompute != "none":
@@ -133,6 +138,7 @@ class PlanPoint:
             "virtual": self.virtual,
             "tensor_parallel": self.tensor,
             "data_parallel": self.data_parallel,
+            "context_parallel": self.context_parallel,
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute,
             "distributed_optimizer": self.distributed_optimizer,
@@ -164,16 +170,19 @@ class PlanPoint:
 
     def parts_s(self) -> dict[str, float] | None:
         """The iteration in seconds, part by part: ``pipeline`` (the schedule's
-        makespan, which contains ``tp_comm`` and ``bubble``), then ``dp_comm``
-        (exposed) and ``optimizer``, which follow it; ``step = pipeline + dp_comm +
-        optimizer``."""
+        makespan, which contains ``tp_comm`` (exposed tensor- and context-parallel
+        communication of the busiest rank), ``bubble`` (ranks' mean idle time, pipeline
+        sends waited on included) and ``compute``, the rest), then ``dp_comm`` (exposed)
+        and ``optimizer``, which follow it; ``step = pipeline + dp_comm + optimizer``."""
         if self.step_time_ns is None:
             return None
 
         def s(ns: int | None) -> float:
             return 0.0 if ns is None else ns / 1e9
 
+        compute = s(self.pipeline_time_ns) - s(self.tp_comm_time_ns) - s(self.bubble_time_ns)
         return {
+            "compute": max(0.0, compute),
             "pipeline": s(self.pipeline_time_ns),
             "tp_comm": s(self.tp_comm_time_ns),
             "bubble": s(self.bubble_time_ns),
@@ -194,6 +203,7 @@ def _order(point: PlanPoint) -> tuple[Any, ...]:
         point.recompute,
         point.sequence_parallel,
         point.distributed_optimizer,
+        point.context_parallel,
     )
     if point.fits:
         return (0, point.step_time_ns, point.peak_memory_bytes, *tie)
@@ -254,6 +264,10 @@ class PlanResult:
     n_layers: int = 0
     """Transformer blocks of the model (for framework settings; 0 if unknown)."""
     seq_length: int | None = None
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives were hidden under GEMMs (``--tp-comm-overlap``)."""
+    dtype: str | None = None
+    """The training precision the plan priced (None: the model's own)."""
 
     @property
     def usable_memory_bytes(self) -> int:

@@ -13,17 +13,20 @@ identical to the SimPy engine, which ``engine="simpy"`` uses instead).
 
 Hardware model (documented assumptions):
 
-- Devices are ordered as Megatron-LM orders its groups (tensor parallel
-  innermost, then data parallel, then pipeline: ``megatron/core/parallel_state.py``,
-  order "tp-dp-pp"). A tensor-parallel group stays in a node when t <= GPUs
-  per node, and its collectives (:mod:`pipesim.plan.layers`,
-  :mod:`pipesim.plan.collectives`) run on the intra-node link inside every
-  F and I, so they are part of each action's duration. Consecutive pipeline
-  ranks (blocks of t d devices) share a node g / (t d) at a time; a hop inside
-  a node takes the intra-node link, a hop between nodes the inter-node link
-  (links per rank pair, :class:`pipesim.costs.Links`).
-- Data-parallel gradient traffic, its overlap and the optimizer step follow
-  :mod:`pipesim.plan.iteration`; they come after the pipeline.
+- Each layer's F, I and W at the point's micro-batch size is the sum of its kernels
+  (:mod:`pipesim.plan.kernels`) priced on the accelerator (:mod:`pipesim.plan.gpu`):
+  GEMMs by shape, fused attention, memory-bound kernels by bytes, and the tensor- and
+  context-parallel collectives that are not hidden. One model prices every point.
+- Devices are ordered as Megatron-Core orders its groups (tensor parallel innermost,
+  then context, data and pipeline parallel: ``megatron/core/parallel_state.py``,
+  order "tp-cp-dp-pp"). A group stays in a node when it fits there; consecutive
+  pipeline ranks (blocks of t c d devices) share a node g / (t c d) at a time; a hop
+  inside a node takes the intra-node link, a hop between nodes the inter-node link
+  (links per rank pair, :class:`pipesim.costs.Links`), each at NCCL's measured bus
+  bandwidth.
+- Data-parallel gradient traffic (over the d c devices that hold the same weights),
+  its overlap and the optimizer step follow :mod:`pipesim.plan.iteration`; they come
+  after the pipeline.
 - Full recomputation re-creates one block's activations at a time in the
   backward: the largest such transient on a rank is added to its peak.
 
@@ -56,9 +59,9 @@ from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
-from pipesim.plan.collectives import allreduce_s
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
+from pipesim.plan.gpu import LayerTime, layer_times
 from pipesim.plan.hardware import Accelerator, Interconnect
 from pipesim.plan.iteration import (
     BYTES_PER_PARAM,
@@ -67,6 +70,7 @@ from pipesim.plan.iteration import (
     rank_iteration,
     static_bytes,
 )
+from pipesim.plan.kernels import Shard
 from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.partition import partition
@@ -105,6 +109,15 @@ class Point:
     """Activation recomputation: none, selective or full."""
     distributed_optimizer: bool = False
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
+    context_parallel: int = 1
+    """Context-parallel size c: each sequence split over c devices (ring attention)."""
+
+    @property
+    def gradient_group(self) -> int:
+        """Devices that hold the same weights and reduce their gradients together: the
+        data-parallel and context-parallel ranks (Megatron-Core's dp-cp group), over
+        which the distributed optimizer also shards."""
+        return self.data_parallel * self.context_parallel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,12 +139,16 @@ class SweepContext:
     """``fast`` (pipesim.plan.fastsim) or ``simpy`` (the reference engine)."""
     overlap_grad_reduce: bool = True
     """Hide data-parallel traffic behind the last backward / first forward."""
+    tp_comm_overlap: bool = False
+    """Hide tensor-parallel collectives under the GEMMs next to them (Megatron-LM's
+    ``--tp-comm-overlap``, :mod:`pipesim.plan.gpu`)."""
 
     def workload_for(self, point: Point, /) -> Workload:
         """The workload of ``point``'s tensor parallelism and recomputation."""
         w = self.workload
         sp = point.sequence_parallel and point.tensor > 1
-        if (point.tensor, sp, point.recompute) == (w.tensor, w.sequence_parallel, w.recompute):
+        key = (point.tensor, sp, point.recompute, point.context_parallel)
+        if key == (w.tensor, w.sequence_parallel, w.recompute, w.context):
             return w
         if w.spec is None:
             raise PlanError(
@@ -139,7 +156,11 @@ class SweepContext:
                 "a model given by its shapes (a preset, a model file or --layers/--hidden/...)"
             )
         return workload_from_model(
-            w.spec, tensor=point.tensor, sequence_parallel=sp, recompute=point.recompute
+            w.spec,
+            tensor=point.tensor,
+            sequence_parallel=sp,
+            recompute=point.recompute,
+            context=point.context_parallel,
         )
 
 
@@ -156,7 +177,8 @@ class Evaluation:
     makespan_ns: int = 0
     """Pipeline time of one step (tensor-parallel traffic included in F / I)."""
     tp_comm_ns: int = 0
-    """Tensor-parallel traffic inside the pipeline time, on the busiest rank."""
+    """Tensor- and context-parallel communication not hidden, inside the pipeline time,
+    on the busiest rank over the step."""
     dp_comm_ns: int = 0
     """Data-parallel traffic of the rank with the most (all of it, hidden or not)."""
     dp_exposed_ns: int = 0
@@ -181,8 +203,9 @@ class Evaluation:
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
-_WORKLOADS: dict[tuple[int, bool, str], Workload] = {}
-_PARTITIONS: dict[tuple[int, bool, str, int], tuple[int, ...]] = {}
+_WORKLOADS: dict[tuple[int, bool, str, int], Workload] = {}
+_LAYER_TIMES: dict[tuple[Any, ...], dict[str, LayerTime]] = {}
+_PARTITIONS: dict[tuple[int, bool, str, int, int], tuple[int, ...]] = {}
 _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
@@ -206,6 +229,7 @@ def _install(context: SweepContext) -> None:
     _CONTEXT = context
     _SCHEDULES.clear()
     _WORKLOADS.clear()
+    _LAYER_TIMES.clear()
     _PARTITIONS.clear()
     _COSTS.clear()
     _SIMULATED.clear()
@@ -264,25 +288,16 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
 
 
 def _workload(context: SweepContext, point: Point) -> Workload:
-    key = (point.tensor, point.sequence_parallel and point.tensor > 1, point.recompute)
+    key = (
+        point.tensor,
+        point.sequence_parallel and point.tensor > 1,
+        point.recompute,
+        point.context_parallel,
+    )
     found = _WORKLOADS.get(key)
     if found is None:
         found = _WORKLOADS[key] = context.workload_for(point)
     return found
-
-
-def _ns_per_work(context: SweepContext, workload: Workload) -> Fraction:
-    if workload.in_flops:
-        accelerator = context.accelerator
-        return Fraction(_NS_PER_S) / (
-            Fraction(repr(accelerator.peak_flops)) * Fraction(repr(accelerator.efficiency))
-        )
-    return Fraction(_NS_PER_S)
-
-
-def _tp_link(context: SweepContext, tensor: int) -> Interconnect:
-    """Tensor parallel inside a node when it fits there (Megatron's default layout)."""
-    return context.accelerator.link(inter_node=tensor > context.accelerator.gpus_per_node)
 
 
 def _stage_costs(
@@ -300,6 +315,7 @@ def _stage_costs(
         workload.tensor,
         workload.sequence_parallel,
         workload.recompute,
+        workload.context,
         sizes,
         microbatch_size,
         n_copies,
@@ -348,8 +364,7 @@ def _model_stages(
 ) -> tuple[list[StageCost], list[int | Fraction], list[int], list[int]]:
     """Per stage of ``sizes`` layers at micro-batch size ``b``: its cost, parameters,
     recomputation transient and tensor-parallel traffic (ns)."""
-    ns_per_work = _ns_per_work(context, workload)
-    allreduce_ns = _tp_allreduce_ns(context, workload, b)
+    times = _layer_times(context, workload, b)
     stages = []
     params: list[int | Fraction] = []
     transient: list[int] = []
@@ -359,26 +374,27 @@ def _model_stages(
     for size in sizes:
         layers = workload.layers[start : start + size]
         end = start + size
-
-        def total(field: str, start: int = start, end: int = end) -> Fraction:
-            sums = prefix[field]
-            return sums[end] - sums[start]
-
+        kinds = [times[layer.name] for layer in layers]
+        forward = _ns(sum(x.forward.total_s for x in kinds))
+        input_grad = _ns(sum(x.input_grad.total_s for x in kinds))
+        weight_grad = _ns(sum(x.weight_grad.total_s for x in kinds))
+        exposed = _ns(
+            sum(
+                p.tp_exposed_s + p.cp_exposed_s
+                for x in kinds
+                for p in (x.forward, x.input_grad, x.weight_grad)
+            )
+        )
+        stage_params = prefix["params"][end] - prefix["params"][start]
+        act = math.ceil((prefix["activation_bytes"][end] - prefix["activation_bytes"][start]) * b)
+        kept = math.ceil(
+            (prefix["weight_grad_bytes"][end] - prefix["weight_grad_bytes"][start]) * b
+        )
         start = end
-
-        fwd_comm = round(total("tp_forward_allreduces") * allreduce_ns)
-        bwd_comm = round(total("tp_backward_allreduces") * allreduce_ns)
-        forward = round(total("forward") * b * ns_per_work) + fwd_comm
-        input_grad = round(total("input_grad") * b * ns_per_work) + bwd_comm
-        weight_grad = round(total("weight_grad") * b * ns_per_work)
-        backward = round(total("backward") * b * ns_per_work) + bwd_comm
-        stage_params = total("params")
-        act = math.ceil(total("activation_bytes") * b)
-        kept = math.ceil(total("weight_grad_bytes") * b)
         stages.append(
             StageCost(
                 forward=forward,
-                backward=backward,
+                backward=input_grad + weight_grad,
                 input_grad=input_grad,
                 weight_grad=weight_grad,
                 activation_bytes=act,
@@ -391,20 +407,33 @@ def _model_stages(
         transient.append(
             math.ceil(max((Fraction(x.transient_bytes) for x in layers), default=0) * b)
         )
-        tp_ns.append(fwd_comm + bwd_comm)
+        tp_ns.append(exposed)
     return stages, params, transient, tp_ns
 
 
-def _tp_allreduce_ns(context: SweepContext, workload: Workload, b: int) -> Fraction:
-    """One tensor-parallel all-reduce of a micro-batch of ``b`` sequences' activation."""
-    return (
-        allreduce_s(
-            workload.tp_payload_bytes * b,
-            n_devices=workload.tensor,
-            link=_tp_link(context, workload.tensor),
+def _ns(seconds: float) -> int:
+    """Seconds as whole nanoseconds: the planner's cost models are integer."""
+    return round(seconds * _NS_PER_S)
+
+
+def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str, LayerTime]:
+    """F, I and W of each layer kind of ``workload`` at micro-batch size ``b`` on the
+    context's accelerator (:mod:`pipesim.plan.gpu`), priced once per variant."""
+    assert workload.spec is not None
+    key = (workload.tensor, workload.sequence_parallel, workload.recompute, workload.context, b)
+    found = _LAYER_TIMES.get(key)
+    if found is None:
+        shard = Shard(
+            microbatch_size=b,
+            tensor=workload.tensor,
+            context=workload.context,
+            sequence_parallel=workload.sequence_parallel,
+            recompute=workload.recompute,
         )
-        * _NS_PER_S
-    )
+        found = _LAYER_TIMES[key] = layer_times(
+            workload.spec, shard, context.accelerator, tp_comm_overlap=context.tp_comm_overlap
+        )
+    return found
 
 
 def _stage_links(
@@ -473,8 +502,6 @@ _SUMMED = (
     "activation_bytes",
     "weight_grad_bytes",
     "params",
-    "tp_forward_allreduces",
-    "tp_backward_allreduces",
 )
 _PREFIXES: dict[int, tuple[Workload, dict[str, list[Fraction]]]] = {}
 
@@ -495,7 +522,13 @@ def _prefix_sums(workload: Workload) -> dict[str, list[Fraction]]:
 
 
 def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...]:
-    key = (workload.tensor, workload.sequence_parallel, workload.recompute, per_copy)
+    key = (
+        workload.tensor,
+        workload.sequence_parallel,
+        workload.recompute,
+        workload.context,
+        per_copy,
+    )
     sizes = _PARTITIONS.get(key)
     if sizes is None:
         work = [layer.work for layer in workload.layers]
@@ -522,7 +555,7 @@ def _pipeline_ranks_per_node(context: SweepContext, point: Point) -> int | None:
     g = context.accelerator.gpus_per_node
     if context.devices <= g:
         return None
-    span = point.tensor * point.data_parallel
+    span = point.tensor * point.context_parallel * point.data_parallel
     return g // span if g % span == 0 else 1
 
 
@@ -635,7 +668,7 @@ def _rank_loads(
     static = [
         static_bytes(
             rank_params[r],
-            data_parallel=point.data_parallel,
+            data_parallel=point.gradient_group,
             distributed_optimizer=point.distributed_optimizer,
             bytes_per_param=context.bytes_per_param,
             optimizer_bytes_per_param=context.optimizer_bytes_per_param,
@@ -663,7 +696,7 @@ def _build_cost_aware(
     static = [
         static_bytes(
             params,
-            data_parallel=point.data_parallel,
+            data_parallel=point.gradient_group,
             distributed_optimizer=point.distributed_optimizer,
             bytes_per_param=context.bytes_per_param,
             optimizer_bytes_per_param=context.optimizer_bytes_per_param,
@@ -727,7 +760,7 @@ def _rank_iteration(
     key = (
         params,
         point.tensor,
-        point.data_parallel,
+        point.gradient_group,
         point.distributed_optimizer,
         workload.grad_bytes_per_param,
         stage.backward,
@@ -742,7 +775,7 @@ def _rank_iteration(
         params,
         accelerator=context.accelerator,
         tensor=point.tensor,
-        data_parallel=point.data_parallel,
+        data_parallel=point.gradient_group,
         distributed_optimizer=point.distributed_optimizer,
         grad_bytes_per_param=workload.grad_bytes_per_param,
         weight_bytes_per_param=workload.grad_bytes_per_param,
@@ -785,7 +818,7 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
             cost,
             param_bytes=static_bytes(
                 params,
-                data_parallel=point.data_parallel,
+                data_parallel=point.gradient_group,
                 distributed_optimizer=point.distributed_optimizer,
                 bytes_per_param=context.bytes_per_param,
                 optimizer_bytes_per_param=context.optimizer_bytes_per_param,

@@ -19,7 +19,7 @@ measurement divided by its rows) only balance the cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -58,10 +58,6 @@ class Layer:
     """Parameters on one device (static memory is ``params * bytes_per_param``)."""
     transient_bytes: Amount = 0
     """Bytes re-created for the backward and freed by it (full recomputation)."""
-    tp_forward_allreduces: int = 0
-    """Tensor-parallel all-reduces of ``Workload.tp_payload_bytes`` per sequence in F."""
-    tp_backward_allreduces: int = 0
-    """The same in the backward (I; B = I + W)."""
 
     @property
     def work(self) -> Amount:
@@ -76,8 +72,9 @@ class Workload:
     name: str
     layers: tuple[Layer, ...]
     in_flops: bool
-    """True: layer work is in FLOPs (divided by the accelerator's achieved FLOP/s);
-    False: in seconds."""
+    """True: a model given by its shapes, whose layer work is in FLOPs (it balances the
+    cut; time is priced kernel by kernel, :mod:`pipesim.plan.gpu`); False: a cost file's
+    layers, work in seconds."""
     message_bytes: Amount
     """Bytes of the activation passed between stages, per sequence."""
     grad_bytes_per_param: int
@@ -92,8 +89,9 @@ class Workload:
     sequence_parallel: bool = False
     recompute: str = "none"
     """Activation recomputation: none, selective or full."""
-    tp_payload_bytes: Amount = 0
-    """Bytes of the activation one tensor-parallel all-reduce sums, per sequence."""
+    context: int = 1
+    """Context-parallel size c the layer costs are per device of (each holds s / c of
+    every sequence)."""
     measured: MeasuredCosts | None = None
     """A cost file's own model: what the sweep prices each micro-batch size from."""
 
@@ -105,22 +103,34 @@ def workload_from_model(
     tensor: int = 1,
     sequence_parallel: bool = False,
     recompute: str = "none",
+    context: int = 1,
 ) -> Workload:
-    """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti costs, per
-    device of a ``tensor``-way tensor-parallel group (see :mod:`pipesim.plan.layers`).
+    """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti FLOPs and
+    memory, per device of a ``tensor``-way tensor-parallel and ``context``-way
+    context-parallel group (see :mod:`pipesim.plan.layers`).
 
     Between pipeline stages Megatron-LM sends each device's 1/t of the activation
     (Narayanan et al. 2021, section 4.1, scatter/gather optimisation; with sequence
     parallelism the activation is split anyway), so ``message_bytes`` is ``s h / t``
-    elements.
+    elements; a context-parallel device holds and sends s / c of each sequence, and
+    stores the activations of s / c tokens (the flash attention context parallelism
+    needs stores nothing of size s x s).
 
     >>> from pipesim.plan.model import get_model
     >>> w = workload_from_model(get_model("llama2-7b"), tensor=4)
-    >>> w.message_bytes == 4096 * 4096 * 2 // 4, w.tp_payload_bytes == 4096 * 4096 * 2
-    (True, True)
+    >>> w.message_bytes == 4096 * 4096 * 2 // 4
+    True
+    >>> workload_from_model(get_model("llama2-7b"), context=2).message_bytes == 2048 * 4096 * 2
+    True
     """
     if sequence_parallel and tensor == 1:
         sequence_parallel = False  # nothing to split: the same configuration
+    local = spec
+    if context > 1:
+        from pipesim.plan.kernels import Shard, block_kernels
+
+        block_kernels(spec, Shard(tensor=tensor, context=context))  # refuses what cannot split
+        local = replace(spec, seq_length=spec.seq_length // context)
     layers = tuple(
         Layer(
             name=layer.name,
@@ -132,14 +142,12 @@ def workload_from_model(
             weight_grad_bytes=layer.weight_grad_bytes,
             params=layer.params,
             transient_bytes=layer.transient_bytes,
-            tp_forward_allreduces=layer.tp_forward_allreduces,
-            tp_backward_allreduces=layer.tp_backward_allreduces,
         )
         for layer in model_layers(
-            spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
+            local, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
         )
     )
-    payload = spec.seq_length * spec.hidden * spec.dtype_bytes
+    payload = local.seq_length * spec.hidden * spec.dtype_bytes
     return Workload(
         name=spec.name,
         layers=layers,
@@ -152,7 +160,7 @@ def workload_from_model(
         tensor=tensor,
         sequence_parallel=sequence_parallel,
         recompute=recompute,
-        tp_payload_bytes=payload,
+        context=context,
     )
 
 

@@ -1,0 +1,289 @@
+"""Pricing a layer's kernels on an accelerator: each by what bounds it.
+
+:mod:`pipesim.plan.kernels` says what a layer runs; this module says how long that
+takes on one :class:`~pipesim.plan.hardware.Accelerator`, from its data file
+(``pipesim/data/accelerators.json``, every number with its public source):
+
+- a GEMM runs at the accelerator's *achievable* matmul rate (``matmul_efficiency`` of
+  the dense peak: the largest rate a measured sweep of GEMM shapes reached), less what
+  its shape wastes: cuBLAS cuts the output into tiles, one thread block per tile, and
+  the tiles run in *waves* of one per SM, so a shape that leaves tiles partly filled
+  (tile quantization) or the last wave partly full (wave quantization) loses that share
+  (NVIDIA, "Matrix Multiplication Background User's Guide", Deep Learning Performance
+  documentation: sections "Tile Quantization" and "Wave Quantization"). cuBLAS picks
+  the tile that wastes least; :data:`TILES` are the tile shapes that guide names. A
+  GEMM also cannot beat reading its operands and writing its result at the achievable
+  HBM rate (a roofline);
+- fused attention at its measured share of peak, forward and backward apart (the
+  FlashAttention-2 / -3 papers' figures);
+- a streaming (memory-bound) kernel moves its bytes at the achievable HBM rate
+  (``memory_bandwidth x memory_efficiency``);
+- a collective by the NCCL ring formulas of :mod:`pipesim.plan.collectives` on the
+  link its group uses (a tensor-parallel group inside a node when it fits there, the
+  devices ordered tp-cp-dp-pp as Megatron-Core's ``parallel_state`` orders them), at
+  the link's measured bus bandwidth; the context-parallel ring as point-to-point
+  messages.
+
+Communication runs on its own stream where the framework overlaps it: ring attention's
+K/V exchange under the attention of the chunk in hand (Megatron-Core, Transformer
+Engine's ``AttnFuncWithCPAndKVP2P``), and with ``tp_comm_overlap`` (Transformer
+Engine's userbuffers, Megatron-LM's ``--tp-comm-overlap``) each tensor-parallel
+all-gather under the GEMM it feeds and each reduce-scatter under the GEMM that makes
+it. Only the part longer than what hides it adds to the pass. Without that option
+Megatron-LM runs tensor-parallel collectives between the kernels, fully exposed.
+
+>>> from pipesim.plan.hardware import get_accelerator
+>>> from pipesim.plan.kernels import Gemm
+>>> a100 = get_accelerator("a100-80gb")
+>>> g = Gemm("square", 8192, 8192, 8192)
+>>> round(gemm_seconds(g, a100, dtype_bytes=2) * 1e3, 2)   # 1.1 TFLOP at 86.9% of 312
+4.06
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
+from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.plan.kernels import (
+    LAYER_KINDS,
+    Attention,
+    Collective,
+    Gemm,
+    Kernel,
+    LayerKernels,
+    Shard,
+    Streaming,
+    layer_kernels,
+)
+from pipesim.plan.model import ModelSpec
+
+__all__ = [
+    "TILES",
+    "LayerTime",
+    "PassTime",
+    "collective_seconds",
+    "gemm_seconds",
+    "group_link",
+    "kernel_seconds",
+    "layer_times",
+    "price_layer",
+    "wave_utilization",
+]
+
+#: Output tile shapes (rows x columns) cuBLAS chooses among for large half-precision
+#: GEMMs, as NVIDIA's "Matrix Multiplication Background User's Guide" describes them
+#: (its tile quantization section: "256x128 ... 128x128 ... 64x128" tiles, larger tiles
+#: reusing more data).
+TILES = ((256, 128), (128, 256), (128, 128))
+
+
+def wave_utilization(m: int, n: int, *, batch: int = 1, sm_count: int | None) -> float:
+    """The share of the SMs' tile slots a GEMM's output fills, for the best tile:
+    ``m n batch / (waves * SMs * tile area)``; 1 when the SM count is unknown.
+
+    >>> wave_utilization(256, 128, sm_count=1)
+    1.0
+    >>> wave_utilization(256, 384, sm_count=4)   # 6 tiles of 128x128 in 2 waves of 4
+    0.75
+    """
+    if sm_count is None:
+        return 1.0
+    best = 0.0
+    for tm, tn in TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        waves = math.ceil(tiles / sm_count)
+        best = max(best, m * n * batch / (waves * sm_count * tm * tn))
+    return best
+
+
+def gemm_seconds(
+    gemm: Gemm, accelerator: Accelerator, /, *, dtype_bytes: int, fp8: bool = False
+) -> float:
+    """Seconds of one GEMM: its FLOPs at the achievable matmul rate times its wave
+    utilization, or its operands' bytes at the achievable HBM rate, whichever is longer."""
+    peak, share = accelerator.peak_flops, accelerator.matmul_efficiency
+    if fp8 and gemm.low_precision:
+        peak, share = accelerator.fp8_flops, accelerator.fp8_matmul_share
+    utilization = wave_utilization(gemm.m, gemm.n, batch=gemm.batch, sm_count=accelerator.sm_count)
+    compute = gemm.flops / (peak * share * utilization)
+    operand_bytes = gemm.operand_bytes(1 if fp8 and gemm.low_precision else dtype_bytes)
+    return max(compute, operand_bytes / accelerator.achieved_memory_bandwidth)
+
+
+def group_link(accelerator: Accelerator, span: int) -> Interconnect:
+    """The link a group of devices ``span`` apart-and-wide uses: inside a node when the
+    group's devices (consecutive in the tp-cp-dp-pp order) fit one node."""
+    g = accelerator.gpus_per_node
+    return accelerator.link(inter_node=not (span <= g and g % span == 0))
+
+
+def collective_seconds(
+    collective: Collective, accelerator: Accelerator, /, *, shard: Shard
+) -> float:
+    """Seconds of a tensor- or context-parallel collective on its group's link."""
+    if collective.group == "tensor":
+        n, link = shard.tensor, group_link(accelerator, shard.tensor)
+    else:
+        n, link = shard.context, group_link(accelerator, shard.tensor * shard.context)
+    if n == 1:
+        return 0.0
+    size = collective.size_bytes
+    if collective.kind == "all-reduce":
+        return float(allreduce_s(size, n_devices=n, link=link))
+    if collective.kind == "reduce-scatter":
+        return float(reduce_scatter_s(size, n_devices=n, link=link))
+    if collective.kind == "all-gather":
+        return float(all_gather_s(size, n_devices=n, link=link))
+    # the ring: each step sends one chunk to the next device while receiving one
+    return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
+
+
+def kernel_seconds(
+    kernel: Kernel,
+    accelerator: Accelerator,
+    /,
+    *,
+    shard: Shard,
+    dtype_bytes: int,
+    fp8: bool = False,
+) -> float:
+    """Seconds of any one kernel (see the module docstring)."""
+    if isinstance(kernel, Gemm):
+        return gemm_seconds(kernel, accelerator, dtype_bytes=dtype_bytes, fp8=fp8)
+    if isinstance(kernel, Attention):
+        share = (
+            accelerator.attention_backward_efficiency
+            if kernel.backward
+            else accelerator.attention_forward_efficiency
+        )
+        return kernel.flops / (accelerator.peak_flops * share)
+    if isinstance(kernel, Streaming):
+        return kernel.bytes_moved / accelerator.achieved_memory_bandwidth
+    return collective_seconds(kernel, accelerator, shard=shard)
+
+
+@dataclass(frozen=True, slots=True)
+class PassTime:
+    """One pass (F, I or W) of a layer: seconds."""
+
+    compute_s: float
+    """GEMMs, attention and streaming kernels."""
+    tp_comm_s: float
+    """Tensor-parallel collectives, all of them."""
+    tp_exposed_s: float
+    """The part of them not hidden under a GEMM (all of it without comm overlap)."""
+    cp_comm_s: float = 0.0
+    """Context-parallel K/V exchange, all of it."""
+    cp_exposed_s: float = 0.0
+    """The part of it longer than the attention it runs under."""
+
+    @property
+    def total_s(self) -> float:
+        """What the pass takes: compute and exposed communication."""
+        return self.compute_s + self.tp_exposed_s + self.cp_exposed_s
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """A layer's F, I and W on one device."""
+
+    forward: PassTime
+    input_grad: PassTime
+    weight_grad: PassTime
+
+
+def _price_pass(
+    kernels: tuple[Kernel, ...],
+    accelerator: Accelerator,
+    *,
+    shard: Shard,
+    dtype_bytes: int,
+    fp8: bool,
+    tp_comm_overlap: bool,
+) -> PassTime:
+    seconds = [
+        kernel_seconds(k, accelerator, shard=shard, dtype_bytes=dtype_bytes, fp8=fp8)
+        for k in kernels
+    ]
+    compute = tp = tp_exposed = cp = 0.0
+    attention = 0.0
+    for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
+        if not isinstance(kernel, Collective):
+            compute += time
+            if isinstance(kernel, Attention):  # context parallelism needs fused attention
+                attention += time
+        elif kernel.group == "context":
+            cp += time
+        else:
+            tp += time
+            hidden = _overlapping_gemm(kernels, seconds, i) if tp_comm_overlap else 0.0
+            tp_exposed += max(0.0, time - hidden)
+    return PassTime(
+        compute_s=compute,
+        tp_comm_s=tp,
+        tp_exposed_s=tp_exposed,
+        cp_comm_s=cp,
+        cp_exposed_s=max(0.0, cp - attention),
+    )
+
+
+def _overlapping_gemm(kernels: tuple[Kernel, ...], seconds: list[float], index: int) -> float:
+    """Seconds of the GEMM a tensor-parallel collective overlaps with: the next one for
+    an all-gather (it feeds it), the previous one otherwise (it made its input)."""
+    kernel = kernels[index]
+    assert isinstance(kernel, Collective)
+    step = 1 if kernel.kind == "all-gather" else -1
+    j = index + step
+    while 0 <= j < len(kernels):
+        if isinstance(kernels[j], Gemm):
+            return seconds[j]
+        if isinstance(kernels[j], Collective):
+            return 0.0
+        j += step
+    return 0.0
+
+
+def price_layer(
+    kernels: LayerKernels,
+    accelerator: Accelerator,
+    /,
+    *,
+    shard: Shard,
+    dtype_bytes: int,
+    fp8: bool = False,
+    tp_comm_overlap: bool = False,
+) -> LayerTime:
+    """F, I and W of a layer's kernels on ``accelerator``."""
+    priced = {
+        name: _price_pass(
+            pass_kernels,
+            accelerator,
+            shard=shard,
+            dtype_bytes=dtype_bytes,
+            fp8=fp8,
+            tp_comm_overlap=tp_comm_overlap,
+        )
+        for name, pass_kernels in kernels.passes().items()
+    }
+    return LayerTime(**priced)
+
+
+def layer_times(
+    spec: ModelSpec, shard: Shard, accelerator: Accelerator, /, *, tp_comm_overlap: bool = False
+) -> dict[str, LayerTime]:
+    """Each layer kind's F, I and W (embedding, block, head) for ``shard``; the model
+    trains its GEMMs in FP8 when ``spec.dtype`` is ``fp8``."""
+    return {
+        kind: price_layer(
+            layer_kernels(spec, kind, shard),
+            accelerator,
+            shard=shard,
+            dtype_bytes=spec.dtype_bytes,
+            fp8=spec.dtype == "fp8",
+            tp_comm_overlap=tp_comm_overlap,
+        )
+        for kind in LAYER_KINDS
+    }

@@ -1,0 +1,501 @@
+"""What one layer runs on one GPU: its kernels, pass by pass, with their shapes.
+
+The planner prices a layer as the sum of its kernels (:mod:`pipesim.plan.gpu`), each
+by what bounds it, instead of one FLOP count at one efficiency. This module only
+*describes* the kernels of one micro-batch on one device; it knows nothing of any
+accelerator. Three passes, as the schedules split the work (Qi et al., "Zero Bubble
+Pipeline Parallelism", ICLR 2024, Table 1): the forward F, the input gradient I and
+the weight gradient W (a full backward B is I + W).
+
+Kinds of kernel:
+
+- :class:`Gemm`: ``(m x k) @ (k x n)``, ``batch`` times (2mnk FLOPs each). A linear
+  layer ``Y = X W`` of ``m`` tokens has the forward GEMM ``(m, n, k)``, the input
+  gradient ``dX = dY W^T``: ``(m, k, n)`` and the weight gradient ``dW = X^T dY``:
+  ``(k, n, m)``, the same FLOPs in a different shape.
+- :class:`Attention`: a fused (flash) attention kernel, its FLOPs counted as the
+  kernel does the work (causal masking skips the upper triangle, Dao 2023,
+  "FlashAttention-2", section 4.1, and the backward recomputes the scores: 5 matmuls
+  against the forward's 2, section 3.1.2 and Algorithm 2). Unfused attention
+  (Megatron-LM's ``baddbmm`` / softmax / ``bmm`` path) is two batched GEMMs and the
+  streaming kernels between them, with the full s x s matrices.
+- :class:`Streaming`: a memory-bound kernel (norms, activation functions, dropout,
+  residual adds, rotary embedding, softmax, the cross-entropy), priced by the bytes it
+  reads and writes. Which elementwise kernels Megatron-LM fuses into one (bias + GeLU,
+  bias + dropout + residual add, scale + mask + softmax: ``megatron/core/fusions``)
+  decides those bytes; each kernel below names what it reads and writes.
+- :class:`Collective`: tensor-parallel all-reduce / reduce-scatter / all-gather of the
+  activations (Megatron's ``f`` and ``g`` operators, Narayanan et al. 2021 section
+  2.3; with sequence parallelism each all-reduce becomes a reduce-scatter and an
+  all-gather, Korthikanti et al. 2023 section 4.2.2), and the context-parallel ring
+  exchange of keys and values (Megatron-Core's ``AttnFuncWithCPAndKVP2P``, in
+  Transformer Engine: C - 1 steps of one K/V chunk, overlapped with the attention of
+  the chunk in hand).
+
+Shapes: ``b`` sequences of ``s`` tokens, tensor parallel ``t``, context parallel
+``c``; a device holds ``T = b s / c`` tokens of the sequence dimension; the
+sequence-parallel regions (norms, dropout, residual) hold ``T / t`` of them with
+sequence parallelism, all ``T`` without. Bytes are of the model's storage dtype
+``d`` (2 for bf16, fp16 and for fp8 training, where Transformer Engine keeps
+activations between GEMMs in bf16); dropout masks are 1 byte an element (Korthikanti
+et al. 2023, section 4.1).
+
+Recomputation adds the forward kernels it repeats to I: ``full`` the whole block
+(Megatron-LM's ``--recompute-granularity full``), ``selective`` the attention core
+(Korthikanti et al. 2023, section 5; with flash attention the kernel already
+recomputes it, so nothing is added).
+
+>>> from pipesim.plan.model import ModelSpec
+>>> gpt = ModelSpec(n_layers=1, hidden=1024, n_heads=16, seq_length=2048, vocab_size=50000)
+>>> k = block_kernels(gpt, Shard())
+>>> [g.name for g in k.forward if isinstance(g, Gemm)]
+['qkv', 'scores', 'context', 'attention projection', 'mlp up', 'mlp down']
+>>> gemm_flops = sum(g.flops for g in k.forward if isinstance(g, Gemm))
+>>> gemm_flops == 24 * 2048 * 1024**2 + 4 * 2048**2 * 1024
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PlanError
+from pipesim.plan.model import ModelSpec
+
+__all__ = [
+    "Attention",
+    "Collective",
+    "Gemm",
+    "Kernel",
+    "LayerKernels",
+    "Shard",
+    "Streaming",
+    "block_kernels",
+    "embedding_kernels",
+    "head_kernels",
+    "layer_kernels",
+]
+
+#: Bytes of a dropout mask element (Korthikanti et al. 2023, section 4.1).
+MASK_BYTES = 1
+#: Bytes of an fp32 element (the loss's logits, LayerNorm statistics).
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """``batch`` matrix multiplies of ``(m x k) @ (k x n)``."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    low_precision: bool = True
+    """Runs at the FP8 rate when the model trains in fp8 (Transformer Engine casts the
+    linear layers' GEMMs, not the attention's batched ones)."""
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    def operand_bytes(self, dtype_bytes: int) -> int:
+        """Bytes the GEMM must read and write at least: both inputs and the output."""
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * self.batch * dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """A fused attention kernel (forward or backward) doing ``flops`` of matmul work."""
+
+    name: str
+    flops: int
+    backward: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    """A memory-bound kernel moving ``bytes_moved`` bytes through HBM."""
+
+    name: str
+    bytes_moved: int
+
+
+#: Collective kinds: the NCCL operations and the context-parallel point-to-point ring.
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "ring")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective over a group of devices: ``group`` is ``"tensor"`` (t devices) or
+    ``"context"`` (c devices). ``size_bytes`` is the whole buffer (the all-gathered
+    output, the reduce-scattered input), or for ``ring`` one message of its ``steps``
+    (C - 1 messages of one K/V chunk)."""
+
+    name: str
+    kind: str
+    group: str
+    size_bytes: int
+    steps: int = 1
+
+
+Kernel = Gemm | Attention | Streaming | Collective
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    """The kernels of one layer's F, I and W, in the order they run."""
+
+    forward: tuple[Kernel, ...]
+    input_grad: tuple[Kernel, ...]
+    weight_grad: tuple[Kernel, ...]
+
+    def passes(self) -> dict[str, tuple[Kernel, ...]]:
+        return {
+            "forward": self.forward,
+            "input_grad": self.input_grad,
+            "weight_grad": self.weight_grad,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shard:
+    """How one micro-batch of a layer is split over devices."""
+
+    microbatch_size: int = 1
+    tensor: int = 1
+    context: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+
+
+def _check(spec: ModelSpec, shard: Shard) -> None:
+    t, c = shard.tensor, shard.context
+    for name, value in (
+        ("micro-batch size", shard.microbatch_size),
+        ("tensor parallel size", t),
+        ("context parallel size", c),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{name} must be a whole number >= 1, got {value!r}")
+    if spec.n_heads % t or spec.kv_heads % t:
+        raise PlanError(
+            f"tensor parallel size {t} must divide the attention heads ({spec.n_heads}) and "
+            f"key/value heads ({spec.kv_heads}); pick a divisor"
+        )
+    if c > 1 and not spec.flash_attention:
+        raise PlanError(
+            f"context parallel size {c} needs fused (flash) attention: Megatron-Core runs "
+            "context parallelism only through Transformer Engine's fused attention; use "
+            "context parallel 1 for this model, or a model with flash_attention true"
+        )
+    if spec.seq_length % (2 * c) and c > 1:
+        raise PlanError(
+            f"context parallel size {c} needs the sequence ({spec.seq_length} tokens) to split "
+            f"into 2 x {c} equal chunks (Megatron-Core balances causal attention that way); "
+            "pick a divisor of half the sequence"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Dims:
+    """The shapes every kernel of a block is written in."""
+
+    T: int  # tokens on a device (sequence split by context parallelism)
+    Ts: int  # tokens in the sequence-parallel regions
+    h: int
+    kv: int  # key (and value) width
+    f: int
+    heads: int  # attention heads on a device
+    d: int  # bytes per element
+    t: int
+    c: int
+
+
+def _dims(spec: ModelSpec, shard: Shard) -> _Dims:
+    _check(spec, shard)
+    t, c = shard.tensor, shard.context
+    tokens = shard.microbatch_size * spec.seq_length // c
+    return _Dims(
+        T=tokens,
+        Ts=tokens // t if shard.sequence_parallel and t > 1 else tokens,
+        h=spec.hidden,
+        kv=spec.kv_hidden,
+        f=spec.ffn,
+        heads=spec.n_heads // t,
+        d=spec.dtype_bytes,
+        t=t,
+        c=c,
+    )
+
+
+def _to_model_parallel(x: _Dims, sp: bool, name: str) -> tuple[Collective, ...]:
+    """Entering a column-parallel linear: all-gather of the sequence-split input with
+    sequence parallelism; nothing without (Megatron's ``f`` is the identity forward)."""
+    if x.t == 1 or not sp:
+        return ()
+    return (Collective(name, "all-gather", "tensor", x.T * x.h * x.d),)
+
+
+def _from_model_parallel(x: _Dims, sp: bool, name: str) -> tuple[Collective, ...]:
+    """Leaving a row-parallel linear: reduce-scatter with sequence parallelism, else an
+    all-reduce (Megatron's ``g``)."""
+    if x.t == 1:
+        return ()
+    return (Collective(name, "reduce-scatter" if sp else "all-reduce", "tensor", x.T * x.h * x.d),)
+
+
+def _backward_of(collectives: tuple[Collective, ...], x: _Dims, sp: bool) -> tuple[Collective, ...]:
+    """The backward of ``f`` / ``g``: an all-gather's is a reduce-scatter and back; an
+    all-reduce after a row-parallel linear has an identity backward, and the identity
+    before a column-parallel linear an all-reduce (Narayanan et al. 2021, Figure 4)."""
+    swap = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
+    return tuple(
+        Collective(c.name + " (backward)", swap[c.kind], c.group, c.size_bytes)
+        for c in collectives
+        if c.kind in swap
+    )
+
+
+def _norm(spec: ModelSpec, x: _Dims, name: str) -> tuple[Streaming, Streaming]:
+    """Forward and backward of a LayerNorm / RMSNorm over ``Ts`` tokens: forward reads
+    x and writes y; backward reads x and dy and writes dx, then reads x and dy again for
+    the gain (and bias) gradients (Apex's fused layer norm: ``cuComputeGradInput`` and
+    ``cuComputePartGradGammaBeta`` are two kernels over the same tensors)."""
+    elems = x.Ts * x.h
+    return Streaming(name, 2 * elems * x.d), Streaming(name + " (backward)", 5 * elems * x.d)
+
+
+def _residual(spec: ModelSpec, x: _Dims, name: str) -> tuple[Streaming, Streaming]:
+    """Bias + dropout + residual add, fused (``bias_dropout_add_fused_train``): reads
+    the branch output and the residual, writes the sum and the mask; backward reads
+    the mask and dy, writes the branch's gradient (the residual's is dy itself)."""
+    elems = x.Ts * x.h
+    mask = MASK_BYTES * elems if spec.dropout else 0
+    forward = 3 * elems * x.d + mask
+    backward = (2 * elems * x.d + mask) if spec.dropout else 0  # no dropout: dy passes through
+    kernels = Streaming(name, forward), Streaming(name + " (backward)", backward)
+    return kernels
+
+
+def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The attention between the QKV and output projections: forward and I kernels."""
+    s_kv = spec.seq_length  # every query attends over the whole sequence
+    b_local = x.T * x.c // spec.seq_length  # sequences in the micro-batch
+    q_tokens = x.T // b_local  # query tokens per sequence on this device
+    dh = spec.hidden // spec.n_heads
+    rope: tuple[Kernel, ...] = ()
+    rope_back: tuple[Kernel, ...] = ()
+    if not spec.learned_positions:  # rotary embedding of q and k: read and write both
+        qk = x.T * (x.h + x.kv) // x.t
+        rope = (Streaming("rotary embedding", 2 * qk * x.d),)
+        rope_back = (Streaming("rotary embedding (backward)", 2 * qk * x.d),)
+    if spec.flash_attention:
+        # causal: half the s x s products; FlashAttention-2 sec. 4.1 counts them so
+        full = 4 * b_local * x.heads * q_tokens * s_kv * dh
+        forward_flops = full // 2
+        fwd: tuple[Kernel, ...] = (*rope, Attention("flash attention", forward_flops))
+        bwd: tuple[Kernel, ...] = (
+            Attention("flash attention (backward)", forward_flops * 5 // 2, backward=True),
+            *rope_back,
+        )
+        return fwd, bwd
+    batch = b_local * x.heads
+    scores = x.heads * b_local * q_tokens * s_kv
+    mask = MASK_BYTES * scores if spec.dropout else 0
+    # the context comes out [batch*heads, s, dh] and is permuted back to [s, b, h/t] with a
+    # copy (Megatron-LM's ``context_layer.permute(...).contiguous()``), and the backward of
+    # splitting the fused QKV output into q, k, v concatenates their gradients
+    context_elems = x.T * x.h // x.t
+    qkv_elems = x.T * (x.h + 2 * x.kv) // x.t
+    fwd = (
+        *rope,
+        Gemm("scores", q_tokens, s_kv, dh, batch, low_precision=False),
+        # scale + mask + softmax, fused: read the scores, write the probabilities
+        Streaming("softmax", 2 * scores * x.d),
+        *((Streaming("attention dropout", 2 * scores * x.d + mask),) if spec.dropout else ()),
+        Gemm("context", q_tokens, dh, s_kv, batch, low_precision=False),
+        Streaming("context permute", 2 * context_elems * x.d),
+    )
+    bwd = (
+        Streaming("context permute (backward)", 2 * context_elems * x.d),
+        # d(probs) = d(context) V^T and dV = probs^T d(context)
+        Gemm("context (input grad)", q_tokens, s_kv, dh, batch, low_precision=False),
+        Gemm("context (value grad)", s_kv, dh, q_tokens, batch, low_precision=False),
+        *(
+            (Streaming("attention dropout (backward)", 2 * scores * x.d + mask),)
+            if spec.dropout
+            else ()
+        ),
+        # softmax backward reads the probabilities and their gradient, writes the scores'
+        Streaming("softmax (backward)", 3 * scores * x.d),
+        Gemm("scores (query grad)", q_tokens, dh, s_kv, batch, low_precision=False),
+        Gemm("scores (key grad)", s_kv, dh, q_tokens, batch, low_precision=False),
+        *rope_back,
+        Streaming("qkv split (backward)", 2 * qkv_elems * x.d),
+    )
+    return fwd, bwd
+
+
+def _context_exchange(
+    spec: ModelSpec, x: _Dims
+) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """Ring attention's K/V exchange: C - 1 steps of this device's K and V chunk forward;
+    backward sends K/V again and their gradients (twice the bytes)."""
+    if x.c == 1:
+        return (), ()
+    chunk = 2 * x.T * x.kv // x.t * x.d  # K and V of this device's tokens
+    return (
+        (Collective("context-parallel K/V", "ring", "context", chunk, steps=x.c - 1),),
+        (
+            Collective(
+                "context-parallel K/V and grads", "ring", "context", 2 * chunk, steps=x.c - 1
+            ),
+        ),
+    )
+
+
+def block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
+    """The kernels of one transformer block's F, I and W on one device."""
+    x = _dims(spec, shard)
+    sp = shard.sequence_parallel and x.t > 1
+    t = x.t
+    n_in = 2 if spec.gated_mlp else 1
+    qkv = Gemm("qkv", x.T, (x.h + 2 * x.kv) // t, x.h)
+    proj = Gemm("attention projection", x.T, x.h, x.h // t)
+    up = Gemm("mlp up", x.T, n_in * x.f // t, x.h)
+    down = Gemm("mlp down", x.T, x.h, x.f // t)
+    norm1, norm1_b = _norm(spec, x, "norm 1")
+    norm2, norm2_b = _norm(spec, x, "norm 2")
+    res1, res1_b = _residual(spec, x, "residual 1")
+    res2, res2_b = _residual(spec, x, "residual 2")
+    act_elems = x.T * x.f // t
+    if spec.gated_mlp:  # SwiGLU: read gate and up, write the product
+        act = Streaming("swiglu", 3 * act_elems * x.d)
+        act_b = Streaming("swiglu (backward)", 5 * act_elems * x.d)  # read 3, write 2 grads
+    else:  # bias + GeLU, fused (bias_gelu_impl): read, write
+        act = Streaming("gelu", 2 * act_elems * x.d)
+        act_b = Streaming("gelu (backward)", 3 * act_elems * x.d)
+    core, core_b = _attention_core(spec, x)
+    ring, ring_b = _context_exchange(spec, x)
+    ag1 = _to_model_parallel(x, sp, "all-gather before qkv")
+    out1 = _from_model_parallel(x, sp, "after attention projection")
+    ag2 = _to_model_parallel(x, sp, "all-gather before mlp")
+    out2 = _from_model_parallel(x, sp, "after mlp down")
+    # identity forward, all-reduce backward before a column-parallel linear without sp
+    in_grad = (
+        () if sp or t == 1 else (Collective("input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
+    )
+    forward: tuple[Kernel, ...] = (
+        norm1, *ag1, qkv, *ring, *core, proj, *out1, res1,
+        norm2, *ag2, up, act, down, *out2, res2,
+    )  # fmt: skip
+    backward: tuple[Kernel, ...] = (
+        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, _input_grad(up),
+        *(_backward_of(ag2, x, sp) or in_grad), norm2_b,
+        res1_b, *_backward_of(out1, x, sp), _input_grad(proj), *ring_b, *core_b, _input_grad(qkv),
+        *(_backward_of(ag1, x, sp) or in_grad), norm1_b,
+    )  # fmt: skip
+    if shard.recompute == "full":
+        backward = forward + backward
+    elif shard.recompute == "selective" and not spec.flash_attention:
+        backward = tuple(k for k in core if isinstance(k, Gemm | Streaming)) + backward
+    weight: list[Kernel] = [_weight_grad(g) for g in (down, up, proj, qkv)]
+    if spec.bias:  # bias gradients: a reduction over the tokens of each output gradient
+        weight.append(
+            Streaming(
+                "bias grads", (x.h + n_in * x.f // t + x.h + (x.h + 2 * x.kv) // t) * x.T * x.d
+            )
+        )
+    return LayerKernels(forward=forward, input_grad=backward, weight_grad=tuple(weight))
+
+
+def _input_grad(g: Gemm) -> Gemm:
+    """``dX = dY W^T`` of a linear layer's forward GEMM ``g``."""
+    return Gemm(g.name + " (input grad)", g.m, g.k, g.n, g.batch, g.low_precision)
+
+
+def _weight_grad(g: Gemm) -> Gemm:
+    """``dW = X^T dY`` of a linear layer's forward GEMM ``g``."""
+    return Gemm(g.name + " (weight grad)", g.k, g.n, g.m, g.batch, g.low_precision)
+
+
+def embedding_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
+    """Token (and position) embedding: a gather of rows, the vocabulary-parallel
+    all-reduce (reduce-scatter with sequence parallelism), dropout; W scatters the
+    gradient into the table and accumulates it into the fp32 main gradient
+    (Megatron-LM's ``VocabParallelEmbedding``; torch's embedding backward writes a
+    dense table-sized gradient)."""
+    x = _dims(spec, shard)
+    sp = shard.sequence_parallel and x.t > 1
+    elems = x.T * x.h
+    forward: list[Kernel] = [Streaming("embedding lookup", 2 * elems * x.d)]
+    forward += _from_model_parallel(x, sp, "embedding")
+    if spec.learned_positions:
+        forward.append(Streaming("position embedding add", 3 * x.Ts * x.h * x.d))
+    if spec.dropout:
+        forward.append(
+            Streaming("embedding dropout", 2 * x.Ts * x.h * x.d + MASK_BYTES * x.Ts * x.h)
+        )
+    table = spec.vocab_size * x.h // x.t
+    backward: list[Kernel] = []
+    if spec.dropout:
+        backward.append(
+            Streaming(
+                "embedding dropout (backward)", 2 * x.Ts * x.h * x.d + MASK_BYTES * x.Ts * x.h
+            )
+        )
+    backward += _backward_of(_from_model_parallel(x, sp, "embedding"), x, sp)
+    weight = (
+        Streaming("embedding grad", elems * x.d + table * x.d),
+        Streaming("embedding grad accumulation", table * (x.d + 2 * FP32)),
+    )
+    return LayerKernels(forward=tuple(forward), input_grad=tuple(backward), weight_grad=weight)
+
+
+def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
+    """Final norm, the vocabulary-parallel LM head and the cross-entropy loss.
+
+    The loss (Megatron-LM's ``vocab_parallel_cross_entropy``) turns the logits into
+    fp32 and makes three passes over them (max, exp and sum, the target's logit), with
+    three tiny all-reduces over the tensor-parallel group; its backward reads the fp32
+    softmax and writes the logits' gradient.
+    """
+    x = _dims(spec, shard)
+    sp = shard.sequence_parallel and x.t > 1
+    v = spec.vocab_size // x.t if spec.vocab_size % x.t == 0 else -(-spec.vocab_size // x.t)
+    norm, norm_b = _norm(spec, x, "final norm")
+    gather = _to_model_parallel(x, sp, "all-gather before head")
+    logits = Gemm("lm head", x.T, v, x.h)
+    elems = x.T * v
+    loss = Streaming("cross entropy", elems * (x.d + 3 * FP32))
+    loss_b = Streaming("cross entropy (backward)", elems * (FP32 + x.d))
+    tiny: tuple[Kernel, ...] = ()
+    if x.t > 1:
+        tiny = tuple(
+            Collective(f"loss {what}", "all-reduce", "tensor", x.T * FP32)
+            for what in ("max", "sum", "target")
+        )
+    in_grad = (
+        ()
+        if sp or x.t == 1
+        else (Collective("head input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
+    )
+    forward: tuple[Kernel, ...] = (norm, *gather, logits, loss, *tiny)
+    backward: tuple[Kernel, ...] = (
+        loss_b,
+        _input_grad(logits),
+        *(_backward_of(gather, x, sp) or in_grad),
+        norm_b,
+    )
+    return LayerKernels(forward=forward, input_grad=backward, weight_grad=(_weight_grad(logits),))
+
+
+#: Layer kinds of a model given by its shapes, as :mod:`pipesim.plan.layers` names them.
+LAYER_KINDS = ("embedding", "block", "head")
+
+
+def layer_kernels(spec: ModelSpec, kind: str, shard: Shard, /) -> LayerKernels:
+    """The kernels of the layer ``kind`` (embedding, block or head)."""
+    build = {"embedding": embedding_kernels, "block": block_kernels, "head": head_kernels}
+    return build[kind](spec, shard)

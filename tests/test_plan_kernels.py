@@ -1,0 +1,289 @@
+"""The op-level GPU model: each kernel priced by hand, and a layer as the sum of its parts.
+
+Oracles: the FLOP formulas of Narayanan et al. 2021 / Qi et al. 2024 (``pipesim.plan.layers``,
+closed forms checked against the papers in test_plan_model), the ring bus-bandwidth
+formulas worked by hand, tile and wave counts worked by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipesim.errors import PlanError
+from pipesim.plan.gpu import (
+    collective_seconds,
+    gemm_seconds,
+    kernel_seconds,
+    layer_times,
+    price_layer,
+    wave_utilization,
+)
+from pipesim.plan.hardware import EFFICIENCIES, Accelerator, get_accelerator
+from pipesim.plan.kernels import (
+    Attention,
+    Collective,
+    Gemm,
+    Shard,
+    Streaming,
+    block_kernels,
+    embedding_kernels,
+    head_kernels,
+)
+from pipesim.plan.layers import embedding, lm_head, transformer_block
+from pipesim.plan.model import ModelSpec
+
+# s=64, h=32, a=4, f=128, bf16, dropout, unfused attention (GPT shapes)
+GPT = ModelSpec(n_layers=2, hidden=32, n_heads=4, seq_length=64, vocab_size=100)
+LLAMA = ModelSpec(
+    n_layers=2,
+    hidden=64,
+    n_heads=8,
+    n_kv_heads=2,
+    ffn_hidden=160,
+    seq_length=128,
+    vocab_size=256,
+    gated_mlp=True,
+    bias=False,
+    learned_positions=False,
+    dropout=False,
+    flash_attention=True,
+)
+
+
+def _device(**changes: object) -> Accelerator:
+    base: dict[str, object] = dict(
+        name="hand",
+        peak_flops=1e15,
+        memory_bytes=10**12,
+        gpus_per_node=8,
+        intra_node_latency=1e-6,
+        intra_node_bandwidth=1e11,
+        inter_node_latency=1e-5,
+        inter_node_bandwidth=1e10,
+        memory_bandwidth=1e12,
+        **dict.fromkeys(EFFICIENCIES, 1.0),
+    )
+    return Accelerator(**(base | changes))  # type: ignore[arg-type]
+
+
+def _gemm_flops(kernels: tuple[object, ...]) -> int:
+    return sum(k.flops for k in kernels if isinstance(k, Gemm))
+
+
+@pytest.mark.parametrize("tensor", [1, 2, 4])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_gemm_flops_of_a_block_are_narayanan_and_qi(tensor: int, recompute: str) -> None:
+    # the kernels' GEMMs (unfused attention: two batched GEMMs) are exactly the FLOPs
+    # of the closed forms: F = 24sh^2 + 4s^2h, I = F's weight matmuls + 8s^2h, W = 24sh^2
+    k = block_kernels(GPT, Shard(tensor=tensor, recompute=recompute))
+    formula = transformer_block(GPT, tensor=tensor, recompute=recompute)
+    assert _gemm_flops(k.forward) == formula.forward_flops
+    assert _gemm_flops(k.input_grad) == formula.input_grad_flops
+    assert _gemm_flops(k.weight_grad) == formula.weight_grad_flops
+
+
+def test_gemm_flops_scale_with_the_microbatch_and_the_head_is_2shv() -> None:
+    one = block_kernels(GPT, Shard())
+    four = block_kernels(GPT, Shard(microbatch_size=4))
+    assert _gemm_flops(four.forward) == 4 * _gemm_flops(one.forward)
+    head = head_kernels(GPT, Shard(tensor=2))
+    for kernels in (head.forward, head.input_grad, head.weight_grad):
+        assert _gemm_flops(kernels) == lm_head(GPT, tensor=2).forward_flops == 64 * 32 * 100
+    assert _gemm_flops(embedding_kernels(GPT, Shard()).forward) == embedding(GPT).forward_flops
+
+
+def test_flash_attention_counts_the_causal_half_and_a_backward_of_five_matmuls() -> None:
+    # FlashAttention-2 (Dao 2023): causal skips the upper triangle; the backward
+    # recomputes the scores: 5 matmuls against the forward's 2
+    s, h = LLAMA.seq_length, LLAMA.hidden
+    k = block_kernels(LLAMA, Shard(microbatch_size=2))
+    (fwd,) = [x for x in k.forward if isinstance(x, Attention)]
+    (bwd,) = [x for x in k.input_grad if isinstance(x, Attention)]
+    assert fwd.flops == 2 * (4 * s * s * h) // 2
+    assert bwd.flops == fwd.flops * 5 // 2 and bwd.backward
+    # GQA: the QKV GEMM's width is h + 2 kv (kv = 64 / 8 * 2 = 16); SwiGLU: two up matrices
+    qkv = next(x for x in k.forward if isinstance(x, Gemm) and x.name == "qkv")
+    up = next(x for x in k.forward if isinstance(x, Gemm) and x.name == "mlp up")
+    assert (qkv.m, qkv.n, qkv.k) == (2 * s, h + 2 * 16, h)
+    assert (up.m, up.n, up.k) == (2 * s, 2 * 160, h)
+
+
+def test_wave_and_tile_utilization_by_hand() -> None:
+    # 4 SMs. 256x256: four 128x128 tiles fill one wave exactly
+    assert wave_utilization(256, 256, sm_count=4) == 1.0
+    # 256x384: six 128x128 tiles (2 waves, 8 slots), three 256x128 (1 wave, 4 slots),
+    # four 128x256 (the last half empty): every choice fills 3/4
+    assert wave_utilization(256, 384, sm_count=4) == 0.75
+    # 100x100 on one SM: the best tile (128x128) is 10000 / 16384 full
+    assert wave_utilization(100, 100, sm_count=1) == pytest.approx(10000 / 16384)
+    assert wave_utilization(7, 9, sm_count=None) == 1.0  # unknown SMs: not modeled
+
+
+def test_a_gemm_is_its_flops_at_the_achieved_rate_or_its_bytes() -> None:
+    acc = _device(matmul_efficiency=0.8, sm_count=4, memory_bandwidth=1e15)
+    g = Gemm("g", 256, 384, 1000)
+    # (1.5 MB of operands at 1e15 B/s is far below the compute time)
+    # 2 m n k FLOPs at 0.8 x 1e15 x 0.75 (wave utilization)
+    assert gemm_seconds(g, acc, dtype_bytes=2) == pytest.approx(
+        2 * 256 * 384 * 1000 / (1e15 * 0.8 * 0.75)
+    )
+    # k = 1: reading and writing the operands bounds it: (m k + k n + m n) x 2 bytes
+    thin = Gemm("thin", 4096, 4096, 1)
+    by_bytes = (4096 + 4096 + 4096 * 4096) * 2 / (1e12 * 0.5)
+    assert gemm_seconds(thin, _device(memory_efficiency=0.5), dtype_bytes=2) == pytest.approx(
+        by_bytes
+    )
+    # FP8 on the linear layers: the FP8 peak and 1-byte operands
+    fp8 = _device(fp8_peak_flops=2e15, memory_bandwidth=1e15)
+    assert gemm_seconds(g, fp8, dtype_bytes=2, fp8=True) == pytest.approx(g.flops / 2e15)
+    bmm = dataclasses.replace(g, low_precision=False)  # attention's batched GEMMs stay bf16
+    assert gemm_seconds(bmm, fp8, dtype_bytes=2, fp8=True) == pytest.approx(g.flops / 1e15)
+    with pytest.raises(PlanError, match="no FP8 tensor cores"):
+        gemm_seconds(g, acc, dtype_bytes=2, fp8=True)
+
+
+def test_streaming_and_attention_kernels_by_hand() -> None:
+    acc = _device(memory_efficiency=0.8, attention_forward_efficiency=0.5,
+                  attention_backward_efficiency=0.25)  # fmt: skip
+    shard = Shard()
+    # 8 GB at 1e12 B/s x 0.8
+    assert kernel_seconds(
+        Streaming("x", 8 * 10**9), acc, shard=shard, dtype_bytes=2
+    ) == pytest.approx(0.01)
+    assert kernel_seconds(Attention("a", 10**15), acc, shard=shard, dtype_bytes=2) == pytest.approx(
+        2.0
+    )
+    assert kernel_seconds(
+        Attention("b", 10**15, backward=True), acc, shard=shard, dtype_bytes=2
+    ) == pytest.approx(4.0)
+
+
+def test_norm_and_residual_bytes_by_hand() -> None:
+    # GPT block at b = 1, t = 1, bf16: LayerNorm reads x and writes y (2 s h d), its
+    # backward reads x, dy, writes dx and reads x, dy again (5 s h d); the fused bias +
+    # dropout + residual add reads two, writes one and the 1-byte mask (3 s h d + s h)
+    s, h, d = 64, 32, 2
+    k = block_kernels(GPT, Shard())
+    by_name = {x.name: x for x in (*k.forward, *k.input_grad) if isinstance(x, Streaming)}
+    assert by_name["norm 1"].bytes_moved == 2 * s * h * d
+    assert by_name["norm 1 (backward)"].bytes_moved == 5 * s * h * d
+    assert by_name["residual 1"].bytes_moved == 3 * s * h * d + s * h
+    # softmax over a s^2 scores: read and write (4 heads, 64 x 64)
+    assert by_name["softmax"].bytes_moved == 2 * 4 * s * s * d
+    # with sequence parallelism the norms see s / t tokens
+    sp = block_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
+    norm = next(x for x in sp.forward if x.name == "norm 1")
+    assert isinstance(norm, Streaming) and norm.bytes_moved == 2 * (s // 2) * h * d
+
+
+def test_tensor_parallel_collectives_of_a_block() -> None:
+    # Narayanan et al. 2021: two all-reduces forward, two backward; with sequence
+    # parallelism (Korthikanti et al. 2023) each becomes a reduce-scatter + all-gather
+    def kinds(kernels: tuple[object, ...]) -> list[str]:
+        return [x.kind for x in kernels if isinstance(x, Collective)]
+
+    plain = block_kernels(GPT, Shard(tensor=2))
+    assert kinds(plain.forward) == ["all-reduce"] * 2
+    assert kinds(plain.input_grad) == ["all-reduce"] * 2
+    sp = block_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
+    assert kinds(sp.forward) == ["all-gather", "reduce-scatter"] * 2
+    assert sorted(kinds(sp.input_grad)) == ["all-gather"] * 2 + ["reduce-scatter"] * 2
+    full = block_kernels(GPT, Shard(tensor=2, recompute="full"))
+    assert kinds(full.input_grad) == ["all-reduce"] * 4  # the forward's again
+    assert kinds(block_kernels(GPT, Shard()).forward) == []
+    sizes = {x.size_bytes for x in sp.forward if isinstance(x, Collective)}
+    assert sizes == {64 * 32 * 2}  # the whole s h bf16 activation
+
+
+def test_collectives_on_the_link_of_their_group() -> None:
+    acc = _device(intra_node_efficiency=0.5)
+    reduce = Collective("r", "all-reduce", "tensor", 8 * 10**6)
+    # ring all-reduce over 4: 2 (n-1)/n S / busbw + 2 (n-1) latency, busbw 1e11 x 0.5
+    expected = 2 * 3 / 4 * 8e6 / 5e10 + 6 * 1e-6
+    assert collective_seconds(reduce, acc, shard=Shard(tensor=4)) == pytest.approx(expected)
+    # a tensor-parallel group wider than a node uses the inter-node link
+    wide = collective_seconds(reduce, acc, shard=Shard(tensor=16))
+    assert wide == pytest.approx(2 * 15 / 16 * 8e6 / 1e10 + 30 * 1e-5)
+    # the context-parallel ring: c - 1 messages of one chunk
+    ring = Collective("kv", "ring", "context", 10**6, steps=3)
+    assert collective_seconds(ring, acc, shard=Shard(context=4)) == pytest.approx(
+        3 * (1e-6 + 1e6 / 5e10)
+    )
+
+
+def test_a_layer_is_the_sum_of_its_kernels() -> None:
+    acc = get_accelerator("h100-sxm")
+    for spec, shard in (
+        (GPT, Shard(tensor=2, microbatch_size=2)),
+        (GPT, Shard(tensor=2, sequence_parallel=True, recompute="selective")),
+        (LLAMA, Shard(tensor=2, context=2, sequence_parallel=True)),
+    ):
+        kernels = block_kernels(spec, shard)
+        priced = price_layer(kernels, acc, shard=shard, dtype_bytes=2)
+        for name, part in kernels.passes().items():
+            seconds = [kernel_seconds(k, acc, shard=shard, dtype_bytes=2) for k in part]
+            compute = sum(
+                t for k, t in zip(part, seconds, strict=True) if not isinstance(k, Collective)
+            )
+            comm = sum(t for k, t in zip(part, seconds, strict=True) if isinstance(k, Collective))
+            got = getattr(priced, name)
+            assert got.compute_s == pytest.approx(compute)
+            assert got.tp_comm_s + got.cp_comm_s == pytest.approx(comm)
+            # no overlap asked: tensor-parallel comm is all exposed
+            assert got.tp_exposed_s == pytest.approx(got.tp_comm_s)
+            assert got.total_s == pytest.approx(compute + got.tp_exposed_s + got.cp_exposed_s)
+
+
+def test_tensor_parallel_overlap_hides_each_collective_under_its_gemm() -> None:
+    acc = _device(intra_node_bandwidth=1e9)  # slow links: comm longer than the GEMMs
+    shard = Shard(tensor=2, sequence_parallel=True)
+    kernels = block_kernels(GPT, shard)
+    hidden = price_layer(kernels, acc, shard=shard, dtype_bytes=2, tp_comm_overlap=True)
+    seconds = {k.name: kernel_seconds(k, acc, shard=shard, dtype_bytes=2) for k in kernels.forward}
+    # all-gathers under the GEMM they feed, reduce-scatters under the GEMM that made them
+    expected = (
+        max(0.0, seconds["all-gather before qkv"] - seconds["qkv"])
+        + max(0.0, seconds["after attention projection"] - seconds["attention projection"])
+        + max(0.0, seconds["all-gather before mlp"] - seconds["mlp up"])
+        + max(0.0, seconds["after mlp down"] - seconds["mlp down"])
+    )
+    assert hidden.forward.tp_exposed_s == pytest.approx(expected)
+    assert 0 < hidden.forward.tp_exposed_s < hidden.forward.tp_comm_s
+
+
+def test_context_parallel_splits_the_sequence_and_rings_keys_and_values() -> None:
+    s, kv, d = LLAMA.seq_length, 16, 2
+    one = block_kernels(LLAMA, Shard())
+    two = block_kernels(LLAMA, Shard(context=2))
+    attention = [x.flops for x in one.forward if isinstance(x, Attention)]
+    assert [x.flops for x in two.forward if isinstance(x, Attention)] == [attention[0] // 2]
+    (ring,) = [x for x in two.forward if isinstance(x, Collective)]
+    assert (ring.kind, ring.steps, ring.size_bytes) == ("ring", 1, 2 * (s // 2) * kv * d)
+    # the exchange hides under the attention it feeds: only what is longer is exposed
+    acc = _device(intra_node_bandwidth=1e6)  # a slow ring
+    priced = price_layer(two, acc, shard=Shard(context=2), dtype_bytes=2)
+    attention_s = kernel_seconds(
+        next(x for x in two.forward if isinstance(x, Attention)), acc, shard=Shard(), dtype_bytes=2
+    )
+    assert priced.forward.cp_exposed_s == pytest.approx(priced.forward.cp_comm_s - attention_s)
+    with pytest.raises(PlanError, match="needs fused \\(flash\\) attention"):
+        block_kernels(GPT, Shard(context=2))
+    with pytest.raises(PlanError, match="2 x 3 equal chunks"):
+        block_kernels(LLAMA, Shard(context=3))
+
+
+def test_fp8_prices_the_linear_gemms_at_the_fp8_peak() -> None:
+    h100 = get_accelerator("h100-sxm")
+    shard = Shard(tensor=2)
+    bf16 = layer_times(LLAMA, shard, h100)["block"]
+    fp8 = layer_times(dataclasses.replace(LLAMA, dtype="fp8"), shard, h100)["block"]
+    assert fp8.weight_grad.compute_s < bf16.weight_grad.compute_s
+    # attention and streaming kernels are unchanged: the difference is GEMMs only
+    gemms = [k for k in block_kernels(LLAMA, shard).forward if isinstance(k, Gemm)]
+    saved = sum(
+        gemm_seconds(g, h100, dtype_bytes=2) - gemm_seconds(g, h100, dtype_bytes=2, fp8=True)
+        for g in gemms
+    )
+    assert bf16.forward.compute_s - fp8.forward.compute_s == pytest.approx(saved)
