@@ -55,6 +55,24 @@ FREE_ACCELERATOR = Accelerator(
 )
 
 
+def hand_accelerator(**changes: object) -> Accelerator:
+    """An accelerator of round numbers for hand-worked cases: 1e15 FLOP/s, 1 GB/s links
+    with 1 us latency, 3 GB/s memory, 8 GPUs a node, every measured share 1."""
+    base: dict[str, object] = dict(
+        name="hand",
+        peak_flops=1e15,
+        memory_bytes=10**12,
+        gpus_per_node=8,
+        intra_node_latency=1e-6,
+        intra_node_bandwidth=1e9,
+        inter_node_latency=1e-6,
+        inter_node_bandwidth=1e9,
+        memory_bandwidth=3e9,
+        **dict.fromkeys(EFFICIENCIES, 1.0),
+    )
+    return Accelerator(**(base | changes))  # type: ignore[arg-type]
+
+
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import hand_accelerator
 
 from pipesim.errors import PlanError
 from pipesim.plan.gpu import (
@@ -20,7 +21,7 @@ from pipesim.plan.gpu import (
     price_layer,
     wave_utilization,
 )
-from pipesim.plan.hardware import EFFICIENCIES, Accelerator, get_accelerator
+from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.kernels import (
     Attention,
     Collective,
@@ -53,19 +54,17 @@ LLAMA = ModelSpec(
 
 
 def _device(**changes: object) -> Accelerator:
-    base: dict[str, object] = dict(
-        name="hand",
-        peak_flops=1e15,
-        memory_bytes=10**12,
-        gpus_per_node=8,
-        intra_node_latency=1e-6,
-        intra_node_bandwidth=1e11,
-        inter_node_latency=1e-5,
-        inter_node_bandwidth=1e10,
-        memory_bandwidth=1e12,
-        **dict.fromkeys(EFFICIENCIES, 1.0),
+    return hand_accelerator(
+        **(
+            dict(
+                intra_node_bandwidth=1e11,
+                inter_node_latency=1e-5,
+                inter_node_bandwidth=1e10,
+                memory_bandwidth=1e12,
+            )
+            | changes
+        )
     )
-    return Accelerator(**(base | changes))  # type: ignore[arg-type]
 
 
 def _gemm_flops(kernels: tuple[object, ...]) -> int:

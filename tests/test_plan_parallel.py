@@ -15,13 +15,13 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from helpers import processes_with
+from helpers import hand_accelerator, processes_with
 
 from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
-from pipesim.plan.hardware import EFFICIENCIES, Accelerator, Interconnect, get_accelerator
+from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 
@@ -107,19 +107,7 @@ def test_ring_collectives_by_hand() -> None:
 
 
 def _accelerator(**changes: object) -> Accelerator:
-    base = dict(
-        name="hand",
-        peak_flops=1e15,
-        memory_bytes=10**12,
-        gpus_per_node=8,
-        intra_node_latency=1e-6,
-        intra_node_bandwidth=1e9,
-        inter_node_latency=1e-6,
-        inter_node_bandwidth=1e9,
-        memory_bandwidth=3e9,
-        **dict.fromkeys(EFFICIENCIES, 1.0),
-    )
-    return Accelerator(**(base | changes))  # type: ignore[arg-type]
+    return hand_accelerator(**changes)
 
 
 def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:

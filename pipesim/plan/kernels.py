@@ -60,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.errors import PlanError
+from pipesim.plan.layers import check_shard
 from pipesim.plan.model import ModelSpec
 
 __all__ = [
@@ -170,19 +171,12 @@ class Shard:
 
 
 def _check(spec: ModelSpec, shard: Shard) -> None:
-    t, c = shard.tensor, shard.context
-    for name, value in (
-        ("micro-batch size", shard.microbatch_size),
-        ("tensor parallel size", t),
-        ("context parallel size", c),
-    ):
+    # the tensor-parallel size and recomputation: the same rule as the layer formulas'
+    check_shard(spec, shard.tensor, shard.recompute)
+    c = shard.context
+    for name, value in (("micro-batch size", shard.microbatch_size), ("context parallel size", c)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name} must be a whole number >= 1, got {value!r}")
-    if spec.n_heads % t or spec.kv_heads % t:
-        raise PlanError(
-            f"tensor parallel size {t} must divide the attention heads ({spec.n_heads}) and "
-            f"key/value heads ({spec.kv_heads}); pick a divisor"
-        )
     if c > 1 and not spec.flash_attention:
         raise PlanError(
             f"context parallel size {c} needs fused (flash) attention: Megatron-Core runs "

@@ -80,6 +80,7 @@ from pipesim.plan.model import ModelSpec
 __all__ = [
     "RECOMPUTE",
     "LayerCost",
+    "check_shard",
     "embedding",
     "lm_head",
     "model_flops_per_sequence",
@@ -130,7 +131,9 @@ def _split(value: int, t: int) -> Amount:
     return q if r == 0 else Fraction(value, t)
 
 
-def _check(spec: ModelSpec, tensor: int, recompute: str) -> None:
+def check_shard(spec: ModelSpec, tensor: int, recompute: str) -> None:
+    """PlanError unless ``tensor`` is a whole number >= 1 dividing the heads and key/value
+    heads and ``recompute`` is one of :data:`RECOMPUTE`."""
     if isinstance(tensor, bool) or not isinstance(tensor, int) or tensor < 1:
         raise PlanError(f"tensor parallel size must be a whole number >= 1, got {tensor!r}")
     if spec.n_heads % tensor or spec.kv_heads % tensor:
@@ -151,7 +154,7 @@ def transformer_block(
     recompute: str = "none",
 ) -> LayerCost:
     """One transformer block (attention + MLP + two norms) on one of ``tensor`` devices."""
-    _check(spec, tensor, recompute)
+    check_shard(spec, tensor, recompute)
     t = tensor
     s, h, a, f = spec.seq_length, spec.hidden, spec.n_heads, spec.ffn
     kv = spec.kv_hidden
@@ -230,7 +233,7 @@ def embedding(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = 
     each, int64), together with the gradient of the embedding's output, which
     the backward hands it whole on every device (``d s h`` bytes).
     """
-    _check(spec, tensor, "none")
+    check_shard(spec, tensor, "none")
     s, h, t = spec.seq_length, spec.hidden, tensor
     params = _split(spec.vocab_size * h, t) + (s * h if spec.learned_positions else 0)
     ids = 8 * s
@@ -258,7 +261,7 @@ def lm_head(spec: ModelSpec, /, *, tensor: int = 1, sequence_parallel: bool = Fa
     computes. The input gradient is all-reduced over the tensor-parallel group in
     the backward.
     """
-    _check(spec, tensor, "none")
+    check_shard(spec, tensor, "none")
     s, h, v, t = spec.seq_length, spec.hidden, spec.vocab_size, tensor
     d = spec.dtype_bytes
     matmul = _split(2 * s * h * v, t)

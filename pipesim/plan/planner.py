@@ -19,8 +19,8 @@ is evaluated. Configurations whose schedules and costs come out identical
 A configuration fits when its peak memory stays within the capacity less a
 headroom (default 10%: the CUDA caching allocator's fragmentation, NCCL and
 cuBLAS workspaces, which no formula here counts). The fastest that fits is
-recommended only if it reaches a sane MFU (default: a quarter of the
-accelerator's assumed efficiency).
+recommended only if it reaches a sane MFU (default: an eighth of the
+accelerator's achievable matmul share, about 10% on an A100 or H100).
 
 >>> from pipesim.plan.model import ModelSpec
 >>> spec = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=256, vocab_size=1000)
