@@ -485,3 +485,29 @@ def test_progress_bar_opens_at_once_and_counts(capsys: pytest.CaptureFixture[str
     capsys.readouterr()
     silent(2, 2)
     assert silent.bar is None and capsys.readouterr().err == ""
+
+
+def test_the_winners_pipeline_sends_by_hand() -> None:
+    # two stages, one micro-batch: the activation goes 0 -> 1 and its gradient 1 -> 0,
+    # both on the critical path. s h bf16 = 64 bytes at 1 GB/s + 1 us latency each.
+    result = plan(
+        GPT,
+        devices=2,
+        accelerator=_accelerator(memory_bandwidth=1e30),
+        global_batch=1,
+        tensor=[1],
+        stages=[2],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["1f1b"],
+        recompute=["none"],
+        memory_headroom=0,
+        workers=1,
+    )
+    best = result.best
+    assert best is not None and best.pipeline == 2
+    assert best.pp_comm_time_ns == 2 * (64 + 1000)
+    parts = best.parts_s()
+    assert parts is not None and parts["pp_comm"] == pytest.approx(2128e-9)
+    # only the winner is measured this way: the others say nothing rather than 0
+    assert all(p.pp_comm_time_ns is None for p in result.points[1:])

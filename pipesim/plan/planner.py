@@ -52,6 +52,7 @@ from pipesim.plan.sweep import (
     SweepContext,
     build_configuration,
     evaluate_points,
+    pipeline_comm_ns,
 )
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
@@ -636,6 +637,11 @@ def _plan_result(
         [e.fingerprint for e in evaluations],
     )
     spec = workload.spec
+    ranked = rank_points(plan_points + refused)
+    if ranked and ranked[0].fits:  # what the winner's sends cost: one more simulation
+        best = ranked[0]
+        sends = pipeline_comm_ns(context, _sweep_point(best))
+        ranked = (replace(best, pp_comm_time_ns=sends), *ranked[1:])
     return PlanResult(
         model=workload.name,
         accelerator=context.accelerator,
@@ -644,7 +650,7 @@ def _plan_result(
         memory_capacity_bytes=settings.capacity,
         memory_headroom=settings.headroom,
         min_mfu=settings.min_mfu,
-        points=rank_points(plan_points + refused),
+        points=ranked,
         engine=settings.engine,
         stopped=None if stopped is None else stopped.removeprefix("not evaluated: "),
         n_duplicates=duplicates,
@@ -818,19 +824,21 @@ def configuration(
         memory_capacity_bytes=result.usable_memory_bytes,
         tp_comm_overlap=result.tp_comm_overlap,
     )
-    return build_configuration(
-        context,
-        Point(
-            schedule=point.schedule,
-            pipeline=point.pipeline,
-            virtual=point.virtual,
-            microbatch_size=point.microbatch_size,
-            n_microbatches=point.n_microbatches,
-            data_parallel=point.data_parallel,
-            tensor=point.tensor,
-            sequence_parallel=point.sequence_parallel,
-            recompute=point.recompute,
-            distributed_optimizer=point.distributed_optimizer,
-            context_parallel=point.context_parallel,
-        ),
+    return build_configuration(context, _sweep_point(point))
+
+
+def _sweep_point(point: PlanPoint) -> Point:
+    """The sweep's configuration behind a ranked ``point``."""
+    return Point(
+        schedule=point.schedule,
+        pipeline=point.pipeline,
+        virtual=point.virtual,
+        microbatch_size=point.microbatch_size,
+        n_microbatches=point.n_microbatches,
+        data_parallel=point.data_parallel,
+        tensor=point.tensor,
+        sequence_parallel=point.sequence_parallel,
+        recompute=point.recompute,
+        distributed_optimizer=point.distributed_optimizer,
+        context_parallel=point.context_parallel,
     )

@@ -189,14 +189,16 @@ def _winner_lines(result: PlanResult) -> list[str]:
     from pipesim.plan.frameworks import megatron_args, torchtitan_args
 
     parts = best.parts_s() or {}
+    inside = [name for name in ("compute", "tp_comm", "bubble", "pp_comm") if name in parts]
     return [
         "",
         "iteration (s): "
         + ", ".join(
             f"{name} {parts[name]:.3g}"
-            for name in ("pipeline", "tp_comm", "bubble", "dp_comm", "optimizer", "step")
+            for name in ("pipeline", *inside, "dp_comm", "optimizer", "step")
         )
-        + " (tp_comm and bubble are inside pipeline)",
+        + f" ({', '.join(inside)} are inside pipeline; pp_comm, the time the sends between "
+        "stages cost, mostly within bubble)",
         "Megatron-LM: " + megatron_args(result, best),
         "torchtitan:  " + torchtitan_args(result, best),
     ]
@@ -209,6 +211,7 @@ _CSV_FIELDS = (
     "virtual",
     "tensor_parallel",
     "data_parallel",
+    "context_parallel",
     "sequence_parallel",
     "recompute",
     "distributed_optimizer",
@@ -222,6 +225,7 @@ _CSV_FIELDS = (
     "dp_comm_time_ns",
     "dp_comm_total_ns",
     "optimizer_time_ns",
+    "pp_comm_time_ns",
     "bubble_time_ns",
     "allreduce_time_ns",
     "tokens_per_s",

@@ -66,6 +66,9 @@ class PlanPoint:
     """All data-parallel traffic of the busiest rank, hidden or not."""
     optimizer_time_ns: int | None = None
     """Optimizer step (added to the pipeline time)."""
+    pp_comm_time_ns: int | None = None
+    """How much longer the pipeline is for its sends between stages (its makespan less
+    the same schedule's with free links); measured for the best configuration only."""
     allreduce_time_ns: int | None = None
     """What follows the pipeline: exposed data-parallel traffic + optimizer step."""
     bubble: Fraction | None = None
@@ -154,6 +157,7 @@ class PlanPoint:
             "dp_comm_time_ns": self.dp_comm_time_ns,
             "dp_comm_total_ns": self.dp_comm_total_ns,
             "optimizer_time_ns": self.optimizer_time_ns,
+            "pp_comm_time_ns": self.pp_comm_time_ns,
             "bubble_time_ns": self.bubble_time_ns,
             "allreduce_time_ns": self.allreduce_time_ns,
             "tokens_per_s": self.tokens_per_s,
@@ -173,7 +177,9 @@ class PlanPoint:
         makespan, which contains ``tp_comm`` (exposed tensor- and context-parallel
         communication of the busiest rank), ``bubble`` (ranks' mean idle time, pipeline
         sends waited on included) and ``compute``, the rest), then ``dp_comm`` (exposed)
-        and ``optimizer``, which follow it; ``step = pipeline + dp_comm + optimizer``."""
+        and ``optimizer``, which follow it; ``step = pipeline + dp_comm + optimizer``.
+        For the best configuration ``pp_comm`` says how much of the pipeline its sends
+        between stages cost (mostly inside ``bubble``: ranks wait for them)."""
         if self.step_time_ns is None:
             return None
 
@@ -181,7 +187,8 @@ class PlanPoint:
             return 0.0 if ns is None else ns / 1e9
 
         compute = s(self.pipeline_time_ns) - s(self.tp_comm_time_ns) - s(self.bubble_time_ns)
-        return {
+        pp = {} if self.pp_comm_time_ns is None else {"pp_comm": s(self.pp_comm_time_ns)}
+        return pp | {
             "compute": max(0.0, compute),
             "pipeline": s(self.pipeline_time_ns),
             "tp_comm": s(self.tp_comm_time_ns),

@@ -85,6 +85,7 @@ __all__ = [
     "build_configuration",
     "evaluate_point",
     "evaluate_points",
+    "pipeline_comm_ns",
 ]
 
 _NS_PER_S = 10**9
@@ -827,6 +828,16 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         for cost, params in zip(table.costs.stages, table.params, strict=True)
     )
     return schedule, replace(table.costs, stages=stages)
+
+
+def pipeline_comm_ns(context: SweepContext, point: Point, /) -> int:
+    """How much longer ``point``'s pipeline is for its sends between stages: its
+    makespan less the same schedule's with free links (two simulations)."""
+    schedule, costs = build_configuration(context, point)
+    free = replace(costs, link=Link(), links=None)
+    real = _simulate(context, schedule, costs).makespan
+    ideal = _simulate(context, schedule, free).makespan
+    return max(0, round(real - ideal))
 
 
 def _evaluate_chunk(
