@@ -84,6 +84,7 @@ from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.comms import receive_posts
+from pipesim.cost_tables import comm_overhead
 from pipesim.costs import CostModel, Link, StageCost
 from pipesim.engine import run_compiled, simulate
 from pipesim.errors import CostError
@@ -235,14 +236,14 @@ def compute_only(trace: Trace, schedule: Schedule, costs: CostModel, /) -> Trace
     """``trace`` (simulated with ``costs``) as an executor measures it: each unit of work
     without its dispatch, receive and send overheads; records shifted so the first
     compute starts at 0."""
-    counts = _counts(schedule)
+    structure = step_structure(schedule)
     costs = costs.for_stages(schedule.n_stages)
-    link, d = costs.link, costs.dispatch_overhead
-    records = _records_by_node(counts.structure, trace)
+    before, after = _message_overheads(structure, costs)
+    records = _records_by_node(structure, trace)
     inner = []
     for node, record in enumerate(records):
-        start = record.start + d + link.receive_overhead * counts.taken[node]
-        end = record.end - link.send_overhead * counts.sent[node]
+        start = record.start + costs.dispatch_overhead + before[node]
+        end = record.end - after[node]
         inner.append(replace(record, start=start, end=end))
     origin = min((r.start for r in inner), default=0)
     shifted = sorted(
@@ -250,6 +251,27 @@ def compute_only(trace: Trace, schedule: Schedule, costs: CostModel, /) -> Trace
         key=lambda r: (r.start, r.rank),
     )
     return Trace(n_ranks=trace.n_ranks, actions=tuple(shifted))
+
+
+def _message_overheads(structure: StepStructure, costs: CostModel) -> tuple[list[Time], list[Time]]:
+    """Per node, the receive overheads of the messages it takes and the send overheads of
+    those it sends, each message over its own rank pair's link (as the engine charges
+    them: :func:`pipesim.cost_tables.comm_overhead` of :meth:`CostModel.link_between`)."""
+    messages = structure.messages
+    n = len(messages)
+
+    def total(arrivals: Sequence[int], *, send: bool) -> Time:
+        return sum(
+            (
+                comm_overhead(costs.link_between(m.src_rank, m.dst_rank), send=send)
+                for m in (messages[a] for a in arrivals if a < n)
+            ),
+            start=0,
+        )
+
+    before = [total(ins, send=False) for ins in structure.inputs]
+    after = [total(out, send=True) for out in structure.outputs]
+    return before, after
 
 
 def measured_makespan(trace: Trace, /) -> Time:

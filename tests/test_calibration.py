@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipesim.actions import Op
 from pipesim.calibration import (
     MeasuredStep,
     calibration_schedule,
@@ -26,7 +27,15 @@ from pipesim.calibration import (
     predict,
     replay,
 )
-from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
+from pipesim.costs import (
+    CostModel,
+    Link,
+    LinkPair,
+    Links,
+    StageCost,
+    costs_from_dict,
+    costs_to_dict,
+)
 from pipesim.engine import simulate
 from pipesim.errors import CostError
 from pipesim.scaling import AffineCosts, costs_at_microbatch_size, scaling_meta
@@ -74,6 +83,27 @@ def test_compute_only_strips_each_overhead_by_hand() -> None:
     assert spans == [("0F0", 0, 10), ("1F0", 20, 30), ("1B0", 32, 52), ("0B0", 62, 82)]
     assert measured_makespan(step.trace) == 82 == predict(schedule, costs)
     assert simulate(schedule, costs=costs).metrics.makespan == 84
+
+
+def test_compute_only_strips_each_messages_own_link_overheads() -> None:
+    """Per-pair links: 3 ranks, one to a node; rank 0 -> 1 is a link with send 1 and
+    receive 4, 1 -> 2 (and back) one with send 5 and receive 7 (explicit pairs over the
+    inter-node rule). Stripped of the overheads of each message's own link, every
+    record is its compute alone: F 10, B 20 (the old rule took the default link's for
+    every message, so the records came out 4 and 6 units off)."""
+    near = Link(latency=3, send_overhead=1, receive_overhead=4)
+    far = Link(latency=3, send_overhead=5, receive_overhead=7)
+    links = Links(
+        ranks_per_node=1,
+        inter_node=near,
+        pairs=(LinkPair(src=1, dst=2, link=far), LinkPair(src=2, dst=1, link=far)),
+    )
+    costs = CostModel.uniform(forward=10, backward=20, link=near, links=links)
+    schedule = generate("1f1b", n_ranks=3, n_microbatches=2)
+    trace = compute_only(simulate(schedule, costs=costs).trace, schedule, costs)
+    for record in trace.actions:
+        expected = 10 if record.work.parts[0].op is Op.F else 20
+        assert record.end - record.start == expected, str(record.work)
 
 
 def test_medians_keep_an_outlier_out() -> None:
