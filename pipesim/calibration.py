@@ -224,7 +224,7 @@ def _records_by_node(structure: StepStructure, trace: Trace) -> list[ActionRecor
     by_work: dict[Work, ActionRecord] = {r.work: r for r in trace.actions}
     missing = [str(w) for w in structure.works if w not in by_work]
     if missing:
-        raise ValueError(
+        raise CostError(
             f"the measured trace has no record of {missing[:5]} of schedule "
             f"{structure.schedule.name!r}; give the trace of that schedule's step"
         )
@@ -584,10 +584,10 @@ def fit_costs(
     from the steps (see the module docstring), in their ``time_unit``.
     """
     if not steps:
-        raise ValueError("fit_costs needs at least one measured step")
+        raise CostError("fit_costs needs at least one measured step")
     n_stages = {s.schedule.n_stages for s in steps}
     if len(n_stages) != 1:
-        raise ValueError(
+        raise CostError(
             f"the steps cut the model into {sorted(n_stages)} stages; a cost file describes "
             "one cut, so calibrate each cut from its own steps"
         )
@@ -730,7 +730,7 @@ def compute_span(schedule: Schedule, costs: CostModel, /) -> Callable[[Sequence[
 
     def span(compute: Sequence[Time], /) -> Time:
         if len(compute) != n_works:
-            raise ValueError(
+            raise CostError(
                 f"{len(compute)} compute times for the {n_works} units of work of "
                 f"{schedule.name!r}; give one per unit of work, in step_structure order"
             )

@@ -324,3 +324,16 @@ def test_a_cost_file_carries_its_second_size() -> None:
         costs_at_microbatch_size(loaded, {"microbatch_size": 4}, 8)
     with pytest.raises(CostError, match="two different micro-batch sizes"):
         AffineCosts.fit(one, two, sizes=(4, 4))
+
+
+def test_bad_calibration_input_is_a_pipesim_error_naming_the_fix() -> None:
+    # user input, not an internal fault: the CLI reports a CostError as an error with
+    # its message and exit 1 (a bare ValueError would read as a pipesim bug)
+    with pytest.raises(CostError, match="at least one measured step"):
+        fit_costs([])
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
+    other = generate("1f1b", n_ranks=2, n_microbatches=1)
+    costs = CostModel.uniform(forward=1, backward=2)
+    partial = compute_only(simulate(other, costs=costs).trace, other, costs)
+    with pytest.raises(CostError, match="has no record of .* give the trace of that"):
+        fit_costs([MeasuredStep(schedule=schedule, trace=partial)])
