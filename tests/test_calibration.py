@@ -335,5 +335,5 @@ def test_bad_calibration_input_is_a_pipesim_error_naming_the_fix() -> None:
     other = generate("1f1b", n_ranks=2, n_microbatches=1)
     costs = CostModel.uniform(forward=1, backward=2)
     partial = compute_only(simulate(other, costs=costs).trace, other, costs)
-    with pytest.raises(CostError, match="has no record of .* give the trace of that"):
+    with pytest.raises(CostError, match=r"has no record of .* give the trace of that"):
         fit_costs([MeasuredStep(schedule=schedule, trace=partial)])
