@@ -45,6 +45,7 @@ from pipesim.limits import MAX_NUMBER_DIGITS
 
 __all__ = [
     "BYTES_PER_UNIT",
+    "NS_PER_S",
     "SECONDS_PER_UNIT",
     "SIZE_UNITS",
     "TIME_UNITS",
@@ -68,6 +69,9 @@ SECONDS_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
         "ns": Fraction(1, 10**9),
     }
 )
+
+#: Nanoseconds per second: the planner's cost models are in whole nanoseconds.
+NS_PER_S = 10**9
 
 #: Every time unit a cost model may name: ``unit`` (abstract slots) first.
 TIME_UNITS = ("unit", *SECONDS_PER_UNIT)

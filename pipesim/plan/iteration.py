@@ -55,6 +55,7 @@ from fractions import Fraction
 
 from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
 from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.units import NS_PER_S
 
 __all__ = [
     "ADAM_STEP_BYTES_PER_PARAM",
@@ -73,8 +74,6 @@ OPTIMIZER_BYTES_PER_PARAM = 12
 #: Bytes the optimizer step moves per parameter held (see the module docstring): norm 4,
 #: Adam 16 + 12, copy to the bf16 weights 4 + 2, zeroing the gradient buffer 4.
 ADAM_STEP_BYTES_PER_PARAM = 42
-
-_NS_PER_S = 10**9
 
 
 def static_bytes(
@@ -145,18 +144,18 @@ def rank_iteration(
     hidden_b = last_backward_ns if overlap else 0
     hidden_f = first_forward_ns if overlap else 0
     if distributed_optimizer:
-        rs = round(reduce_scatter_s(grads, n_devices=d, link=link) * _NS_PER_S)
+        rs = round(reduce_scatter_s(grads, n_devices=d, link=link) * NS_PER_S)
         weights = Fraction(params) * weight_bytes_per_param
-        ag = round(all_gather_s(weights, n_devices=d, link=link) * _NS_PER_S)
+        ag = round(all_gather_s(weights, n_devices=d, link=link) * NS_PER_S)
         total = rs + ag
         exposed = max(0, rs - hidden_b) + max(0, ag - hidden_f)
         held = Fraction(params) / d
     else:
-        total = round(allreduce_s(grads, n_devices=d, link=link) * _NS_PER_S)
+        total = round(allreduce_s(grads, n_devices=d, link=link) * NS_PER_S)
         exposed = max(0, total - hidden_b)
         held = Fraction(params)
     seconds = (
         held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.achieved_memory_bandwidth))
     )
-    optimizer = round(seconds * _NS_PER_S)
+    optimizer = round(seconds * NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

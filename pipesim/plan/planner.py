@@ -57,7 +57,7 @@ from pipesim.plan.sweep import (
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import get_spec, schedule_names
-from pipesim.units import format_bytes
+from pipesim.units import NS_PER_S, format_bytes
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM",
@@ -772,7 +772,7 @@ def _throughput(
 ) -> tuple[float | None, float | None]:
     """Tokens per second and model FLOPs utilisation of a step of ``step_ns``; None where
     the workload lacks the sequence length or FLOPs per sequence (or the step is 0)."""
-    seconds = step_ns / 1e9
+    seconds = step_ns / NS_PER_S
     tokens = None
     if workload.seq_length is not None and step_ns:
         tokens = global_batch * workload.seq_length / seconds

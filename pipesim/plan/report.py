@@ -19,7 +19,7 @@ from typing import Any
 
 from pipesim.files import write_text
 from pipesim.plan.result import PlanPoint, PlanResult, explain
-from pipesim.units import binary_scale, format_bytes
+from pipesim.units import NS_PER_S, binary_scale, format_bytes
 
 __all__ = [
     "COLUMN_KEY",
@@ -111,7 +111,7 @@ def _row(point: PlanPoint, divisor: int) -> tuple[str, ...]:
         point.recompute,
         "yes" if point.distributed_optimizer else "-",
         fmt(point.step_time_s, ".4g"),
-        fmt(None if point.allreduce_time_ns is None else point.allreduce_time_ns / 1e9, ".3g"),
+        fmt(None if point.allreduce_time_ns is None else point.allreduce_time_ns / NS_PER_S, ".3g"),
         fmt(point.tokens_per_s, ",.0f"),
         fmt(point.mfu, ".1%"),
         fmt(bubble, ".1%"),

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from pipesim.plan.hardware import Accelerator
-from pipesim.units import format_bytes
+from pipesim.units import NS_PER_S, format_bytes
 
 __all__ = [
     "PlanPoint",
@@ -101,7 +101,7 @@ class PlanPoint:
     @property
     def step_time_s(self) -> float | None:
         """Step time in seconds."""
-        return None if self.step_time_ns is None else self.step_time_ns / 1e9
+        return None if self.step_time_ns is None else self.step_time_ns / NS_PER_S
 
     @property
     def bubble_time_ns(self) -> int | None:
@@ -184,7 +184,7 @@ class PlanPoint:
             return None
 
         def s(ns: int | None) -> float:
-            return 0.0 if ns is None else ns / 1e9
+            return 0.0 if ns is None else ns / NS_PER_S
 
         compute = s(self.pipeline_time_ns) - s(self.tp_comm_time_ns) - s(self.bubble_time_ns)
         pp = {} if self.pp_comm_time_ns is None else {"pp_comm": s(self.pp_comm_time_ns)}
@@ -417,14 +417,14 @@ def explain(result: PlanResult, /) -> str:
     if result.recommended is None:
         return prefix + (
             f"no configuration reaches a sane efficiency: the fastest that fits, "
-            f"{best.label()}, takes {best.step_time_ns / 1e9:.3g} s/step at "
+            f"{best.label()}, takes {best.step_time_ns / NS_PER_S:.3g} s/step at "
             f"{best.mfu or 0:.1%} MFU, below {result.min_mfu or 0:.1%}; add devices, or "
             "allow tensor parallelism and recomputation"
         )
     mfu = "" if best.mfu is None else f", MFU {best.mfu:.1%}"
     parts = [
         f"{best.label()} is the fastest configuration that fits: "
-        f"{best.step_time_ns / 1e9:.3g} s/step{mfu}, {_bytes(best.peak_memory_bytes)} of "
+        f"{best.step_time_ns / NS_PER_S:.3g} s/step{mfu}, {_bytes(best.peak_memory_bytes)} of "
         f"{usable} usable, bubble {float(best.bubble):.1%}"
     ]
     for what, other in alternatives(result)[:2]:

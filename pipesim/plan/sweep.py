@@ -77,6 +77,7 @@ from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
+from pipesim.units import NS_PER_S
 
 __all__ = [
     "Evaluation",
@@ -87,8 +88,6 @@ __all__ = [
     "evaluate_points",
     "pipeline_comm_ns",
 ]
-
-_NS_PER_S = 10**9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -414,7 +413,7 @@ def _model_stages(
 
 def _ns(seconds: float) -> int:
     """Seconds as whole nanoseconds: the planner's cost models are integer."""
-    return round(seconds * _NS_PER_S)
+    return round(seconds * NS_PER_S)
 
 
 def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str, LayerTime]:
@@ -540,9 +539,9 @@ def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tupl
 def _link(path: Interconnect, message_bytes: int) -> Link:
     """``path`` in integer nanoseconds for messages of ``message_bytes``: the latency and
     the occupancy are rounded to whole nanoseconds so that every time stays an integer."""
-    latency = round(Fraction(repr(path.latency_s)) * _NS_PER_S)
+    latency = round(Fraction(repr(path.latency_s)) * NS_PER_S)
     occupancy = round(
-        Fraction(message_bytes) * _NS_PER_S / Fraction(repr(path.bandwidth_bytes_per_s))
+        Fraction(message_bytes) * NS_PER_S / Fraction(repr(path.bandwidth_bytes_per_s))
     )
     return Link(
         latency=latency,

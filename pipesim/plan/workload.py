@@ -28,7 +28,7 @@ from pipesim.errors import ParseError, PlanError
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
-from pipesim.units import SECONDS_PER_UNIT
+from pipesim.units import NS_PER_S, SECONDS_PER_UNIT
 
 __all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
 
@@ -205,7 +205,7 @@ def workload_from_costs(
         costs=costs,
         meta={**meta, "microbatch_size": b0},
         repeat=1 if copies is None else copies,
-        ns_per_unit=seconds * 10**9,
+        ns_per_unit=seconds * NS_PER_S,
     )
     measured.at(b0, source=name)  # a malformed meta.microbatch_scaling is refused here
     seq = meta.get("seq_length")
