@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.plan import ModelSpec, plan
+from pipesim.plan.result import PlanPoint
 from pipesim.plan.layers import model_flops_per_sequence
 
 
@@ -240,8 +241,8 @@ TABLES = (
 )
 
 
-def predict_seconds(table: Table, run: Run) -> float:
-    """The planner's step time of ``run``, every dimension pinned."""
+def predict(table: Table, run: Run) -> PlanPoint:
+    """The planner's configuration of ``run``, every dimension pinned."""
     spec = table.model(run)
     result = plan(
         spec,
@@ -262,7 +263,12 @@ def predict_seconds(table: Table, run: Run) -> float:
         min_mfu=0.0,
         workers=1,
     )
-    point = next(p for p in result.points if p.feasible)
+    return next(p for p in result.points if p.feasible)
+
+
+def predict_seconds(table: Table, run: Run) -> float:
+    """The planner's step time of ``run``; says so when it would not fit."""
+    point = predict(table, run)
     assert point.step_time_s is not None
     if not point.fits:  # every published run trained: the memory model must agree
         print(f"    {run.name}: does not fit by pipesim's memory model: {point.reason}")

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from itertools import accumulate, combinations, pairwise
 from pathlib import Path
@@ -81,6 +82,8 @@ def load_benchmark(name: str, /) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # registered first: dataclasses look their module up in sys.modules while defined
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import hand_accelerator
+from helpers import hand_accelerator, load_benchmark
 
 from pipesim.errors import PlanError
 from pipesim.plan.gpu import (
@@ -305,3 +305,15 @@ def test_no_accelerator_number_comes_from_a_published_run_it_is_checked_against(
                 assert text.strip(), (name, key)
                 found = [w for w in words if w.lower() in text.lower()]
                 assert not found, f"{name}.{key} cites a checked run: {found}"
+
+
+def test_every_published_run_fits_pipesim_memory_model() -> None:
+    # The runs of benchmarks/bench_published.py trained on their GPUs as configured:
+    # pipesim must find each configuration fits (no headroom: the run did fit), and
+    # simulate it. (How close the times are is the benchmark's to report, not a test's.)
+    bench = load_benchmark("bench_published")
+    for table in bench.TABLES:
+        for run in table.runs:
+            point = bench.predict(table, run)
+            assert point.fits, f"{table.title}: {run.name}: {point.reason}"
+            assert point.step_time_ns and point.step_time_ns > 0
