@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.plan import ModelSpec, plan
-from pipesim.plan.result import PlanPoint
 from pipesim.plan.layers import model_flops_per_sequence
+from pipesim.plan.result import PlanPoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
