@@ -144,6 +144,9 @@ def test_preset_and_cost_file_models(tmp_path: Path, capsys: pytest.CaptureFixtu
         (["--schedules", "nope"], "unknown schedule 'nope'"),
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),
         (["--microbatch-sizes", "a"], "comma-separated whole numbers"),
+        (["--context-parallel", "2"], "needs fused (flash) attention"),
+        (["--context-parallel", "3", "--flash-attention"], "does not divide 8 devices"),
+        (["--dtype", "fp8", "--accelerator", "a100-80gb"], "a100-80gb has no FP8 tensor cores"),
     ],
 )
 def test_bad_input_is_one_clear_line(
@@ -244,3 +247,28 @@ def test_a_million_devices_still_plan(capsys: pytest.CaptureFixture[str]) -> Non
     assert (best["tensor_parallel"], best["pipeline"], best["data_parallel"]) == (8, 8, 15_625)
     assert best["fits"] is True
     assert best["n_microbatches"] * best["microbatch_size"] * 15_625 == 1_000_000
+
+
+def test_context_parallel_fp8_and_comm_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    flash = [*BASE, "--flash-attention", "--microbatch-sizes", "1", "--virtual", "1"]
+    assert main([*flash, "--context-parallel", "1,2", "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert {p["context_parallel"] for p in points} == {1, 2}
+    for p in points:  # every configuration fills the 8 devices: t c p d
+        product = p["tensor_parallel"] * p["context_parallel"] * p["pipeline"]
+        assert product * p["data_parallel"] == 8
+    # FP8 GEMMs and hidden tensor-parallel collectives can only make the winner faster
+    assert main([*flash, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["points"][0]["step_time_s"]
+    assert main([*flash, "--dtype", "fp8", "--json"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)["points"][0]
+    assert fp8["step_time_s"] < plain
+    assert main([*flash, "--tensor-parallel", "8", "--stages", "1", "--json"]) == 0
+    exposed = json.loads(capsys.readouterr().out)["points"][0]
+    assert (
+        main([*flash, "--tensor-parallel", "8", "--stages", "1", "--tp-comm-overlap", "--json"])
+        == 0
+    )
+    hidden = json.loads(capsys.readouterr().out)["points"][0]
+    assert 0 < hidden["tp_comm_time_ns"] < exposed["tp_comm_time_ns"]
+    assert hidden["step_time_s"] < exposed["step_time_s"]
