@@ -59,7 +59,7 @@ import networkx as nx
 
 from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
 from pipesim.csv_rows import check_last_row, read_rows
-from pipesim.errors import DeadlockError, ParseError, ScheduleError
+from pipesim.errors import DeadlockError, ParseError, ScheduleError, summarise
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
 from pipesim.structure import StepStructure, step_structure
@@ -324,7 +324,7 @@ def validate_comms(comms: CommSchedule, /) -> None:
     problems += _placement_problems(wanted.values(), sends, recvs, done)
     problems += _order_problems(comms, sends, recvs)
     if problems:
-        raise ScheduleError(_summary("invalid comms schedule", problems))
+        raise ScheduleError(summarise("invalid comms schedule", problems))
     cycle = _wait_cycle(comms, sends, recvs)
     if cycle:
         raise DeadlockError(
@@ -412,12 +412,6 @@ def _wait_cycle(
         return str(comms.programs[node[1]][node[2]])
 
     return tuple(name(u) for u, _ in cycle)
-
-
-def _summary(headline: str, problems: list[str]) -> str:
-    listed = problems[:8]
-    more = f"; ... and {len(problems) - 8} more" if len(problems) > 8 else ""
-    return f"{headline}: " + "; ".join(listed) + more
 
 
 def comms_to_csv(comms: CommSchedule, /) -> str:

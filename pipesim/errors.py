@@ -10,6 +10,7 @@ into ``pipesim: error: ...`` and a non-zero exit status.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Sequence
 
 __all__ = [
     "CostError",
@@ -86,6 +87,19 @@ _BRIEF = _Brief()
 _BRIEF.maxstring = _BRIEF.maxother = 60
 _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 4
 _BRIEF.maxlevel = 2
+
+
+# Not in __all__: a helper for pipesim's own messages, not an error type.
+def summarise(headline: str, problems: Sequence[str], /, *, limit: int = 8) -> str:
+    """One error message of many problems: the headline, the first ``limit`` problems,
+    and how many more there are.
+
+    >>> summarise("invalid schedule", ["a", "b", "c"], limit=2)
+    'invalid schedule: a; b; and 1 more problems'
+    """
+    shown = list(problems[:limit])
+    more = len(problems) - len(shown)
+    return f"{headline}: " + "; ".join(shown) + (f"; and {more} more problems" if more else "")
 
 
 def brief(value: object) -> str:

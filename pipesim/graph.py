@@ -34,7 +34,7 @@ import networkx as nx
 from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
 from pipesim.costs import CostModel, require_eager
 from pipesim.deadlock import deadlock_error
-from pipesim.errors import ScheduleError
+from pipesim.errors import ScheduleError, summarise
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step import CompiledStep, compile_step
@@ -162,7 +162,7 @@ def check_structure(
     other is left to the caller: the engine finds one by running into it."""
     problems = _structural_problems(schedule, structure)
     if problems:
-        raise ScheduleError(_summarise("invalid schedule", problems))
+        raise ScheduleError(summarise("invalid schedule", problems, limit=_MAX_LISTED))
     if structure.back_edge or (cycles and structure.topological is None):
         raise deadlock_error(structure)
 
@@ -378,13 +378,6 @@ def _same_rank_order(structure: StepStructure) -> list[str]:
                 f"move the {later} after its {earlier}"
             )
     return problems
-
-
-def _summarise(headline: str, problems: list[str]) -> str:
-    shown = problems[:_MAX_LISTED]
-    more = len(problems) - len(shown)
-    text = f"{headline}: " + "; ".join(shown)
-    return text + (f"; and {more} more problems" if more else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
