@@ -68,6 +68,7 @@ class Table:
     """FLOPs of one iteration as the source counts them (for teraFLOP/s)."""
     distributed_optimizer: bool = False
     tp_comm_overlap: bool = False
+    overlap_p2p: bool = False
     overlap_grad_reduce: bool = False
     target_mean: float = 0.06
     target_max: float | None = None
@@ -236,6 +237,7 @@ TABLES = (
         flops=_model_flops,
         distributed_optimizer=True,
         tp_comm_overlap=True,
+        overlap_p2p=True,  # the README: "and PP (enabled by default)"
         overlap_grad_reduce=True,
     ),
 )
@@ -258,6 +260,7 @@ def predict(table: Table, run: Run) -> PlanPoint:
         sequence_parallel=[run.sequence_parallel],
         distributed_optimizer=[table.distributed_optimizer],
         tp_comm_overlap=table.tp_comm_overlap,
+        overlap_p2p=table.overlap_p2p,
         overlap_grad_reduce=table.overlap_grad_reduce,
         memory_headroom=0.0,
         min_mfu=0.0,

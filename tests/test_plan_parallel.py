@@ -511,3 +511,32 @@ def test_the_winners_pipeline_sends_by_hand() -> None:
     assert parts is not None and parts["pp_comm"] == pytest.approx(2128e-9)
     # only the winner is measured this way: the others say nothing rather than 0
     assert all(p.pp_comm_time_ns is None for p in result.points[1:])
+
+
+def test_pipeline_sends_block_unless_overlapped() -> None:
+    # Megatron-LM waits for each send and receive (p2p_communication._communicate waits
+    # on every request): the cost model's sends do not overlap compute unless asked
+    from pipesim.plan import configuration
+
+    kwargs = dict(
+        devices=4,
+        accelerator=_accelerator(memory_bandwidth=1e30, intra_node_bandwidth=1e7),
+        global_batch=8,
+        tensor=[1],
+        stages=[4],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["1f1b"],
+        recompute=["none"],
+        memory_headroom=0,
+        workers=1,
+    )
+    waits = plan(GPT, **kwargs)  # type: ignore[arg-type]
+    overlaps = plan(GPT, overlap_p2p=True, **kwargs)  # type: ignore[arg-type]
+    (a,), (b,) = waits.points, overlaps.points
+    assert not configuration(waits, a, model=GPT)[1].overlap_comm
+    assert configuration(overlaps, b, model=GPT)[1].overlap_comm
+    # slow links: waiting for each message makes the step longer, never shorter
+    assert a.pipeline_time_ns > b.pipeline_time_ns  # type: ignore[operator]
+    assert "--overlap-p2p-communication" in megatron_args(overlaps, b)
+    assert "--overlap-p2p-communication" not in megatron_args(waits, a)

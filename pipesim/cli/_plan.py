@@ -166,6 +166,13 @@ def register(subparsers: Any) -> None:
         "Megatron-Core runs it (default 1; needs flash attention)",
     )
     sweep.add_argument(
+        "--overlap-p2p",
+        action="store_true",
+        help="pipeline sends run beside compute (Megatron-Core's --overlap-p2p-communication, "
+        "torch's pipelining); default: each rank waits for its sends and receives, as "
+        "Megatron-LM does",
+    )
+    sweep.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="hide tensor-parallel collectives under the GEMMs next to them (Megatron-LM's "
@@ -393,6 +400,7 @@ def run(args: argparse.Namespace) -> int:
             tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
             context_parallel=_ints(args.context_parallel, "--context-parallel") or (1,),
             tp_comm_overlap=args.tp_comm_overlap,
+            overlap_p2p=args.overlap_p2p,
             recompute=_words(args.recompute),
             sequence_parallel=_flag_values(args.sequence_parallel, "--sequence-parallel"),
             distributed_optimizer=_flag_values(

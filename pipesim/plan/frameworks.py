@@ -151,6 +151,8 @@ def megatron_args(result: PlanResult, point: PlanPoint, /) -> str:
         extra.append("--fp8-format hybrid")
     if result.tp_comm_overlap and point.tensor > 1:
         extra.append("--tp-comm-overlap")
+    if result.overlap_p2p and point.pipeline > 1:
+        extra.append("--overlap-p2p-communication")
     if not extra:
         return line
     head, sep, notes = line.partition("  # ")

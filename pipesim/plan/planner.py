@@ -453,6 +453,7 @@ def plan(
     context_parallel: Sequence[int] = (1,),
     dtype: str | None = None,
     tp_comm_overlap: bool = False,
+    overlap_p2p: bool = False,
     overlap_grad_reduce: bool = True,
     bytes_per_param: int = BYTES_PER_PARAM,
     memory_capacity_bytes: int | None = None,
@@ -477,7 +478,9 @@ def plan(
     to try (default 1). ``dtype``: the training precision instead of the model's own
     (``fp8``: FP8 GEMMs, bf16 storage). ``tp_comm_overlap``: hide tensor-parallel
     collectives under the GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``).
-    ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and
+    ``overlap_p2p``: pipeline sends beside compute (Megatron-Core's
+    ``--overlap-p2p-communication``; off by default, as Megatron-LM waits for each send
+    and receive). ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and
     first forward (``--overlap-grad-reduce`` / ``--overlap-param-gather``; on by
     default, as Megatron-Core's recipes run).
     ``memory_capacity_bytes`` overrides the
@@ -530,6 +533,7 @@ def plan(
         memory_capacity_bytes=settings.usable,
         engine=settings.engine,
         tp_comm_overlap=tp_comm_overlap,
+        overlap_p2p=overlap_p2p,
         overlap_grad_reduce=overlap_grad_reduce,
     )
     evaluations = evaluate_points(
@@ -657,6 +661,7 @@ def _plan_result(
         n_layers=0 if spec is None else spec.n_layers,
         seq_length=workload.seq_length,
         tp_comm_overlap=context.tp_comm_overlap,
+        overlap_p2p=context.overlap_p2p,
         dtype=None if spec is None else spec.dtype,
     )
 
@@ -823,6 +828,7 @@ def configuration(
         bytes_per_param=bytes_per_param,
         memory_capacity_bytes=result.usable_memory_bytes,
         tp_comm_overlap=result.tp_comm_overlap,
+        overlap_p2p=result.overlap_p2p,
     )
     return build_configuration(context, _sweep_point(point))
 

@@ -273,6 +273,8 @@ class PlanResult:
     seq_length: int | None = None
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives were hidden under GEMMs (``--tp-comm-overlap``)."""
+    overlap_p2p: bool = False
+    """Pipeline sends ran beside compute (``--overlap-p2p``)."""
     dtype: str | None = None
     """The training precision the plan priced (None: the model's own)."""
 

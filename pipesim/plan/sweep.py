@@ -142,6 +142,11 @@ class SweepContext:
     tp_comm_overlap: bool = False
     """Hide tensor-parallel collectives under the GEMMs next to them (Megatron-LM's
     ``--tp-comm-overlap``, :mod:`pipesim.plan.gpu`)."""
+    overlap_p2p: bool = False
+    """Pipeline sends run beside compute (Megatron-Core's ``--overlap-p2p-communication``,
+    torch.distributed.pipelining's isend); False, Megatron-LM's default: a rank waits for
+    its send and receive to finish (``p2p_communication._communicate`` waits on every
+    request before it returns), :attr:`pipesim.costs.CostModel.overlap_comm` false."""
 
     def workload_for(self, point: Point, /) -> Workload:
         """The workload of ``point``'s tensor parallelism and recomputation."""
@@ -351,6 +356,7 @@ def _model_costs(
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
         time_unit="ns",  # the planner's durations are whole nanoseconds
+        overlap_comm=context.overlap_p2p,
     )
     return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
 
