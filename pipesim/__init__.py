@@ -46,10 +46,12 @@ from pipesim.graph import (
 from pipesim.metrics import (
     Metrics,
     RankMetrics,
+    SpanMetrics,
     compute_metrics,
     idle_intervals,
     idle_intervals_by_rank,
     metrics_from_totals,
+    span_metrics,
 )
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import (
@@ -123,6 +125,7 @@ __all__ = [
     "ScheduleError",
     "ScheduleSpec",
     "Simulation",
+    "SpanMetrics",
     "StageCost",
     "Trace",
     "TraceTotals",
@@ -171,6 +174,7 @@ __all__ = [
     "schedule_to_json",
     "sequential",
     "simulate",
+    "span_metrics",
     "step_from_dict",
     "step_of",
     "step_to_dict",

@@ -28,10 +28,12 @@ from pipesim.trace import ActionRecord, CommRecord, Trace
 __all__ = [
     "Metrics",
     "RankMetrics",
+    "SpanMetrics",
     "compute_metrics",
     "idle_intervals",
     "idle_intervals_by_rank",
     "metrics_from_totals",
+    "span_metrics",
 ]
 
 
@@ -118,6 +120,59 @@ class Metrics:
                 for r in self.ranks
             ],
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanMetrics:
+    """Each rank's span, first start to last end of its work, and the bubble against the
+    longest: the zero-bubble paper's metric (Qi et al., ICLR 2024, Table 5: ``cost`` is
+    the largest execution time of any stage, and the bubble rate ``(cost - m (T_F + T_B +
+    T_W)) / cost``). Unlike the makespan, a span does not count the fill a rank waits
+    through before its first work, which the next step's work can use when the ranks do
+    not wait for each other between steps (the paper's optimizer post-validation)."""
+
+    spans: tuple[Time, ...]
+    """Per rank, last end - first start of its work (0 for a rank with none)."""
+    longest: Time
+    """The largest span: the paper's ``cost``."""
+    bubble_ratio: Fraction
+    """Idle share of ranks x the longest span: ``1 - sum(busy) / (n_ranks * longest)``,
+    the paper's rate when every rank is as busy as the others."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spans": [as_number(s) for s in self.spans],
+            "longest_span": as_number(self.longest),
+            "span_bubble_ratio": float(self.bubble_ratio),
+        }
+
+
+def span_metrics(trace: Trace, /) -> SpanMetrics:
+    """The spans of ``trace``'s ranks and the bubble against the longest (exact).
+
+    >>> from pipesim.costs import CostModel
+    >>> from pipesim.engine import simulate
+    >>> from pipesim.schedules import generate
+    >>> sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True),
+    ...                costs=CostModel.uniform(forward=1))
+    >>> m = span_metrics(sim.trace)   # rank 0 works 0..2, rank 1 works 1..3
+    >>> m.spans, m.longest, m.bubble_ratio
+    ((2, 2), 2, Fraction(0, 1))
+    """
+    first: list[Time | None] = [None] * trace.n_ranks
+    last: list[Time] = [0] * trace.n_ranks
+    records: Iterable[ActionRecord | CommRecord] = (*trace.actions, *trace.comms)
+    for record in records:  # a send or receive holds its rank too
+        r = record.rank
+        start = first[r]
+        first[r] = record.start if start is None else min(start, record.start)
+        last[r] = max(last[r], record.end)
+    spans = tuple(0 if f is None else last[r] - f for r, f in enumerate(first))
+    longest = max(spans, default=0)
+    busy = sum(trace.totals().busy, start=0)
+    capacity = trace.n_ranks * longest
+    ratio = Fraction(0) if not capacity else 1 - Fraction(busy) / Fraction(capacity)
+    return SpanMetrics(spans=spans, longest=longest, bubble_ratio=ratio)
 
 
 def compute_metrics(trace: Trace, /, *, schedule: Schedule, costs: CostModel) -> Metrics:

@@ -14,7 +14,7 @@ from helpers import JSON_CONTRACT, RANK_CONTRACT
 
 from pipesim.costs import CostModel, StageCost
 from pipesim.engine import simulate
-from pipesim.metrics import compute_metrics, idle_intervals
+from pipesim.metrics import compute_metrics, idle_intervals, span_metrics
 from pipesim.schedules import generate
 
 # The chapter's table, as printed (f"{m / (m + s - 1):>7.0%}").
@@ -114,3 +114,26 @@ def test_param_bytes_sum_over_a_ranks_stages() -> None:
 def test_compute_metrics_recomputes_from_the_trace() -> None:
     sim = simulate(generate("1f1b", n_ranks=3, n_microbatches=5))
     assert compute_metrics(sim.trace, schedule=sim.schedule, costs=sim.costs) == sim.metrics
+
+
+def test_rank_spans_and_the_zero_bubble_papers_bubble_by_hand() -> None:
+    """1F1B, 2 ranks, 1 micro-batch, F = 1, B = 2: rank 0 runs F 0..1 and B 4..6 (span 6),
+    rank 1 F 1..2 and B 2..4 (span 3). Busy 3 + 3 against 2 ranks x the longest span 6:
+    a bubble of 1/2. The makespan bubble is the same (rank 0's span is the step)."""
+    schedule = generate("1f1b", n_ranks=2, n_microbatches=1)
+    sim = simulate(schedule, costs=CostModel.uniform(forward=1, backward=2))
+    spans = span_metrics(sim.trace)
+    assert spans.spans == (6, 3) and spans.longest == 6
+    assert spans.bubble_ratio == Fraction(1, 2) == sim.metrics.bubble_ratio
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_zb_h2_has_no_bubble_by_the_papers_metric(p: int) -> None:
+    # Qi et al. 2024, section 3: with T_F = T_B = T_W and enough micro-batches, ZB-H2's
+    # every stage runs without a gap from its first action to its last
+    schedule = generate("zb-h2", n_ranks=p, n_microbatches=3 * p)
+    sim = simulate(schedule, costs=CostModel.uniform(forward=1, input_grad=1, weight_grad=1))
+    spans = span_metrics(sim.trace)
+    assert spans.bubble_ratio == 0
+    assert set(spans.spans) == {3 * 3 * p}  # each rank: 3p micro-batches of F, I and W
+    assert sim.metrics.bubble_ratio > 0  # the whole step still has its fill and drain

@@ -29,7 +29,7 @@ from pipesim.engine import simulate
 from pipesim.errors import CostError, PipesimError
 from pipesim.exact import as_number
 from pipesim.grid import format_grid
-from pipesim.metrics import Metrics
+from pipesim.metrics import Metrics, span_metrics
 from pipesim.schedule import Schedule
 from pipesim.text_table import format_table
 from pipesim.units import SECONDS_PER_UNIT, format_bytes, format_duration, unit_suffix
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
     band = _band(args, schedule, costs, comms=comms is not None)
     if args.json:
-        result = simulation.metrics.to_dict()
+        result = simulation.metrics.to_dict() | span_metrics(simulation.trace).to_dict()
         if comms is not None:
             sends, receives = comms_counts(comms)
             result["comms"] = {"sends": sends, "receives": receives, "blocking_receives": blocking}
@@ -122,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
         print(_headline(simulation.metrics))
     else:
         print(format_summary(simulation.metrics))
+        spans = span_metrics(simulation.trace)
+        print(
+            f"longest rank span {_time(spans.longest, simulation.metrics.time_unit)}, "
+            f"bubble against it {float(spans.bubble_ratio):.1%} (the zero-bubble paper's "
+            "metric: a rank's first start to its last end)"
+        )
     if band is not None:
         print(format_band(*band, time_unit=costs.time_unit, source=args.costs))
     return _checked_fit(args, simulation)
