@@ -399,21 +399,26 @@ def _unsplittable_batch(
     )
 
 
-def _refused(point: Point, reason: str) -> PlanPoint:
+def _ranked_point(point: Point, /) -> PlanPoint:
+    """The configuration of ``point`` as a ranked point, nothing measured yet (the
+    converse of :func:`_sweep_point`)."""
     return PlanPoint(
         schedule=point.schedule,
         pipeline=point.pipeline,
         virtual=point.virtual,
         data_parallel=point.data_parallel,
         microbatch_size=point.microbatch_size,
-        n_microbatches=0,
+        n_microbatches=point.n_microbatches,
         tensor=point.tensor,
         sequence_parallel=point.sequence_parallel,
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
         context_parallel=point.context_parallel,
-        reason=reason,
     )
+
+
+def _refused(point: Point, reason: str) -> PlanPoint:
+    return replace(_ranked_point(point), n_microbatches=0, reason=reason)
 
 
 def check_share(value: object, /, *, name: str, include_one: bool = False) -> float:
@@ -721,19 +726,7 @@ def _plan_point(
     global_batch: int,
     usable: int,
 ) -> PlanPoint:
-    base = PlanPoint(
-        schedule=point.schedule,
-        pipeline=point.pipeline,
-        virtual=point.virtual,
-        data_parallel=point.data_parallel,
-        microbatch_size=point.microbatch_size,
-        n_microbatches=point.n_microbatches,
-        tensor=point.tensor,
-        sequence_parallel=point.sequence_parallel,
-        recompute=point.recompute,
-        distributed_optimizer=point.distributed_optimizer,
-        context_parallel=point.context_parallel,
-    )
+    base = _ranked_point(point)
     if evaluation.reason is not None:
         return replace(base, reason=evaluation.reason, evaluated=not evaluation.stopped)
     step_ns = evaluation.makespan_ns + evaluation.allreduce_ns
