@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
-from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.plan.hardware import Accelerator
 from pipesim.plan.kernels import (
     LAYER_KINDS,
     Attention,
@@ -66,7 +66,6 @@ __all__ = [
     "PassTime",
     "collective_seconds",
     "gemm_seconds",
-    "group_link",
     "kernel_seconds",
     "layer_times",
     "price_layer",
@@ -113,21 +112,14 @@ def gemm_seconds(
     return max(compute, operand_bytes / accelerator.achieved_memory_bandwidth)
 
 
-def group_link(accelerator: Accelerator, span: int) -> Interconnect:
-    """The link a group of devices ``span`` apart-and-wide uses: inside a node when the
-    group's devices (consecutive in the tp-cp-dp-pp order) fit one node."""
-    g = accelerator.gpus_per_node
-    return accelerator.link(inter_node=not (span <= g and g % span == 0))
-
-
 def collective_seconds(
     collective: Collective, accelerator: Accelerator, /, *, shard: Shard
 ) -> float:
     """Seconds of a tensor- or context-parallel collective on its group's link."""
     if collective.group == "tensor":
-        n, link = shard.tensor, group_link(accelerator, shard.tensor)
+        n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
-        n, link = shard.context, group_link(accelerator, shard.tensor * shard.context)
+        n, link = shard.context, accelerator.group_link(shard.tensor * shard.context)
     if n == 1:
         return 0.0
     size = collective.size_bytes

@@ -190,6 +190,14 @@ class Accelerator:
             size_curve=self.intra_node_size_curve,
         )
 
+    def group_link(self, span: int, /) -> Interconnect:
+        """The link a group of devices uses whose members lie within ``span`` consecutive
+        devices (a group of t, or one whose members are t apart across t c or t d devices,
+        in Megatron-Core's tp-cp-dp-pp order): inside a node when those devices fill
+        whole parts of one node, between nodes otherwise."""
+        g = self.gpus_per_node
+        return self.link(inter_node=not (span <= g and g % span == 0))
+
     def with_memory(self, memory_bytes: int, /) -> Accelerator:
         """The same device with another memory capacity."""
         return replace(self, memory_bytes=memory_bytes)

@@ -96,9 +96,7 @@ def data_parallel_link(
     accelerator: Accelerator, *, tensor: int, data_parallel: int
 ) -> Interconnect:
     """The link a data-parallel group uses (see the module docstring for the order)."""
-    g = accelerator.gpus_per_node
-    group_span = tensor * data_parallel
-    return accelerator.link(inter_node=not (group_span <= g and g % group_span == 0))
+    return accelerator.group_link(tensor * data_parallel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

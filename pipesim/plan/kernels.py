@@ -272,28 +272,33 @@ def _residual(spec: ModelSpec, x: _Dims, name: str) -> tuple[Streaming, Streamin
     return kernels
 
 
+def _rotary(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """Rotary embedding of q and k (read and write both), forward and backward; none
+    with learned positions."""
+    if spec.learned_positions:
+        return (), ()
+    qk = x.T * (x.h + x.kv) // x.t
+    return (
+        (Streaming("rotary embedding", 2 * qk * x.d),),
+        (Streaming("rotary embedding (backward)", 2 * qk * x.d),),
+    )
+
+
 def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
-    """The attention between the QKV and output projections: forward and I kernels."""
+    """The core attention between the rotary embedding and the output projection:
+    forward and I kernels (what selective recomputation repeats, Korthikanti et al. 2023
+    section 5: Megatron-LM's ``CoreAttention``)."""
     s_kv = spec.seq_length  # every query attends over the whole sequence
     b_local = x.T * x.c // spec.seq_length  # sequences in the micro-batch
     q_tokens = x.T // b_local  # query tokens per sequence on this device
     dh = spec.hidden // spec.n_heads
-    rope: tuple[Kernel, ...] = ()
-    rope_back: tuple[Kernel, ...] = ()
-    if not spec.learned_positions:  # rotary embedding of q and k: read and write both
-        qk = x.T * (x.h + x.kv) // x.t
-        rope = (Streaming("rotary embedding", 2 * qk * x.d),)
-        rope_back = (Streaming("rotary embedding (backward)", 2 * qk * x.d),)
     if spec.flash_attention:
         # causal: half the s x s products; FlashAttention-2 sec. 4.1 counts them so
         full = 4 * b_local * x.heads * q_tokens * s_kv * dh
         forward_flops = full // 2
-        fwd: tuple[Kernel, ...] = (*rope, Attention("flash attention", forward_flops))
-        bwd: tuple[Kernel, ...] = (
+        return (Attention("flash attention", forward_flops),), (
             Attention("flash attention (backward)", forward_flops * 5 // 2, backward=True),
-            *rope_back,
         )
-        return fwd, bwd
     batch = b_local * x.heads
     scores = x.heads * b_local * q_tokens * s_kv
     mask = MASK_BYTES * scores if spec.dropout else 0
@@ -303,7 +308,6 @@ def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tupl
     context_elems = x.T * x.h // x.t
     qkv_elems = x.T * (x.h + 2 * x.kv) // x.t
     fwd = (
-        *rope,
         Gemm("scores", q_tokens, s_kv, dh, batch, low_precision=False),
         # scale + mask + softmax, fused: read the scores, write the probabilities
         Streaming("softmax", 2 * scores * x.d),
@@ -325,7 +329,6 @@ def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tupl
         Streaming("softmax (backward)", 3 * scores * x.d),
         Gemm("scores (query grad)", q_tokens, dh, s_kv, batch, low_precision=False),
         Gemm("scores (key grad)", s_kv, dh, q_tokens, batch, low_precision=False),
-        *rope_back,
         Streaming("qkv split (backward)", 2 * qkv_elems * x.d),
     )
     return fwd, bwd
@@ -370,6 +373,7 @@ def block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     else:  # bias + GeLU, fused (bias_gelu_impl): read, write
         act = Streaming("gelu", 2 * act_elems * x.d)
         act_b = Streaming("gelu (backward)", 3 * act_elems * x.d)
+    rope, rope_b = _rotary(spec, x)
     core, core_b = _attention_core(spec, x)
     ring, ring_b = _context_exchange(spec, x)
     ag1 = _to_model_parallel(x, sp, "all-gather before qkv")
@@ -381,19 +385,20 @@ def block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
         () if sp or t == 1 else (Collective("input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
     )
     forward: tuple[Kernel, ...] = (
-        norm1, *ag1, qkv, *ring, *core, proj, *out1, res1,
+        norm1, *ag1, qkv, *rope, *ring, *core, proj, *out1, res1,
         norm2, *ag2, up, act, down, *out2, res2,
     )  # fmt: skip
     backward: tuple[Kernel, ...] = (
         res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, _input_grad(up),
         *(_backward_of(ag2, x, sp) or in_grad), norm2_b,
-        res1_b, *_backward_of(out1, x, sp), _input_grad(proj), *ring_b, *core_b, _input_grad(qkv),
+        res1_b, *_backward_of(out1, x, sp), _input_grad(proj),
+        *ring_b, *core_b, *rope_b, _input_grad(qkv),
         *(_backward_of(ag1, x, sp) or in_grad), norm1_b,
     )  # fmt: skip
     if shard.recompute == "full":
         backward = forward + backward
     elif shard.recompute == "selective" and not spec.flash_attention:
-        backward = tuple(k for k in core if isinstance(k, Gemm | Streaming)) + backward
+        backward = core + backward
     weight: list[Kernel] = [_weight_grad(g) for g in (down, up, proj, qkv)]
     if spec.bias:  # bias gradients: a reduction over the tokens of each output gradient
         weight.append(

@@ -649,7 +649,8 @@ def _plan_result(
     ranked = rank_points(plan_points + refused)
     if ranked and ranked[0].fits:  # what the winner's sends cost: one more simulation
         best = ranked[0]
-        sends = pipeline_comm_ns(context, _sweep_point(best))
+        assert best.pipeline_time_ns is not None
+        sends = pipeline_comm_ns(context, _sweep_point(best), makespan_ns=best.pipeline_time_ns)
         ranked = (replace(best, pp_comm_time_ns=sends), *ranked[1:])
     return PlanResult(
         model=workload.name,

@@ -391,10 +391,9 @@ def _model_stages(
                 for p in (x.forward, x.input_grad, x.weight_grad)
             )
         )
-        stage_params = prefix["params"][end] - prefix["params"][start]
-        act = math.ceil((prefix["activation_bytes"][end] - prefix["activation_bytes"][start]) * b)
-        kept = math.ceil(
-            (prefix["weight_grad_bytes"][end] - prefix["weight_grad_bytes"][start]) * b
+        stage_params, act, kept = (
+            prefix[field][end] - prefix[field][start]
+            for field in ("params", "activation_bytes", "weight_grad_bytes")
         )
         start = end
         stages.append(
@@ -403,8 +402,8 @@ def _model_stages(
                 backward=input_grad + weight_grad,
                 input_grad=input_grad,
                 weight_grad=weight_grad,
-                activation_bytes=act,
-                weight_grad_bytes=kept,
+                activation_bytes=math.ceil(act * b),
+                weight_grad_bytes=math.ceil(kept * b),
                 output_bytes=message_bytes,
                 param_bytes=math.ceil(stage_params * context.bytes_per_param),
             )
@@ -501,10 +500,6 @@ def _measured_costs(
 
 
 _SUMMED = (
-    "forward",
-    "backward",
-    "input_grad",
-    "weight_grad",
     "activation_bytes",
     "weight_grad_bytes",
     "params",
@@ -835,14 +830,13 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
     return schedule, replace(table.costs, stages=stages)
 
 
-def pipeline_comm_ns(context: SweepContext, point: Point, /) -> int:
+def pipeline_comm_ns(context: SweepContext, point: Point, /, *, makespan_ns: int) -> int:
     """How much longer ``point``'s pipeline is for its sends between stages: its
-    makespan less the same schedule's with free links (two simulations)."""
+    ``makespan_ns`` (as the sweep simulated it) less the same schedule's with free links
+    (one more simulation)."""
     schedule, costs = build_configuration(context, point)
-    free = replace(costs, link=Link(), links=None)
-    real = _simulate(context, schedule, costs).makespan
-    ideal = _simulate(context, schedule, free).makespan
-    return max(0, round(real - ideal))
+    ideal = _simulate(context, schedule, replace(costs, link=Link(), links=None)).makespan
+    return max(0, makespan_ns - round(ideal))
 
 
 def _evaluate_chunk(

@@ -45,7 +45,8 @@ class Layer:
 
     name: str
     forward: Amount
-    """F work: FLOPs (``Workload.in_flops``) or seconds."""
+    """F work: FLOPs for a model given by its shapes (they balance the cut; time is priced
+    kernel by kernel, :mod:`pipesim.plan.gpu`), seconds for a cost file's layers."""
     backward: Amount
     """Full backward B work."""
     input_grad: Amount
@@ -71,10 +72,6 @@ class Workload:
 
     name: str
     layers: tuple[Layer, ...]
-    in_flops: bool
-    """True: a model given by its shapes, whose layer work is in FLOPs (it balances the
-    cut; time is priced kernel by kernel, :mod:`pipesim.plan.gpu`); False: a cost file's
-    layers, work in seconds."""
     message_bytes: Amount
     """Bytes of the activation passed between stages, per sequence."""
     grad_bytes_per_param: int
@@ -151,7 +148,6 @@ def workload_from_model(
     return Workload(
         name=spec.name,
         layers=layers,
-        in_flops=True,
         message_bytes=Fraction(payload, tensor) if payload % tensor else payload // tensor,
         grad_bytes_per_param=spec.dtype_bytes,
         seq_length=spec.seq_length,
@@ -212,7 +208,6 @@ def workload_from_costs(
     return Workload(
         name=name,
         layers=layers,
-        in_flops=False,
         message_bytes=Fraction(max(c.output_bytes for c in stages), b0),
         grad_bytes_per_param=DTYPE_BYTES[dtype],
         seq_length=seq if isinstance(seq, int) and seq > 0 else None,
