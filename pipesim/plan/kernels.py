@@ -72,6 +72,7 @@ __all__ = [
     "Shard",
     "Streaming",
     "block_kernels",
+    "check_context_parallel",
     "embedding_kernels",
     "head_kernels",
     "layer_kernels",
@@ -173,10 +174,17 @@ class Shard:
 def _check(spec: ModelSpec, shard: Shard) -> None:
     # the tensor-parallel size and recomputation: the same rule as the layer formulas'
     check_shard(spec, shard.tensor, shard.recompute)
-    c = shard.context
-    for name, value in (("micro-batch size", shard.microbatch_size), ("context parallel size", c)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{name} must be a whole number >= 1, got {value!r}")
+    value = shard.microbatch_size
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"micro-batch size must be a whole number >= 1, got {value!r}")
+    check_context_parallel(spec, shard.context)
+
+
+def check_context_parallel(spec: ModelSpec, c: int, /) -> None:
+    """PlanError unless ``spec`` can split its sequences ``c`` ways as Megatron-Core does:
+    fused attention, and 2c equal chunks of the sequence."""
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise PlanError(f"context parallel size must be a whole number >= 1, got {c!r}")
     if c > 1 and not spec.flash_attention:
         raise PlanError(
             f"context parallel size {c} needs fused (flash) attention: Megatron-Core runs "

@@ -43,6 +43,7 @@ from pipesim.plan.budget import check_sweep
 from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
@@ -162,10 +163,8 @@ def _context_sizes(dims: Dimensions, *, devices: int, workload: Workload | None)
             "context parallelism applies only to a model given by its shapes (a preset, a "
             "model file or --layers/--hidden/...); drop --context-parallel"
         )
-    from pipesim.plan.kernels import Shard, block_kernels
-
     for c in sizes:
-        block_kernels(spec, Shard(context=c))  # PlanError naming why it cannot split
+        check_context_parallel(spec, c)
     return sizes
 
 

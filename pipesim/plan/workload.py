@@ -25,6 +25,7 @@ from typing import Any
 
 from pipesim.costs import CostModel, StageCost
 from pipesim.errors import ParseError, PlanError
+from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
@@ -123,10 +124,8 @@ def workload_from_model(
     if sequence_parallel and tensor == 1:
         sequence_parallel = False  # nothing to split: the same configuration
     local = spec
+    check_context_parallel(spec, context)
     if context > 1:
-        from pipesim.plan.kernels import Shard, block_kernels
-
-        block_kernels(spec, Shard(tensor=tensor, context=context))  # refuses what cannot split
         local = replace(spec, seq_length=spec.seq_length // context)
     layers = tuple(
         Layer(
