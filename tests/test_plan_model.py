@@ -187,6 +187,15 @@ def test_custom_accelerator_file(tmp_path) -> None:  # type: ignore[no-untyped-d
     path.write_text(json.dumps(old))
     with pytest.raises(ParseError, match=r"'efficiency' .* is gone.*matmul_efficiency"):
         load_accelerator(path)
+    # a size curve out of order or past 1 names the values
+    for curve, message in (
+        ([[2e6, 0.5], [1e6, 1.0]], r"strictly ascending bytes, got \[2000000.0, 1000000.0\]"),
+        ([[1e6, 0.5], [2e6, 1.5]], r"between 0 and 1 .*got \[0.5, 1.5\]"),
+        ("fast", "a list of \\[bytes, share\\] pairs, got 'fast'"),
+    ):
+        path.write_text(json.dumps(entry | {"intra_node_size_curve": curve}))
+        with pytest.raises(PlanError, match=message):
+            load_accelerator(path)
     # fp8 on an accelerator without FP8 tensor cores names the fix
     with pytest.raises(PlanError, match="a100-80gb has no FP8 tensor cores"):
         _ = get_accelerator("a100-80gb").fp8_flops

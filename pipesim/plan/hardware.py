@@ -216,10 +216,17 @@ def _size_curve(points: object) -> tuple[tuple[float, float], ...]:
             f"intra_node_size_curve must be a list of [bytes, share] pairs, got {brief(points)}"
         ) from None
     sizes = [size for size, _ in curve]
-    if sizes != sorted(set(sizes)) or any(s <= 0 for s in sizes):
-        raise PlanError("intra_node_size_curve sizes must be positive and strictly ascending")
-    if any(not 0 < share <= 1 for _, share in curve):
-        raise PlanError("intra_node_size_curve shares must be between 0 and 1")
+    if sizes != sorted(set(sizes)) or not all(0 < s < math.inf for s in sizes):
+        raise PlanError(
+            f"intra_node_size_curve sizes must be positive, finite and strictly ascending "
+            f"bytes, got {brief(sizes)}; list the points smallest buffer first"
+        )
+    shares = [share for _, share in curve]
+    if not all(0 < share <= 1 for share in shares):
+        raise PlanError(
+            f"intra_node_size_curve shares must be between 0 and 1 (a share of the largest "
+            f"bus bandwidth), got {brief(shares)}"
+        )
     return curve
 
 
