@@ -210,6 +210,11 @@ def _structural_problems(schedule: Schedule, structure: StepStructure) -> list[s
         for x in (a, b):
             if structure.node_of(x) is None:
                 problems.append(f"happens_before names {x}, which no rank runs")
+        if a == b:  # the graph would drop a self-loop, hiding an action that waits for itself
+            problems.append(
+                f"happens_before orders {a} before itself: it would wait for itself forever; "
+                "drop that entry"
+            )
     for work in structure.overlaps:
         problems += _dependent_parts(work)
     return problems

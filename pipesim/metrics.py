@@ -6,7 +6,8 @@ Definitions (the output contract of docs/architecture.md):
 - ``busy`` of a rank: the summed duration of its work; ``idle = makespan - busy``.
 - ``bubble_ratio``: idle share of ``n_ranks x makespan``.
 - ``idle_slots``: total idle time in units of one stage's forward time (the
-  pipeline chapter's "slot"; the mean forward time when stages differ).
+  pipeline chapter's "slot"; the mean forward time when stages differ); None when
+  forwards take no time, rather than a 0 that would contradict a non-zero ``idle``.
 - ``peak_activation_bytes`` / ``peak_inflight``: the most activation bytes, and
   stage-micro-batch activations, a rank holds at once.
 
@@ -64,7 +65,8 @@ class Metrics:
     bubble_ratio: Fraction
     slot: Time
     """The forward time of one stage, the unit of ``idle_slots``."""
-    idle_slots: Fraction | int
+    idle_slots: Fraction | int | None
+    """Idle time in slots; None when forwards take no time (there is no slot to count in)."""
     ranks: tuple[RankMetrics, ...]
     memory_capacity_bytes: int | None = None
     time_unit: str = "unit"
@@ -103,7 +105,7 @@ class Metrics:
             "idle": as_number(self.idle),
             "bubble_ratio": float(self.bubble_ratio),
             "efficiency": float(self.efficiency),
-            "idle_slots": as_number(self.idle_slots),
+            "idle_slots": None if self.idle_slots is None else as_number(self.idle_slots),
             "slot": as_number(self.slot),
             "peak_activation_bytes": self.peak_activation_bytes,
             "memory_capacity_bytes": self.memory_capacity_bytes,
@@ -231,7 +233,7 @@ def metrics_from_totals(
         idle=total_idle,
         bubble_ratio=Fraction(total_idle) / capacity if capacity else Fraction(0),
         slot=slot,
-        idle_slots=_exact(Fraction(total_idle) / slot) if slot else 0,
+        idle_slots=_exact(Fraction(total_idle) / slot) if slot else None,
         ranks=ranks,
         memory_capacity_bytes=costs.memory_capacity_bytes,
         time_unit=costs.time_unit,

@@ -199,6 +199,14 @@ def schedule_to_csv(schedule: Schedule, /) -> str:
             f"schedule {schedule.name!r} runs {schedule.n_copies} model copies (n_copies), "
             "which torch's CSV cannot say; save it as .json"
         )
+    if schedule.forward_only:
+        # torch's _load_csv validates with _validate_schedule, which wants every
+        # micro-batch's backward on every stage, so the file would load nowhere but here.
+        raise PipesimError(
+            f"schedule {schedule.name!r} is forward-only, and torch's CSV reader "
+            "(PipelineScheduleMulti._load_csv) refuses a schedule without backwards; "
+            "save it as .json"
+        )
     check_last_row(schedule.orders, name=schedule.name)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

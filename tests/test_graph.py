@@ -203,6 +203,14 @@ def test_happens_before_names_missing_action() -> None:
     assert "happens_before names 0F5, which no rank runs" in refusal(s)
 
 
+def test_happens_before_self_loop_is_refused() -> None:
+    """An action ordered before itself waits for itself: 0F0 -> 0F0 would never start."""
+    s = Schedule.from_orders(
+        [["0F0", "0B0"]], happens_before=[(act("0F0"), act("0F0"))], n_microbatches=1
+    )
+    assert "happens_before orders 0F0 before itself" in refusal(s)
+
+
 def test_every_problem_is_named_up_to_a_limit() -> None:
     orders = [[f"0F{mb}" for mb in range(10)] * 2]
     message = refusal(Schedule.from_orders(orders, n_microbatches=10))

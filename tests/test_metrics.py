@@ -80,6 +80,16 @@ def test_idle_slots_use_the_forward_time() -> None:
     assert (m.makespan, m.idle, m.slot, m.idle_slots) == (9, 6, Fraction(3, 2), 4)
 
 
+def test_idle_slots_are_undefined_when_forwards_take_no_time() -> None:
+    """1F1B on 2 ranks, 2 micro-batches, F = 0 and B = 1: rank 0 runs B0 B1 back to back
+    after rank 1's B0, so the makespan is 3 and each rank is busy 2: idle 2 in total.
+    There is no slot to count that idle time in, so idle_slots is None, not 0."""
+    s = generate("1f1b", n_ranks=2, n_microbatches=2)
+    m = simulate(s, costs=CostModel.uniform(forward=0, backward=1)).metrics
+    assert (m.makespan, m.idle, m.slot, m.idle_slots) == (3, 2, 0, None)
+    assert m.to_dict()["idle_slots"] is None and m.to_dict()["idle"] == 2
+
+
 def test_idle_intervals() -> None:
     sim = simulate(generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True))
     assert idle_intervals(sim.trace, 0) == ((4, 5),)

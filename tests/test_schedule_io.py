@@ -69,7 +69,8 @@ TORCH_OP_NAMES = {
 
 def csv_compatible(schedule: Schedule) -> bool:
     idle_last = not schedule.orders[-1]  # a trailing blank line, which readers drop
-    return not schedule.happens_before and schedule.n_copies == 1 and not idle_last
+    plain = not schedule.happens_before and schedule.n_copies == 1
+    return plain and not idle_last and not schedule.forward_only
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
@@ -87,7 +88,9 @@ def test_json_round_trip(schedule: Schedule, tmp_path: Path) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=IDS)
 def test_csv_round_trip(schedule: Schedule, tmp_path: Path) -> None:
     if not csv_compatible(schedule):
-        with pytest.raises(PipesimError, match=r"torch's CSV (cannot|writes).*save it as \.json"):
+        with pytest.raises(
+            PipesimError, match=r"torch's CSV (cannot|writes|reader).*save it as \.json"
+        ):
             schedule_to_csv(schedule)
         return
     text = schedule_to_csv(schedule)
@@ -123,6 +126,27 @@ def test_csv_is_read_by_torch(schedule: Schedule) -> None:
                 assert theirs.stage_index == ours.stage
                 assert theirs.computation_type.name == TORCH_OP_NAMES[ours.op.value]
                 assert theirs.microbatch_index == ours.microbatch
+    # and the whole file passes the validator torch's _load_csv runs on it
+    rows = csv.reader(io.StringIO(schedule_to_csv(schedule)))
+    actions = {rank: [schedules._Action.from_str(c) for c in row] for rank, row in enumerate(rows)}
+    schedules._validate_schedule(
+        actions, schedule.n_ranks, schedule.n_stages, schedule.n_microbatches
+    )
+
+
+@pytest.mark.torch
+def test_forward_only_csv_is_refused_because_torch_refuses_it() -> None:
+    """torch's loader wants every micro-batch's backward, so a forward-only CSV would load
+    nowhere; pipesim says so instead of writing it."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    gpipe = generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True)
+    actions = {
+        r: [schedules._Action.from_str(str(w)) for w in o] for r, o in enumerate(gpipe.orders)
+    }
+    with pytest.raises(AssertionError, match="backwards"):
+        schedules._validate_schedule(actions, 2, 2, 2)
+    with pytest.raises(PipesimError, match=r"forward-only.*save it as \.json"):
+        schedule_to_csv(gpipe)
 
 
 def test_csv_skips_empty_cells_like_torch() -> None:

@@ -239,8 +239,14 @@ def _headline(m: Metrics) -> str:
     makespan = _time(m.makespan, m.time_unit)
     return (
         f"makespan {makespan}, efficiency {float(m.efficiency):.2f}, "
-        f"bubble {float(m.bubble_ratio):.1%} = {_fmt(m.idle_slots)} idle slots"
+        f"bubble {float(m.bubble_ratio):.1%}{_in_slots(m)}"
     )
+
+
+def _in_slots(m: Metrics) -> str:
+    if m.idle_slots is None:
+        return " (forwards take no time: no slot to count idle time in)"
+    return f" = {_fmt(m.idle_slots)} idle slots"
 
 
 def format_summary(m: Metrics) -> str:

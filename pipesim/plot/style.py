@@ -126,5 +126,11 @@ def headline(metrics: Metrics, /) -> str:
     return (
         f"makespan {format_duration(metrics.makespan, metrics.time_unit)} · "
         f"bubble {float(metrics.bubble_ratio):.1%} · "
-        f"idle slots {format_time(metrics.idle_slots)} · {peak}"
+        f"{_idle_slots(metrics)}{peak}"
     )
+
+
+def _idle_slots(metrics: Metrics) -> str:
+    if metrics.idle_slots is None:  # forwards take no time: there is no slot to count in
+        return ""
+    return f"idle slots {format_time(metrics.idle_slots)} · "
