@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 OUT ?= out
 
-.PHONY: demo test lint clean browser-deps notebooks
+.PHONY: demo test test-fast lint clean browser-deps notebooks
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ notebooks: $(VENV)/.installed
 
 test: browser-deps $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
+
+# While editing: every test but the slow, multi-process, browser and notebook ones.
+# `make test` stays the CI command.
+FAST := not slow and not dist and not browser and not notebook
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m "$(FAST)"
 
 # The browser tests (pytest -m browser) open plots in Chrome or Chromium and fail without it:
 # BROWSER_PATH when it names one (CI: the runner's Google Chrome), else Debian's chromium,

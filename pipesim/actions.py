@@ -58,6 +58,24 @@ class Op(enum.Enum):
 
 #: Column of each op in per-stage tables (durations, memory effects): F, B, I, W.
 OP_INDEX: dict[Op, int] = {Op.F: 0, Op.B: 1, Op.I: 2, Op.W: 3}
+_OP_AT = tuple(OP_INDEX)  # column -> op
+N_OPS = len(OP_INDEX)
+
+
+def action_code(stage: int, op: Op) -> int:
+    """The code of ``op`` on ``stage``: ``N_OPS * stage + OP_INDEX[op]``, the row of every
+    per-(stage, op) table (costs, memory effects, wiring offsets). Hot loops inline it.
+
+    >>> action_code(2, Op.I), code_parts(10)
+    (10, (2, <Op.I: 'I'>))
+    """
+    return N_OPS * stage + OP_INDEX[op]
+
+
+def code_parts(code: int) -> tuple[int, Op]:
+    """The inverse of :func:`action_code`: ``(stage, op)``."""
+    stage, column = divmod(code, N_OPS)
+    return stage, _OP_AT[column]
 
 
 # An action's indices stay within the documented limits, so no schedule can name a stage

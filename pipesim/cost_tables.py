@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipesim.actions import OP_INDEX, Action, Op, Overlap
+from pipesim.actions import Action, Op, Overlap, action_code
 from pipesim.costs import CostModel, Link
 from pipesim.dependencies import forward_source, gradient_source
 from pipesim.exact import Time
@@ -80,9 +80,10 @@ def overhead_tables(
     explicit_comms: bool = False,
     posted_receives: bool = False,
 ) -> list[Time]:
-    """Per cost key (``4 * stage + OP_INDEX[op]``), the time a unit of work holds its rank
-    beyond its compute: ``dispatch_overhead`` once, ``send_overhead`` per cross-rank message
-    it sends and ``receive_overhead`` per cross-rank message it takes (:mod:`pipesim.costs`).
+    """Per cost key (:func:`pipesim.actions.action_code`; overlaps after), the time a unit
+    of work holds its rank beyond its compute: ``dispatch_overhead`` once,
+    ``send_overhead`` per cross-rank message it sends and ``receive_overhead`` per
+    cross-rank message it takes (:mod:`pipesim.costs`).
     With ``explicit_comms`` (a comms schedule) the sends and receives are nodes of their
     own that pay the message overheads (:func:`comm_durations`), so work pays its dispatch
     only; with ``posted_receives`` too, a RECV only posts and the work that takes the
@@ -216,7 +217,7 @@ def cost_tables(
         durations += [cost.forward, cost.backward, cost.input_grad, cost.weight_grad]
     durations = [d + e if e else d for d, e in zip(durations, extra, strict=True)]
     for work in overlaps:
-        parts = sum((extra[4 * a.stage + OP_INDEX[a.op]] for a in work.parts), start=0)
+        parts = sum((extra[action_code(a.stage, a.op)] for a in work.parts), start=0)
         parts -= (len(work.parts) - 1) * costs.dispatch_overhead  # one dispatch per unit
         durations.append(costs.duration(work) + parts)
     per_stage = stage_effects(costs, n_stages=n_stages, forward_only=forward_only)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
+from pipesim.actions import N_OPS, Action, Comm, Op, Work, action_code, code_parts
 from pipesim.costs import CostModel, require_eager
 from pipesim.deadlock import deadlock_error
 from pipesim.errors import ScheduleError, summarise
@@ -186,12 +186,12 @@ def _well_placed(schedule: Schedule, structure: StepStructure) -> bool:
             for work, rank in zip(structure.works, structure.ranks, strict=True)
             for a in work.parts
         )
-    if max(structure.keys, default=0) >= 4 * n_stages:
+    if max(structure.keys, default=0) >= N_OPS * n_stages:
         return False  # a stage out of range
-    # A rank's nodes are consecutive: the distinct codes (4 * stage + op) it runs, in bulk.
+    # A rank's nodes are consecutive: the distinct action codes it runs, in bulk.
     keys = structure.keys
     return all(
-        placement[code >> 2] == rank
+        placement[code_parts(code)[0]] == rank
         for rank, order in enumerate(structure.orders)
         for code in set(keys[order.start : order.stop])
     )
@@ -290,10 +290,9 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     has_f = has_b = has_iw = 0
     mixed: list[tuple[int, str]] = []  # (node, text): named in the order the ranks run them
     for stage in range(schedule.n_stages):
-        code = 4 * stage  # (4 * stage + op index F, B, I, W) * width + mb: StepStructure.node_at
-        has_f += counts[code]
-        has_b += counts[code + 1]
-        if counts[code + 2] or counts[code + 3]:
+        has_f += counts[action_code(stage, Op.F)]
+        has_b += counts[action_code(stage, Op.B)]
+        if counts[action_code(stage, Op.I)] or counts[action_code(stage, Op.W)]:
             split, mixed_here = _split_backward(structure, stage)
             has_iw += split
             mixed += mixed_here
@@ -313,11 +312,11 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
 
 
 def _code_counts(structure: StepStructure) -> Counter[int]:
-    """How many actions present have each code ``4 * stage + op index`` (the actions are
-    unique here: one node each)."""
+    """How many actions present have each action code (the actions are unique here: one
+    node each)."""
     counts = Counter(structure.keys)  # an overlap's key is past every action code
     for work in structure.overlaps:
-        counts.update(4 * a.stage + OP_INDEX[a.op] for a in work.parts)
+        counts.update(action_code(a.stage, a.op) for a in work.parts)
     return counts
 
 
@@ -326,8 +325,7 @@ def _split_backward(structure: StepStructure, stage: int) -> tuple[int, list[tup
     has an I or a W, as (node, text)."""
     # The table has room past the largest key (StepStructure.node_at): no bounds to check.
     table, width = structure.node_at, structure.width
-    b_key = (4 * stage + 1) * width
-    i_key, w_key = b_key + width, b_key + 2 * width
+    b_key, i_key, w_key = (action_code(stage, op) * width for op in (Op.B, Op.I, Op.W))
     rows = zip(
         map(table.__getitem__, range(b_key, i_key)),
         map(table.__getitem__, range(i_key, w_key)),
@@ -350,8 +348,8 @@ def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[s
     training = not schedule.forward_only
     has, width = structure.has_key, structure.width
     for stage in range(schedule.n_stages):
-        f_code = 4 * stage * width  # action keys of this stage: pipesim.numbering
-        b_code, i_code, w_code = f_code + width, f_code + 2 * width, f_code + 3 * width
+        # the first action key of each op of this stage (pipesim.numbering.action_key)
+        f_code, b_code, i_code, w_code = (action_code(stage, op) * width for op in Op)
         for mb in schedule.copy_bounds(stage)[1]:
             inside = mb < width
             if not inside or not has(f_code + mb):

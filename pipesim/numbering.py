@@ -1,10 +1,11 @@
 """Numbering a step's work: every unit of work's cost key and action key(s), and the
 table from action key to node (:class:`pipesim.structure.StepStructure` keeps it).
 
-An action's key is ``(4 * stage + OP_INDEX[op]) * width + microbatch``: its *code*
-``4 * stage + op index`` (the cost key of a simple action) times the micro-batch
-stride ``width``. An overlapped unit (DualPipe's F&B pair) has a cost key of its own,
-``4 * n_stages + j``, and one action key per part.
+An action's key is ``action_code(stage, op) * width + microbatch``: its *code*
+``4 * stage + op index`` (:func:`pipesim.actions.action_code`, the cost key of a simple
+action) times the micro-batch stride ``width`` (:func:`action_key`). An overlapped unit
+(DualPipe's F&B pair) has a cost key of its own, ``4 * n_stages + j``, and one action key
+per part.
 
 >>> from pipesim.schedules import generate
 >>> schedule = generate("1f1b", n_ranks=2, n_microbatches=2)
@@ -24,13 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from pipesim.actions import OP_INDEX, Action, Overlap, Work
+from pipesim.actions import N_OPS, OP_INDEX, Action, Overlap, Work, action_code
 from pipesim.schedule import Schedule
 
 __all__ = [
     "KeyTable",
     "Numbering",
     "SparseKeys",
+    "action_key",
     "node_of_action",
     "number_works",
     "part_keys",
@@ -75,8 +77,13 @@ class Numbering:
     n_keys: int
 
 
+def action_key(action: Action, width: int) -> int:
+    """The key of ``action`` at micro-batch stride ``width``."""
+    return action_code(action.stage, action.op) * width + action.microbatch
+
+
 def part_keys(work: Work, width: int) -> tuple[int, ...]:
-    return tuple((4 * a.stage + OP_INDEX[a.op]) * width + a.microbatch for a in work.parts)
+    return tuple(action_key(a, width) for a in work.parts)
 
 
 def number_works(schedule: Schedule, works: Sequence[Work]) -> Numbering:
@@ -88,9 +95,9 @@ def number_works(schedule: Schedule, works: Sequence[Work]) -> Numbering:
     microbatches = [action.microbatch for action in actions]
     # A micro-batch past n_microbatches (an invalid schedule) widens the stride.
     width = max(schedule.n_microbatches, 1 + max(microbatches, default=0))
-    # The codes 4 * stage + OP_INDEX[op] and keys code * width + micro-batch, in bulk.
-    op_index = OP_INDEX
-    codes = [4 * action.stage + op_index[action.op] for action in actions]
+    # action_code and action_key inlined, in bulk: this runs once per action of the step.
+    op_index, n_ops = OP_INDEX, N_OPS
+    codes = [n_ops * action.stage + op_index[action.op] for action in actions]
     keys = array("l", codes)
     action_keys = array("l", [c * width + mb for c, mb in zip(codes, microbatches, strict=True)])
     size = _table_size(action_keys, {}, width)
@@ -119,10 +126,10 @@ def _number_each(schedule: Schedule, works: Sequence[Work], width: int) -> Numbe
     keys, action_keys = array("l"), array("l")
     overlaps: list[Overlap] = []
     overlap_keys: dict[int, tuple[int, ...]] = {}
-    overlap_base, op_index = 4 * schedule.n_stages, OP_INDEX
+    overlap_base = N_OPS * schedule.n_stages
     for node, work in enumerate(works):
         if type(work) is Action:
-            code = 4 * work.stage + op_index[work.op]
+            code = action_code(work.stage, work.op)
             keys.append(code)
             action_keys.append(code * width + work.microbatch)
             continue
@@ -165,7 +172,7 @@ def _table_size(
 def node_of_action(numbering: Numbering, action: Action) -> int | None:
     if action.microbatch >= numbering.width:
         return None
-    key = (4 * action.stage + OP_INDEX[action.op]) * numbering.width + action.microbatch
+    key = action_key(action, numbering.width)
     table = numbering.table
     node = table[key] if type(table) is SparseKeys or key < len(table) else -1
     return None if node < 0 else node
@@ -173,8 +180,7 @@ def node_of_action(numbering: Numbering, action: Action) -> int | None:
 
 def part_of(work: Work, key: int, width: int) -> Action:
     """The part of ``work`` with this action key."""
-    code, microbatch = divmod(key, width)
     for action in work.parts:
-        if 4 * action.stage + OP_INDEX[action.op] == code and action.microbatch == microbatch:
+        if action_key(action, width) == key:
             return action
     raise AssertionError(f"{work} has no part with key {key}")  # pragma: no cover

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pipesim.actions import OP_INDEX, Overlap
+from pipesim.actions import Overlap, action_code
 from pipesim.cost_tables import (
     CostTables,
     comm_durations,
@@ -169,13 +169,13 @@ def message_columns(
 
 def _message_sizes(structure: StepStructure, tables: CostTables) -> tuple[int, ...]:
     """Per message, the bytes its producer sends (:func:`message_bytes`, via the tables)."""
-    by_code = []  # per action code 4 * stage + op index; W sends nothing (nothing needs it)
+    by_code = []  # per action code (F, B, I, W of each stage); W sends nothing: nothing needs it
     for forward, gradient in zip(tables.forward_bytes, tables.gradient_bytes, strict=True):
         by_code += [forward, gradient, gradient, gradient]
     by_code += [0] * len(structure.overlaps)  # an overlap's key: its part's size, below
     sizes = list(map(by_code.__getitem__, map(structure.keys.__getitem__, structure.producers)))
     for message, (producer, _) in structure.message_parts.items():
-        sizes[message] = by_code[4 * producer.stage + OP_INDEX[producer.op]]
+        sizes[message] = by_code[action_code(producer.stage, producer.op)]
     return tuple(sizes)
 
 

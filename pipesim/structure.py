@@ -25,12 +25,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast, overload
 
-from pipesim.actions import OP_INDEX, Action, Comm, Overlap, Work
+from pipesim.actions import Action, Comm, Overlap, Work
 from pipesim.dependencies import forward_source, gradient_source
 from pipesim.numbering import (
     KeyTable,
     Numbering,
     SparseKeys,
+    action_key,
     node_of_action,
     number_works,
     part_keys,
@@ -64,7 +65,7 @@ class StepStructure:
     """Micro-batch stride of the action keys: ``n_microbatches``, or one more than the
     largest micro-batch named when that is larger."""
     node_at: KeyTable
-    """Action key ``(4 * stage + OP_INDEX[op]) * width + microbatch`` -> the node running
+    """Action key (:func:`pipesim.numbering.action_key`) -> the node running
     that action (the first if duplicated), -1 if none; see :meth:`node_of`. A dense table
     has room for 8 codes past the largest key present (every prerequisite key of a key
     present can be read without a bounds check); keys past its end are absent too."""
@@ -87,8 +88,8 @@ class StepStructure:
     outputs: tuple[tuple[int, ...], ...]
     """Per node, the arrival ids it produces when it ends (messages first, in send order)."""
     keys: Sequence[int]
-    """Per node, its cost key: ``4 * stage + OP_INDEX[op]`` for an action,
-    ``4 * n_stages + j`` for ``overlaps[j]`` (see :class:`CostTables`)."""
+    """Per node, its cost key: the action code (:func:`pipesim.actions.action_code`) for an
+    action, ``4 * n_stages + j`` for ``overlaps[j]`` (see :class:`CostTables`)."""
     overlaps: tuple[Overlap, ...]
     pairs: tuple[tuple[int, int], ...]
     """The ordered rank pairs (source, destination) that carry messages, by pair id."""
@@ -173,7 +174,7 @@ class StepStructure:
         """The node that runs ``action`` (None if no rank does)."""
         if action.microbatch >= self.width:
             return None
-        key = (4 * action.stage + OP_INDEX[action.op]) * self.width + action.microbatch
+        key = action_key(action, self.width)
         return self.node_at[key] if self.has_key(key) else None
 
     def has_key(self, key: int, /) -> bool:
@@ -263,7 +264,7 @@ def _numbering_of(structure: StepStructure) -> Numbering:
     overlap_keys: dict[int, tuple[int, ...]] = {}
     for node, work in enumerate(structure.works):
         if type(work) is Action:
-            action_keys[node] = (4 * work.stage + OP_INDEX[work.op]) * width + work.microbatch
+            action_keys[node] = action_key(work, width)
         else:
             overlap_keys[node] = part_keys(work, width)
     return Numbering(

@@ -26,14 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pipesim.actions import OP_INDEX, Action, Comm, Op, Work
+from pipesim.actions import Action, Comm, Work, action_code, code_parts
 from pipesim.dependencies import prerequisites
 from pipesim.numbering import Numbering, part_of
 from pipesim.schedule import Schedule
 
 __all__ = ["Edges", "Message", "Wiring", "message_row", "place_comms", "wire"]
-
-_OPS = (Op.F, Op.B, Op.I, Op.W)  # by OP_INDEX
 
 
 class Message(NamedTuple):
@@ -169,7 +167,7 @@ def wire(
 
 
 def _need_offsets(schedule: Schedule, numbering: Numbering) -> list[tuple[int, ...]]:
-    """Per action code ``4 * stage + op index``: the key offsets of what it waits for
+    """Per action code (:func:`~pipesim.actions.action_code`): the key offsets of what it waits for
     (:func:`prerequisites`, same micro-batch), in prerequisite order."""
     per_copy = schedule.n_stages // schedule.n_copies
     width = numbering.width
@@ -178,9 +176,9 @@ def _need_offsets(schedule: Schedule, numbering: Numbering) -> list[tuple[int, .
         largest = max(largest, *(k // width for k in keys))
     offsets = []
     for code in range(largest + 1):
-        stage, column = divmod(code, 4)
-        needs = prerequisites(stage, _OPS[column], 0, per_copy=per_copy)
-        offsets.append(tuple((4 * s + OP_INDEX[op] - code) * width for s, op, _ in needs))
+        stage, op = code_parts(code)
+        needs = prerequisites(stage, op, 0, per_copy=per_copy)
+        offsets.append(tuple((action_code(s, need) - code) * width for s, need, _ in needs))
     return offsets
 
 

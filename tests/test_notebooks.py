@@ -26,6 +26,7 @@ def test_notebook_is_committed_without_outputs(path: Path) -> None:
             assert cell.execution_count is None, f"{path.name} cell {index} has a count"
 
 
+@pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path) -> None:
     nbformat = pytest.importorskip("nbformat")

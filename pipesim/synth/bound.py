@@ -29,7 +29,7 @@ parallelogram, ``(p - 1) F + 3 m F``, so the gap of a good schedule is small.
 
 from __future__ import annotations
 
-from pipesim.actions import OP_INDEX, Action, Op
+from pipesim.actions import Action, Op, action_code
 from pipesim.cost_tables import message_bytes
 from pipesim.exact import Time
 from pipesim.synth.problem import Problem, durations_of, fb_pairs
@@ -50,7 +50,7 @@ def lower_bound(problem: Problem, /) -> Time:
     table = durations_of(problem)  # overheads included, as the engine takes them
 
     def d(s: int, op: Op) -> Time:
-        return table[4 * s + OP_INDEX[op]]
+        return table[action_code(s, op)]
 
     def f(s: int) -> Time:
         return d(s, Op.F)
@@ -106,7 +106,6 @@ def split_is_cheapest(problem: Problem, /) -> bool:
         return False
     table = durations_of(problem)
     return all(
-        table[4 * s + OP_INDEX[Op.I]] + table[4 * s + OP_INDEX[Op.W]]
-        <= table[4 * s + OP_INDEX[Op.B]]
+        table[action_code(s, Op.I)] + table[action_code(s, Op.W)] <= table[action_code(s, Op.B)]
         for s in range(problem.n_stages)
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from pipesim.actions import OP_INDEX, Action, Op
+from pipesim.actions import Action, Op, action_code
 from pipesim.cost_tables import message_bytes
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
@@ -270,7 +270,7 @@ def _times(problem: Problem) -> tuple[dict[tuple[int, Op], Time], list[Time], li
     durations: dict[tuple[int, Op], Time] = {}
     for s in range(problem.n_stages):
         for op in _OPS:
-            durations[s, op] = table[4 * s + OP_INDEX[op]]
+            durations[s, op] = table[action_code(s, op)]
     delays_f: list[Time] = []
     delays_i: list[Time] = []
     for s in range(problem.n_stages - 1):

@@ -60,7 +60,7 @@ from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
+from pipesim.actions import Action, Op, Overlap, Work, action_code
 from pipesim.cost_tables import message_bytes
 from pipesim.exact import Time
 from pipesim.memory import microbatch_peak, op_effects
@@ -154,9 +154,9 @@ class _Greedy:
         costs, mem = problem.costs, problem.memory_costs
         # Durations with the dispatch and message overheads, as the engine takes them.
         table = durations_of(problem)
-        self.f = [table[4 * s + OP_INDEX[Op.F]] for s in range(n_stages)]
-        self.i = [table[4 * s + OP_INDEX[Op.I]] for s in range(n_stages)]
-        self.w = [table[4 * s + OP_INDEX[Op.W]] for s in range(n_stages)]
+        self.f = [table[action_code(s, Op.F)] for s in range(n_stages)]
+        self.i = [table[action_code(s, Op.I)] for s in range(n_stages)]
+        self.w = [table[action_code(s, Op.W)] for s in range(n_stages)]
         # Memory from the one memory model (pipesim.memory). The book: F reserves the
         # micro-batch's peak on the stage (what I adds at its start included), I frees
         # at its end what it frees in the engine, W the rest; the engine's level is at

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from pipesim.actions import OP_INDEX, Op
+from pipesim.actions import Op, action_code
 from pipesim.schedules.controllable import BLOCKS
 from pipesim.synth.problem import Problem, durations_of, fb_pairs
 
@@ -91,10 +91,10 @@ def pair_pays(problem: Problem, /, pairing: str, forward: int, backward: int) ->
     stage ``backward`` (see :data:`PAIRINGS`), all durations as the engine takes them."""
     table = durations_of(problem)
     pair = fb_pairs(problem)[forward, backward]
-    f = table[4 * forward + OP_INDEX[Op.F]]
+    f = table[action_code(forward, Op.F)]
     if pairing == "fast":
-        return pair <= f + table[4 * backward + OP_INDEX[Op.I]]
-    return pair < f + table[4 * backward + OP_INDEX[Op.B]]
+        return pair <= f + table[action_code(backward, Op.I)]
+    return pair < f + table[action_code(backward, Op.B)]
 
 
 def policies(problem: Problem, *, quick: bool = False) -> tuple[Policy, ...]:

@@ -154,8 +154,9 @@ class Problem:
 
 
 def durations_of(problem: Problem, /) -> list[Time]:
-    """Per ``4 * stage + OP_INDEX[op]``: compute plus the dispatch and message overheads
-    (:func:`pipesim.cost_tables.cost_tables`, the engine's own table)."""
+    """Per action code (:func:`pipesim.actions.action_code`): compute plus the dispatch
+    and message overheads (:func:`pipesim.cost_tables.cost_tables`, the engine's own
+    table)."""
     tables = cost_tables(
         problem.costs,
         n_stages=problem.n_stages,
