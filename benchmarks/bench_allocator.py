@@ -1,6 +1,6 @@
 """What keeping freed CPU memory changes: glibc's defaults against ``retain``.
 
-Goal (issue 11, see ``verify/allocator.py``): an action's measured time should not
+Goal (see ``verify/allocator.py``): an action's measured time should not
 depend on the schedule around it. For each case this runs ``pipesim verify --dist``
 (one intra-op thread per rank) with ``PIPESIM_CPU_ALLOCATOR=system`` and ``=retain``
 alternately, ``--repeat`` times each, and prints per run the step (first compute start

@@ -1,6 +1,6 @@
 """Why one op's CPU time depends on what ran before it: minor page faults per W.
 
-Goal (issue 11, see ``verify/allocator.py``): find the mechanism behind the W times
+Goal (see ``verify/allocator.py``): find the mechanism behind the W times
 that are bimodal in ``verify --dist`` runs (the same stage's W 23-30 ms or 70-90 ms on
 the 6x512 GPT). W hands back every parameter's gradient as a fresh tensor (megabytes
 each) and adds it into ``.grad``. Under glibc's defaults a freed block that large is

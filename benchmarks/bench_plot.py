@@ -1,6 +1,6 @@
 """Size and build time of timeline pages: binned drawing against one bar per action.
 
-For 1F1B at p x m in {32 x 256, 64 x 1024} (the second is issue 15's page that no
+For 1F1B at p x m in {32 x 256, 64 x 1024} (the second is the page that no
 browser could draw), builds the timeline figure and its HTML (plotly.js linked from
 the CDN, so the size is the figure's own data) twice: as pipesim draws it (bars up
 to ``LARGE_BARS``, binned above) and forced to draw every bar. Prints the median of

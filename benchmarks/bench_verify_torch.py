@@ -1,7 +1,7 @@
 """Time per steady-state step: pipesim's multi-process executor against torch's
 ``torch.distributed.pipelining`` runtime, same schedule, split, micro-batches, processes.
 
-Goal (issue 12): pipesim's executor within 1.1x of torch's. Each run starts the rank
+Goal: pipesim's executor within 1.1x of torch's. Each run starts the rank
 processes once (verify.crosscheck) and runs, in every rank, ``--warmup`` untimed and
 ``--steps`` timed steps of each runtime, alternating: a step of one, then a step of the
 other, the order flipped every step (and which goes first flipped between repeats), so

@@ -1,10 +1,9 @@
 """A predicted step with a band: each unit of work's compute drawn from the calibration runs.
 
 :func:`pipesim.calibration.predict` simulates a step with one compute time per stage
-and op (the calibration's median). Measured compute times vary: within a run (the
-same W of a stage took 35 to 135 ms in one calibration of a GPT 6x512 on 2 CPU
-ranks, issue 11) and between runs, since a fresh pair of rank processes runs as a
-whole 0.8-1.2x as fast as another. :func:`predict_band` carries that into the
+and op (the calibration's median). Measured compute times vary within a run and
+between runs (a fresh pair of rank processes runs as a whole faster or slower than
+another: ``docs/results/gloo-transport.md``). :func:`predict_band` carries that into the
 prediction: each of ``draws`` times (seeded) it picks one of the calibration runs
 and draws every unit of work's compute time from that run's own samples of its
 stage and op (:func:`compute_samples`; an op without samples takes the cost model's

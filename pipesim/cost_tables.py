@@ -174,9 +174,8 @@ def post_times(structure: StepStructure, pair_links: Sequence[Link], /) -> tuple
     work's sends) where :func:`pipesim.comms.lower_comms` places the ``RECV``
     (:func:`pipesim.comms.receive_posts`), in a comms schedule at the ``RECV`` itself
     (:func:`comm_durations`): ``verify``'s transport allocates the buffer and calls
-    ``irecv`` there. Measured on 2 CPU ranks with gloo (issue 11): about 0.2 ms a receive
-    (the gap between two units of work with one receive posted between them and no
-    message sent or taken, against 25 us with none), a few ms now and then."""
+    ``irecv`` there (about 0.2 ms a receive with gloo on CPU ranks:
+    ``docs/results/gloo-transport.md``)."""
     pair_of = structure.pair_of
     return tuple(pair_links[pair_of[m]].post_overhead for m in range(structure.n_messages))
 

@@ -267,8 +267,8 @@ class CostModel:
     when its send is posted; ``rendezvous`` once its receive is posted too (where
     :func:`pipesim.comms.lower_comms` places it) and, when that came second, the sender
     answered it: at once if waiting (and not woken by the poster's own message), else at
-    the end of its running node or ``Link.handshake`` later (gloo's transport, measured
-    in issue 11)."""
+    the end of its running node or ``Link.handshake`` later (gloo's transport:
+    ``docs/results/gloo-transport.md``)."""
 
     def __post_init__(self) -> None:
         check_time_unit(self.time_unit)

@@ -410,16 +410,10 @@ class _Rendezvous:
     gloo's TCP transport pairs sends and receives so: a send whose receive is not posted
     waits for the receiver's notice (``Pair::onNotifyRecvReady``), which the sender's
     progress thread answers; while the sender's own thread computes, that thread waits
-    for a core. Measured on 2 CPU ranks (issue 11, ``benchmarks/fidelity_offline.py
-    --messages``): a message whose receive was posted first reaches a waiting receiver
-    0.45-0.54 ms after its send (overheads included); one whose receive came second and
-    was waited for, 4.5-5 ms after the receive (median; 2-8 ms), unless the sender
-    ended its computation sooner or was waiting itself. Replaying the measured steps
-    with this rule halves the model's error (``fidelity_offline.py``). A sender woken by
-    the poster's own message is no waiting one: in 1F1B the first stage sends F, then
-    posts the receive of a B sent earlier, and that B left 1.6-5 ms after the receive
-    (1F1B m=16 at 8 rows per micro-batch, m=8 at 2) while the woken rank computed its
-    F: its main thread runs first, the progress thread after it."""
+    for a core. A sender woken by the poster's own message is no waiting one: its main
+    thread runs first, the progress thread after it. The measurements behind each part
+    of the rule (``benchmarks/fidelity_offline.py --messages``) are in
+    ``docs/results/gloo-transport.md``."""
 
     def __init__(
         self, env: Any, step: CompiledStep, links: _Links | None, deliver: Callable[[int], None]

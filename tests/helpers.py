@@ -24,7 +24,7 @@ from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
 from pipesim.plan.workload import Workload
 from pipesim.schedules import generate, get_spec, schedule_names
 
-#: The keys ``simulate --json`` promises (DESIGN.md, "Contracts other parts rely on").
+#: The keys ``simulate --json`` promises (the output contract of docs/architecture.md).
 JSON_CONTRACT = frozenset(
     {
         "schedule",

@@ -1,5 +1,5 @@
-"""Every docstring example in pipesim runs and prints what it says (STYLE.md: docstrings
-with runnable examples)."""
+"""Every docstring example in pipesim runs and prints what it says: a docstring's example
+is documentation that cannot go stale."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Links per ordered rank pair (issue 9, item 5): node rules and explicit pairs, in the
+"""Links per ordered rank pair: node rules and explicit pairs, in the
 engine, every fast evaluator, the critical path, the cost file and the CLI."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_require_fit(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--require-fit: no configuration fits the memory capacity" in captured.err
     assert "custom on 8 x h100-sxm" in captured.out
     # without the flag a finished sweep exits 0 whatever it found, as `simulate` does on
-    # a result that does not fit: --require-fit is the switch for CI (issue 15)
+    # a result that does not fit: --require-fit is the switch for CI
     assert main([*BASE, "--memory-capacity", "1e6"]) == 0
     captured = capsys.readouterr()
     assert "nothing fits in" in captured.out and captured.err == ""

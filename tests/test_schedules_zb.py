@@ -111,7 +111,7 @@ def test_zb_h1_outside_the_condition_the_deferred_w_costs_more(f: int, i: int, w
     ],
 )
 def test_zb_h1_holds_p_microbatches_on_every_rank_whatever_the_bytes(costs: CostModel) -> None:
-    # A micro-batch is in flight from its F until its W ends (issue 9). ZB-H1 keeps 1F1B's
+    # A micro-batch is in flight from its F until its W ends. ZB-H1 keeps 1F1B's
     # p - r - 1 warm-up forwards on rank r and defers r of its W's (Qi et al. 2024, sec.
     # 2.1), so rank r holds (p - r) + r = p: 4 on every rank at p = 4, m = 8.
     sim = simulate(generate("zb-h1", n_ranks=4, n_microbatches=8), costs=costs)

@@ -1,4 +1,4 @@
-"""Every rule of the step model is written once (issue 9): the dependency rules, the
+"""Every rule of the step model is written once: the dependency rules, the
 message-size rule, the memory model and the deadlock error live in pipesim/dependencies.py,
 pipesim/cost_tables.py, pipesim/memory.py and pipesim/deadlock.py (read through the compiled
 step, pipesim/step.py); no other production file restates them.
@@ -53,11 +53,11 @@ NOT_THE_RULE = {
     ("dependency (copy boundaries)", "verify/locate.py"): "maps a stage to its copy-0 twin "
     "(verify.locate.twin, used by compare and locate)",
     ("deadlock error", "pipesim/comms.py"): "a cycle of blocking sends and receives in a comms "
-    "program (issue 12), not the compute step's wait cycle",
+    "program, not the compute step's wait cycle",
 }
 
-#: Files still restating a rule, owned by another issue (verify executors: issue 12). The
-#: test fails when one of them stops restating it, so that the entry is removed here.
+#: Files still restating a rule, known and waiting for their own change. The test fails
+#: when one of them stops restating it, so that the entry is removed here.
 PENDING: set[tuple[str, str]] = set()
 
 #: Restatements as they stood before pipesim/step.py (git history), one per rule.

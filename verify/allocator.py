@@ -5,26 +5,15 @@ freed memory back to the system: the heap's top is trimmed once more than
 ``M_TRIM_THRESHOLD`` is free, and chunks above a moving ``M_MMAP_THRESHOLD`` are
 mapped and unmapped one by one, so the next allocation of that size faults in fresh
 zeroed pages. How often that happens depends on how much a schedule keeps alive at
-once, so an op's time stops being a property of the op: measured with ``pipesim verify
---dist`` on a 6-block x 512 GPT (2 ranks, one intra-op thread each), the last stage's W
-took 80-135 ms inside zb-h1 at m=16 but 38-50 ms right after its own I, and a V
-schedule's W on the middle stage 56-62 ms against 31 calibrated. ``python
-benchmarks/bench_allocator.py`` (2 repeats, load 0.1-1.3) measured steps 10% (zb-h1 m=16)
-and 8% (v-half m=16) shorter with freed memory kept, and each stage's W median within
-a narrower range across runs (zb-h1 stage 0: 66.9-66.9 ms kept, 71.6-83.7 ms system).
-On a GPU the caching allocator already keeps freed blocks; ``retain`` makes pipesim's CPU
+once, so an op's time stops being a property of the op (the same W twice as long inside
+one schedule as after its own I: ``docs/results/allocator.md``). On a GPU the caching
+allocator already keeps freed blocks; ``retain`` makes pipesim's CPU
 rank processes do the same, so that an action's cost is its own, which is what a cost
 model calibrated on one schedule and used for another assumes.
 
-It is the default since a paired A/B of the whole fidelity benchmark
-(``python benchmarks/bench_fidelity.py --sizes 6x512 --scale-sizes none --allocators
-system,retain``: each of 3 rounds runs the 28 schedules under both modes, in alternating
-order, on the quiet 2-core machine at load 1.1-1.2, 2026-12-01) measured, over the same
-rounds: run-to-run spread mean 16.0% under ``retain`` against 21.4% under ``system``,
-out-of-sample prediction error mean 5.9% against 6.9% (max 22.7% against 18.1%,
-DualPipe both times), and steps no slower (geometric mean x0.977 of the 27
-schedules' medians, 14 faster). An earlier unpaired comparison, days apart, had seen zb
-and V schedules 20-38% slower under ``retain``; measured side by side they are not.
+It is the default because a paired A/B of the whole fidelity benchmark (``python
+benchmarks/bench_fidelity.py --allocators system,retain``) measured a smaller run-to-run
+spread and prediction error under it, and steps no slower (``docs/results/allocator.md``).
 ``PIPESIM_CPU_ALLOCATOR=system`` keeps glibc's behaviour.
 
 Only glibc has ``mallopt``; elsewhere (macOS, musl) the setting is reported as

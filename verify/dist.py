@@ -15,8 +15,8 @@ Every wait has a deadline. A rank that fails, dies or hangs ends the run: the
 launcher stops every rank at once and the error names the rank, what it was
 running or waiting for, and the peer (:mod:`verify.rank_status`).
 
-This module also re-exports the names that used to live here (``RankSpec``,
-``run_rank``, ``launch``, ...), so ``from verify.dist import ...`` keeps working.
+It also re-exports ``RankSpec``, ``run_rank``, ``launch``, ... from the modules that
+define them, so ``from verify.dist import ...`` works for all of them.
 
 >>> from pipesim.schedules import generate
 >>> report = verify_distributed(generate("1f1b", n_ranks=2, n_microbatches=2), model="mlp")

@@ -79,11 +79,8 @@ def rank_cpus(rank: int, n_ranks: int, n_threads: int, /, cpus: Sequence[int]) -
     see :func:`shared_cores`).
 
     Why: left to the OS, two busy rank processes sometimes share one core for a while,
-    and the step they measure is then slower than their ops calibrated. On the 2-core
-    machine (``bench_fidelity.py --sizes 6x256 --scale-sizes none``, two pairs of runs,
-    alternated, 2026-12-01 11:23-11:35 UTC) pinned ranks gave a model error of 2.1% and
-    1.4% mean (11.3% and 6.1% max) against 3.8% and 3.2% (16.8% and 15.4%) unpinned, and
-    a prediction error of 4.7% and 3.5% against 6.2% and 5.2%. torchrun-style launchers
+    and the step they measure is then slower than their ops calibrated; pinning roughly
+    halves the model's error (``docs/results/rank-pinning.md``). torchrun-style launchers
     do the same (one core set per local rank).
 
     >>> rank_cpus(1, 2, 1, cpus=[0, 1]), rank_cpus(1, 2, 2, cpus=[0, 1, 2, 3, 4])
