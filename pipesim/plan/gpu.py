@@ -45,10 +45,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
+from pipesim.plan.collectives import all_gather_s, all_to_all_s, allreduce_s, reduce_scatter_s
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.kernels import (
-    LAYER_KINDS,
     Attention,
     Collective,
     Gemm,
@@ -57,6 +56,7 @@ from pipesim.plan.kernels import (
     Shard,
     Streaming,
     layer_kernels,
+    layer_kinds,
 )
 from pipesim.plan.model import ModelSpec
 
@@ -115,7 +115,9 @@ def gemm_seconds(
 def collective_seconds(
     collective: Collective, accelerator: Accelerator, /, *, shard: Shard
 ) -> float:
-    """Seconds of a tensor- or context-parallel collective on its group's link."""
+    """Seconds of a tensor-, context- or expert-parallel collective on its group's link."""
+    if collective.group == "expert":
+        return _all_to_all_seconds(collective, accelerator, n=shard.expert)
     if collective.group == "tensor":
         n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
@@ -131,6 +133,23 @@ def collective_seconds(
         return float(all_gather_s(size, n_devices=n, link=link))
     # the ring: each step sends one chunk to the next device while receiving one
     return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
+
+
+def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, n: int) -> float:
+    """The expert-parallel token exchange: ``n`` consecutive devices (expert tensor
+    parallelism 1, Megatron-Core's expert ranks innermost), a node's worth at a time."""
+    g = accelerator.gpus_per_node
+    return float(
+        all_to_all_s(
+            collective.size_bytes,
+            n_devices=n,
+            per_node=n if n <= g and g % n == 0 else g,
+            intra=accelerator.link(inter_node=False),
+            inter=accelerator.link(inter_node=True),
+            fanout=collective.fanout,
+            node_limit=collective.node_limit,
+        )
+    )
 
 
 def kernel_seconds(
@@ -171,11 +190,14 @@ class PassTime:
     """Context-parallel K/V exchange, all of it."""
     cp_exposed_s: float = 0.0
     """The part of it longer than the attention it runs under."""
+    ep_comm_s: float = 0.0
+    """Expert-parallel dispatch and combine (all-to-all), all of it: exposed, unless a
+    schedule's overlapped F&B pair hides it (:mod:`pipesim.plan.overlap`)."""
 
     @property
     def total_s(self) -> float:
         """What the pass takes: compute and exposed communication."""
-        return self.compute_s + self.tp_exposed_s + self.cp_exposed_s
+        return self.compute_s + self.tp_exposed_s + self.cp_exposed_s + self.ep_comm_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +222,7 @@ def _price_pass(
         kernel_seconds(k, accelerator, shard=shard, dtype_bytes=dtype_bytes, fp8=fp8)
         for k in kernels
     ]
-    compute = tp = tp_exposed = cp = 0.0
+    compute = tp = tp_exposed = cp = ep = 0.0
     attention = 0.0
     for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
         if not isinstance(kernel, Collective):
@@ -209,6 +231,8 @@ def _price_pass(
                 attention += time
         elif kernel.group == "context":
             cp += time
+        elif kernel.group == "expert":
+            ep += time
         else:
             tp += time
             hidden = _overlapping_gemm(kernels, seconds, i) if tp_comm_overlap else 0.0
@@ -219,6 +243,7 @@ def _price_pass(
         tp_exposed_s=tp_exposed,
         cp_comm_s=cp,
         cp_exposed_s=max(0.0, cp - attention),
+        ep_comm_s=ep,
     )
 
 
@@ -266,8 +291,9 @@ def price_layer(
 def layer_times(
     spec: ModelSpec, shard: Shard, accelerator: Accelerator, /, *, tp_comm_overlap: bool = False
 ) -> dict[str, LayerTime]:
-    """Each layer kind's F, I and W (embedding, block, head) for ``shard``; the model
-    trains its GEMMs in FP8 when ``spec.dtype`` is ``fp8``."""
+    """Each layer kind's F, I and W (embedding, block, head, and moe block for a model
+    with expert layers) for ``shard``; the model trains its GEMMs in FP8 when
+    ``spec.dtype`` is ``fp8``."""
     return {
         kind: price_layer(
             layer_kernels(spec, kind, shard),
@@ -277,5 +303,5 @@ def layer_times(
             fp8=spec.dtype == "fp8",
             tp_comm_overlap=tp_comm_overlap,
         )
-        for kind in LAYER_KINDS
+        for kind in layer_kinds(spec)
     }

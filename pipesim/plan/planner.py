@@ -44,6 +44,7 @@ from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.kernels import check_context_parallel
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
@@ -98,6 +99,8 @@ class Dimensions:
     """None: on wherever d > 1 (same traffic as an all-reduce, less memory)."""
     context: tuple[int, ...] = (1,)
     """Context-parallel sizes (each sequence split c ways, ring attention)."""
+    expert: tuple[int, ...] = (1,)
+    """Expert-parallel sizes (each expert layer's routed experts split e ways)."""
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
@@ -168,6 +171,29 @@ def _context_sizes(dims: Dimensions, *, devices: int, workload: Workload | None)
     return sizes
 
 
+def _expert_sizes(dims: Dimensions, *, devices: int, workload: Workload | None) -> tuple[int, ...]:
+    """The expert-parallel sizes, checked: each divides the devices and the model's
+    routed experts (only a model with expert layers takes more than 1)."""
+    sizes = _positive_ints("expert parallel sizes", dims.expert)
+    if sizes == (1,):
+        return sizes
+    bad = [e for e in sizes if devices % e]
+    if bad:
+        raise PlanError(
+            f"expert parallel size {bad} does not divide {devices} devices; use divisors of "
+            f"{devices}: {list(_divisors(devices))}"
+        )
+    spec = None if workload is None else workload.spec
+    if spec is None:
+        raise PlanError(
+            "expert parallelism applies only to a model given by its shapes with expert "
+            "layers (e.g. --model mixtral-8x7b); drop --expert-parallel"
+        )
+    for e in sizes:
+        check_expert_parallel(spec, e)
+    return sizes
+
+
 def _recomputes(dims: Dimensions, workload: Workload) -> tuple[str, ...]:
     if dims.recompute is None:
         if workload.spec is None:
@@ -213,6 +239,8 @@ class _Axes:
     distributed_optimizer: tuple[bool, ...] | None
     contexts: tuple[int, ...]
     """Context-parallel sizes."""
+    experts: tuple[int, ...] = (1,)
+    """Expert-parallel sizes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +347,7 @@ def _axes(
         sequence_parallel=dims.sequence_parallel,
         distributed_optimizer=dims.distributed_optimizer,
         contexts=_context_sizes(dims, devices=devices, workload=workload),
+        experts=_expert_sizes(dims, devices=devices, workload=workload),
     )
 
 
@@ -339,8 +368,10 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
             degrees = tuple(p for p in axes.pinned_stages if (devices // (t * c)) % p == 0)
         degrees_seen += degrees
         data_parallel_seen += [devices // (t * c * p) for p in degrees]
-        for p in degrees:
+        for p, e in itertools.product(degrees, axes.experts):
             d = devices // (t * c * p)
+            if (t * c * d) % e:
+                continue  # the expert-parallel group lies within one stage's t c d devices
             for b in axes.sizes:
                 m, remainder = divmod(global_batch, d * b)
                 for v in axes.virtuals:
@@ -363,6 +394,7 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
                                         recompute=recompute,
                                         distributed_optimizer=zero,
                                         context_parallel=c,
+                                        expert_parallel=e,
                                     )
                                     if remainder or m == 0:
                                         refused.append(
@@ -413,6 +445,7 @@ def _ranked_point(point: Point, /) -> PlanPoint:
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
         context_parallel=point.context_parallel,
+        expert_parallel=point.expert_parallel,
     )
 
 
@@ -455,6 +488,7 @@ def plan(
     sequence_parallel: Sequence[bool] | None = None,
     distributed_optimizer: Sequence[bool] | None = None,
     context_parallel: Sequence[int] = (1,),
+    expert_parallel: Sequence[int] = (1,),
     dtype: str | None = None,
     tp_comm_overlap: bool = False,
     overlap_p2p: bool = False,
@@ -479,7 +513,8 @@ def plan(
     + optimizer state per parameter without the distributed optimizer (18:
     Megatron-LM's bf16 weights with fp32 gradients and Adam, see
     :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
-    to try (default 1). ``dtype``: the training precision instead of the model's own
+    to try (default 1). ``expert_parallel``: the expert-parallel sizes to try (default 1;
+    a model with expert layers, :mod:`pipesim.plan.moe`). ``dtype``: the training precision instead of the model's own
     (``fp8``: FP8 GEMMs, bf16 storage). ``tp_comm_overlap``: hide tensor-parallel
     collectives under the GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``).
     ``overlap_p2p``: pipeline sends beside compute (Megatron-Core's
@@ -518,6 +553,7 @@ def plan(
         sequence_parallel=_pinned(sequence_parallel),
         distributed_optimizer=_pinned(distributed_optimizer),
         context=tuple(context_parallel),
+        expert=tuple(expert_parallel),
     )
     points, refused = sweep_points(
         devices=devices,
@@ -699,6 +735,7 @@ def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[Plan
             point.recompute,
             point.distributed_optimizer,
             point.context_parallel,
+            point.expert_parallel,
         )
         if key in seen:
             dropped.add(i)
@@ -840,4 +877,5 @@ def _sweep_point(point: PlanPoint) -> Point:
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
         context_parallel=point.context_parallel,
+        expert_parallel=point.expert_parallel,
     )

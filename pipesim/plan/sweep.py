@@ -73,6 +73,7 @@ from pipesim.plan.iteration import (
 from pipesim.plan.kernels import Shard
 from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
+from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
@@ -111,6 +112,9 @@ class Point:
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
     context_parallel: int = 1
     """Context-parallel size c: each sequence split over c devices (ring attention)."""
+    expert_parallel: int = 1
+    """Expert-parallel size e: each expert layer's routed experts split over e devices
+    (taken from the t c d devices that hold one pipeline stage, as Megatron-Core does)."""
 
     @property
     def gradient_group(self) -> int:
@@ -152,8 +156,8 @@ class SweepContext:
         """The workload of ``point``'s tensor parallelism and recomputation."""
         w = self.workload
         sp = point.sequence_parallel and point.tensor > 1
-        key = (point.tensor, sp, point.recompute, point.context_parallel)
-        if key == (w.tensor, w.sequence_parallel, w.recompute, w.context):
+        key = (point.tensor, sp, point.recompute, point.context_parallel, point.expert_parallel)
+        if key == (w.tensor, w.sequence_parallel, w.recompute, w.context, w.expert):
             return w
         if w.spec is None:
             raise PlanError(
@@ -166,6 +170,7 @@ class SweepContext:
             sequence_parallel=sp,
             recompute=point.recompute,
             context=point.context_parallel,
+            expert=point.expert_parallel,
         )
 
 
@@ -208,9 +213,9 @@ class Evaluation:
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
-_WORKLOADS: dict[tuple[int, bool, str, int], Workload] = {}
+_WORKLOADS: dict[tuple[int, bool, str, int, int], Workload] = {}
 _LAYER_TIMES: dict[tuple[Any, ...], dict[str, LayerTime]] = {}
-_PARTITIONS: dict[tuple[int, bool, str, int, int], tuple[int, ...]] = {}
+_PARTITIONS: dict[tuple[int, bool, str, int, int, int], tuple[int, ...]] = {}
 _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
@@ -298,6 +303,7 @@ def _workload(context: SweepContext, point: Point) -> Workload:
         point.sequence_parallel and point.tensor > 1,
         point.recompute,
         point.context_parallel,
+        point.expert_parallel,
     )
     found = _WORKLOADS.get(key)
     if found is None:
@@ -312,26 +318,36 @@ def _stage_costs(
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
+    partners: tuple[int, ...] | None = None,
 ) -> _StageTable:
     """Cost model of the stages (integer ns) and what the iteration needs per stage;
     ``n_copies`` copies of the model's stages one after the other; pipeline ranks
-    ``ranks_per_node`` to a node (None: the whole job in one node)."""
+    ``ranks_per_node`` to a node (None: the whole job in one node); ``partners``: per
+    stage, the stage whose backward an overlapped F&B pair runs its forward with
+    (:func:`pipesim.plan.overlap.overlap_partners`; None: no pairs priced apart)."""
     key = (
         workload.tensor,
         workload.sequence_parallel,
         workload.recompute,
         workload.context,
+        workload.expert,
         sizes,
         microbatch_size,
         n_copies,
         ranks_per_node,
+        partners,
     )
     found = _COSTS.get(key)
     if found is None:
-        price = _model_costs if workload.measured is None else _measured_costs
-        found = _COSTS[key] = price(
-            context, workload, sizes, microbatch_size, ranks_per_node, n_copies
-        )
+        if workload.measured is None:
+            found = _model_costs(
+                context, workload, sizes, microbatch_size, ranks_per_node, n_copies, partners
+            )
+        else:
+            found = _measured_costs(
+                context, workload, sizes, microbatch_size, ranks_per_node, n_copies
+            )
+        _COSTS[key] = found
     return found
 
 
@@ -342,16 +358,21 @@ def _model_costs(
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
+    partners: tuple[int, ...] | None = None,
 ) -> _StageTable:
     """The stages of a model given by its shapes: its layers' work on this accelerator,
-    tensor-parallel traffic inside F and the backward, the accelerator's links."""
+    tensor-parallel traffic inside F and the backward, the accelerator's links, and
+    overlapped F&B pairs priced from their parts (:mod:`pipesim.plan.overlap`)."""
     message_bytes = math.ceil(workload.message_bytes * microbatch_size)
     stages, params, transient, tp_ns = _model_stages(
         context, workload, sizes, microbatch_size, message_bytes
     )
+    all_stages = tuple(stages) * n_copies
+    if partners is not None:
+        all_stages = _paired(context, workload, sizes, microbatch_size, all_stages, partners)
     intra, links = _stage_links(context.accelerator, message_bytes, ranks_per_node)
     costs = CostModel(
-        stages=tuple(stages) * n_copies,
+        stages=all_stages,
         link=intra,
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
@@ -416,6 +437,41 @@ def _model_stages(
     return stages, params, transient, tp_ns
 
 
+def _paired(
+    context: SweepContext,
+    workload: Workload,
+    sizes: tuple[int, ...],
+    b: int,
+    stages: tuple[StageCost, ...],
+    partners: tuple[int, ...],
+) -> tuple[StageCost, ...]:
+    """``stages`` with the duration of each overlapped F&B pair derived from its parts
+    (:func:`pipesim.plan.overlap.pair_seconds`): the forward of stage s with the backward
+    of ``partners[s]``; a pair without all-to-all keeps the sum of its parts."""
+    times = _layer_times(context, workload, b)
+    bounds = [0, *itertools.accumulate(sizes)]
+    kinds = [
+        [times[layer.name] for layer in workload.layers[lo:hi]]
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    forward = [pass_parts(x.forward for x in stage) for stage in kinds]
+    backward = [
+        pass_parts((x.input_grad for x in stage), deferrable=(x.weight_grad for x in stage))
+        for stage in kinds
+    ]
+    per_copy = len(sizes)
+    out = []
+    for s, stage in enumerate(stages):
+        partner = partners[s]
+        f, bw = forward[s % per_copy], backward[partner % per_copy]
+        if partner < 0 or f.all_to_all_s + bw.all_to_all_s == 0:
+            out.append(stage)
+            continue
+        parts_sum = stage.forward + stages[partner].backward
+        out.append(replace(stage, overlap=min(_ns(pair_seconds(f, bw)), parts_sum)))
+    return tuple(out)
+
+
 def _ns(seconds: float) -> int:
     """Seconds as whole nanoseconds: the planner's cost models are integer."""
     return round(seconds * NS_PER_S)
@@ -425,7 +481,14 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
     """F, I and W of each layer kind of ``workload`` at micro-batch size ``b`` on the
     context's accelerator (:mod:`pipesim.plan.gpu`), priced once per variant."""
     assert workload.spec is not None
-    key = (workload.tensor, workload.sequence_parallel, workload.recompute, workload.context, b)
+    key = (
+        workload.tensor,
+        workload.sequence_parallel,
+        workload.recompute,
+        workload.context,
+        workload.expert,
+        b,
+    )
     found = _LAYER_TIMES.get(key)
     if found is None:
         shard = Shard(
@@ -434,6 +497,7 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
             context=workload.context,
             sequence_parallel=workload.sequence_parallel,
             recompute=workload.recompute,
+            expert=workload.expert,
         )
         found = _LAYER_TIMES[key] = layer_times(
             workload.spec, shard, context.accelerator, tp_comm_overlap=context.tp_comm_overlap
@@ -528,6 +592,7 @@ def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tupl
         workload.sequence_parallel,
         workload.recompute,
         workload.context,
+        workload.expert,
         per_copy,
     )
     sizes = _PARTITIONS.get(key)
@@ -586,6 +651,7 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         point.microbatch_size,
         _pipeline_ranks_per_node(context, point),
         n_copies,
+        _partners(workload, schedule, fingerprint),
     )
     if schedule is None:
         assert cost_aware is not None
@@ -618,6 +684,26 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         activation_bytes=loads.activation_bytes,
         fingerprint=fingerprint,
     )
+
+
+_PARTNERS: dict[str, tuple[int, ...] | None] = {}
+
+
+def _partners(
+    workload: Workload, schedule: Schedule | None, fingerprint: str
+) -> tuple[int, ...] | None:
+    """The overlapped pairs of ``schedule`` whose durations a model with expert layers
+    derives from their parts; None for a dense model (a pair is the sum of its parts,
+    as without this rule), a cost file, or a schedule made from the costs."""
+    spec = workload.spec
+    if schedule is None or spec is None or spec.moe is None or workload.measured is not None:
+        return None
+    found = _PARTNERS.get(fingerprint, ())
+    if found == ():
+        if len(_PARTNERS) >= _MAX_SCHEDULES:
+            _PARTNERS.clear()
+        found = _PARTNERS[fingerprint] = overlap_partners(schedule)
+    return found
 
 
 def _stage_sizes(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...] | str:
@@ -812,6 +898,7 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         point.microbatch_size,
         _pipeline_ranks_per_node(context, point),
         schedule.n_copies,
+        _partners(workload, schedule, _fingerprint(schedule)),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
     stages = tuple(

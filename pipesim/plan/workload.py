@@ -28,6 +28,7 @@ from pipesim.errors import ParseError, PlanError
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
 from pipesim.units import NS_PER_S, SECONDS_PER_UNIT
 
@@ -90,6 +91,9 @@ class Workload:
     context: int = 1
     """Context-parallel size c the layer costs are per device of (each holds s / c of
     every sequence)."""
+    expert: int = 1
+    """Expert-parallel size e the layer costs are per device of (each holds experts / e
+    of every expert layer's routed experts)."""
     measured: MeasuredCosts | None = None
     """A cost file's own model: what the sweep prices each micro-batch size from."""
 
@@ -102,6 +106,7 @@ def workload_from_model(
     sequence_parallel: bool = False,
     recompute: str = "none",
     context: int = 1,
+    expert: int = 1,
 ) -> Workload:
     """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti FLOPs and
     memory, per device of a ``tensor``-way tensor-parallel and ``context``-way
@@ -125,6 +130,7 @@ def workload_from_model(
         sequence_parallel = False  # nothing to split: the same configuration
     local = spec
     check_context_parallel(spec, context)
+    check_expert_parallel(spec, expert)
     if context > 1:
         local = replace(spec, seq_length=spec.seq_length // context)
     layers = tuple(
@@ -140,7 +146,11 @@ def workload_from_model(
             transient_bytes=layer.transient_bytes,
         )
         for layer in model_layers(
-            local, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
+            local,
+            tensor=tensor,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
+            expert=expert,
         )
     )
     payload = local.seq_length * spec.hidden * spec.dtype_bytes
@@ -156,6 +166,7 @@ def workload_from_model(
         sequence_parallel=sequence_parallel,
         recompute=recompute,
         context=context,
+        expert=expert,
     )
 
 
