@@ -65,13 +65,13 @@ from pipesim.plan.model import ModelSpec
 
 __all__ = [
     "Attention",
+    "BlockHalf",
     "Collective",
     "Gemm",
     "Kernel",
     "LayerKernels",
     "Shard",
     "Streaming",
-    "BlockHalf",
     "assemble_block",
     "attention_half",
     "block_kernels",
@@ -456,7 +456,9 @@ def _activation(spec: ModelSpec, elems: int, d: int, prefix: str) -> tuple[Strea
             Streaming(prefix + "swiglu (backward)", 5 * elems * d),  # read 3, write 2 grads
         )
     # bias + GeLU, fused (bias_gelu_impl): read, write
-    return Streaming(prefix + "gelu", 2 * elems * d), Streaming(prefix + "gelu (backward)", 3 * elems * d)
+    return Streaming(prefix + "gelu", 2 * elems * d), Streaming(
+        prefix + "gelu (backward)", 3 * elems * d
+    )
 
 
 def assemble_block(

@@ -87,9 +87,9 @@ __all__ = [
     "check_shard",
     "embedding",
     "lm_head",
+    "mlp_terms",
     "model_flops_per_sequence",
     "model_layers",
-    "mlp_terms",
     "transformer_block",
 ]
 
@@ -117,7 +117,11 @@ class LayerCost:
     weight_grad_bytes: Amount
     """The part of ``activation_bytes`` that W still needs after I."""
     transient_bytes: Amount = 0
-    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    """Bytes alive during one pass and freed by it: one block re-created for the backward
+    (full recomputation), the token dispatch buffers of an expert layer."""
+    expert_params: Amount = 0
+    """The part of ``params`` that is routed experts, split over expert parallelism (its
+    gradients and optimizer state are sharded over the expert-data-parallel group)."""
 
     @property
     def backward_flops(self) -> Amount:
@@ -310,6 +314,7 @@ def block_cost(
         activation_bytes=activation,
         weight_grad_bytes=weight_grad_bytes,
         transient_bytes=transient,
+        expert_params=total("local_params"),
     )
 
 

@@ -262,7 +262,9 @@ class ModelSpec:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("moe", "mla"):
             part = out[name]
-            out[name] = None if part is None else {f.name: getattr(part, f.name) for f in fields(part)}
+            out[name] = (
+                None if part is None else {f.name: getattr(part, f.name) for f in fields(part)}
+            )
         return out
 
 

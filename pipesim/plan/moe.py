@@ -132,17 +132,13 @@ def moe_terms(spec: ModelSpec, /, *, expert: int = 1) -> BlockTerms:
         seq_bytes=2 * d * s * h,  # norm input, router and shared-expert input [W]
         # the shared experts' activation input(s) and second input [W], the fp32 gate
         # scores, the routed tokens' activations
-        head_bytes=math.ceil(
-            ns * (n_in + 1) * d * s * fe + FP32 * s * n + routed_stored
-        ),
+        head_bytes=math.ceil(ns * (n_in + 1) * d * s * fe + FP32 * s * n + routed_stored),
         wgrad_seq=d * s * h,
         wgrad_replicated=d * s * h if ns else 0,  # the shared experts' output gradient
         # shared experts' inputs and gradients, the routed experts' inputs and I's
         # gradients of their outputs, the router's logits gradient
         wgrad_split=math.ceil(
-            ns * (n_in + 1) * d * s * fe
-            + copies * d * (h + fe + n_in * fe + h)
-            + FP32 * s * n
+            ns * (n_in + 1) * d * s * fe + copies * d * (h + fe + n_in * fe + h) + FP32 * s * n
         ),
         # the dispatch's send and receive buffers of one layer
         transient_bytes=2 * copies * h * dispatch_bytes(spec),
@@ -227,7 +223,8 @@ def moe_half(spec: ModelSpec, shard: Shard, x: _Dims, sp: bool, /) -> BlockHalf:
     backward: tuple[Kernel, ...] = (
         res2_b, *shared_b, Streaming("token unpermute (backward)", (k + 1) * tokens * h * d),
         exchange("moe combine (backward)", d), _input_grad(down), act_b, _input_grad(up),
-        exchange("moe dispatch (backward)", d), Streaming("token permute (backward)", 2 * tokens * k * h * d),
+        exchange("moe dispatch (backward)", d),
+        Streaming("token permute (backward)", 2 * tokens * k * h * d),
         Streaming("gate scores (backward)", tokens * n * (d + 2 * FP32)), _input_grad(router),
         norm2_b,
     )  # fmt: skip

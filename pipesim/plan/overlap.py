@@ -18,12 +18,17 @@ and takes as long as the busier stream, and never less than either half's own ch
 part W hangs off that chain and fills the compute stream wherever it has room, which
 is why DualPipe splits it off):
 
-``pair = max(C_F + C_B, A_F + A_B, C_F + A_F, C_B - W + A_B)``.
+``pair = max(k (C_F + C_B), A_F + A_B, k C_F + A_F, k (C_B - W) + A_B)``,
+
+where ``k = SMs / (SMs - 20)``: DeepSeek's dispatch and combine kernels occupy 20 of
+the GPU's SMs while they run ("only 20 SMs are sufficient to fully utilize the
+bandwidths of IB and NVLink", section 3.2.2), so the pair's compute has the rest
+(``k = 1`` when the accelerator's SM count is unknown). The pair never takes longer
+than ``F + B``, its parts one after the other on all SMs.
 
 Without all-to-all (a dense model, expert parallelism 1) the pair is ``F + B``: the
-overlap buys nothing. Assumptions: the SMs the communication occupies do not slow the
-compute (DeepSeek gives it 20 of 132, section 3.2.2), and the pipeline sends are
-priced by the schedule's links, as for every schedule.
+overlap buys nothing. The pipeline sends are priced by the schedule's links, as for
+every schedule.
 
 >>> f = PassParts(compute_s=3.0, all_to_all_s=2.0)
 >>> b = PassParts(compute_s=6.0, all_to_all_s=2.0, deferrable_s=2.0)
@@ -33,6 +38,8 @@ priced by the schedule's links, as for every schedule.
 7.0
 >>> pair_seconds(f, PassParts(compute_s=6.0, all_to_all_s=6.0, deferrable_s=4.0))  # W off
 9.0
+>>> round(pair_seconds(f, b, sm_count=120), 9)   # compute on 100 of 120 SMs: 9 x 1.2
+10.8
 """
 
 from __future__ import annotations
@@ -44,7 +51,10 @@ from pipesim.actions import Overlap
 from pipesim.plan.gpu import PassTime
 from pipesim.schedule import Schedule
 
-__all__ = ["PassParts", "overlap_partners", "pair_seconds", "pass_parts"]
+__all__ = ["COMMUNICATION_SMS", "PassParts", "overlap_partners", "pair_seconds", "pass_parts"]
+
+#: SMs DeepSeek-V3's all-to-all kernels take while a pair runs (its report, section 3.2.2).
+COMMUNICATION_SMS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,9 +69,7 @@ class PassParts:
     """The part of ``compute_s`` off the pass's chain: a backward's weight gradients."""
 
 
-def pass_parts(
-    passes: Iterable[PassTime], /, *, deferrable: Iterable[PassTime] = ()
-) -> PassParts:
+def pass_parts(passes: Iterable[PassTime], /, *, deferrable: Iterable[PassTime] = ()) -> PassParts:
     """The parts of priced passes (a stage's forwards; or its input gradients, with its
     weight gradients ``deferrable``)."""
     compute = all_to_all = later = 0.0
@@ -74,11 +82,18 @@ def pass_parts(
     return PassParts(compute_s=compute + later, all_to_all_s=all_to_all, deferrable_s=later)
 
 
-def pair_seconds(forward: PassParts, backward: PassParts, /) -> float:
-    """Seconds of an overlapped F&B pair (see the module docstring)."""
+def pair_seconds(
+    forward: PassParts, backward: PassParts, /, *, sm_count: int | None = None
+) -> float:
+    """Seconds of an overlapped F&B pair on a device of ``sm_count`` SMs (see the module
+    docstring; None: the communication's SMs not counted)."""
     cf, af = forward.compute_s, forward.all_to_all_s
     cb, ab = backward.compute_s, backward.all_to_all_s
-    return max(cf + cb, af + ab, cf + af, cb - backward.deferrable_s + ab)
+    k = 1.0
+    if sm_count is not None and sm_count > COMMUNICATION_SMS and af + ab > 0:
+        k = sm_count / (sm_count - COMMUNICATION_SMS)
+    pair = max(k * (cf + cb), af + ab, k * cf + af, k * (cb - backward.deferrable_s) + ab)
+    return min(pair, cf + af + cb + ab)
 
 
 def overlap_partners(schedule: Schedule, /) -> tuple[int, ...] | None:

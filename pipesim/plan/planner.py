@@ -44,9 +44,9 @@ from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.kernels import check_context_parallel
-from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.sweep import (
     Evaluation,
@@ -514,9 +514,10 @@ def plan(
     Megatron-LM's bf16 weights with fp32 gradients and Adam, see
     :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
     to try (default 1). ``expert_parallel``: the expert-parallel sizes to try (default 1;
-    a model with expert layers, :mod:`pipesim.plan.moe`). ``dtype``: the training precision instead of the model's own
-    (``fp8``: FP8 GEMMs, bf16 storage). ``tp_comm_overlap``: hide tensor-parallel
-    collectives under the GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``).
+    a model with expert layers, :mod:`pipesim.plan.moe`). ``dtype``: the training
+    precision instead of the model's own (``fp8``: FP8 GEMMs, bf16 storage).
+    ``tp_comm_overlap``: hide tensor-parallel collectives under the GEMMs next to them
+    (Megatron-LM's ``--tp-comm-overlap``).
     ``overlap_p2p``: pipeline sends beside compute (Megatron-Core's
     ``--overlap-p2p-communication``; off by default, as Megatron-LM waits for each send
     and receive). ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and

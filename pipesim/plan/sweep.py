@@ -232,6 +232,8 @@ class _StageTable:
     """Per stage: bytes re-created for one backward (full recomputation)."""
     tp_ns: list[int]
     """Per stage: tensor-parallel traffic of one micro-batch's F + backward."""
+    expert_params: list[int | Fraction] | None = None
+    """Per stage: the part of ``params`` that is routed experts (None: none)."""
 
 
 def _install(context: SweepContext) -> None:
@@ -379,7 +381,12 @@ def _model_costs(
         time_unit="ns",  # the planner's durations are whole nanoseconds
         overlap_comm=context.overlap_p2p,
     )
-    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
+    experts: list[int | Fraction] | None = None
+    if workload.spec is not None and workload.spec.moe is not None:
+        prefix = _prefix_sums(workload)["expert_params"]
+        bounds = [0, *itertools.accumulate(sizes)]
+        experts = [prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)] * n_copies
+    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies, experts)
 
 
 def _model_stages(
@@ -468,7 +475,8 @@ def _paired(
             out.append(stage)
             continue
         parts_sum = stage.forward + stages[partner].backward
-        out.append(replace(stage, overlap=min(_ns(pair_seconds(f, bw)), parts_sum)))
+        pair = pair_seconds(f, bw, sm_count=context.accelerator.sm_count)
+        out.append(replace(stage, overlap=min(_ns(pair), parts_sum)))
     return tuple(out)
 
 
@@ -567,6 +575,7 @@ _SUMMED = (
     "activation_bytes",
     "weight_grad_bytes",
     "params",
+    "expert_params",
 )
 _PREFIXES: dict[int, tuple[Workload, dict[str, list[Fraction]]]] = {}
 
@@ -743,25 +752,19 @@ def _rank_loads(
     that hold them, and find the rank with the most memory."""
     n_ranks = schedule.n_ranks
     rank_params: list[int | Fraction] = [0] * n_ranks
+    rank_experts: list[int | Fraction] = [0] * n_ranks
     rank_transient = [0] * n_ranks
     rank_tp = [0] * n_ranks
     first_stage: list[int | None] = [None] * n_ranks
     for stage, rank in enumerate(schedule.placement):
         rank_params[rank] += table.params[stage]
+        if table.expert_params is not None:
+            rank_experts[rank] += table.expert_params[stage]
         rank_transient[rank] = max(rank_transient[rank], table.transient[stage])
         rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
         if first_stage[rank] is None:
             first_stage[rank] = stage
-    static = [
-        static_bytes(
-            rank_params[r],
-            data_parallel=point.gradient_group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-        )
-        for r in range(n_ranks)
-    ]
+    static = [_static(context, point, rank_params[r], rank_experts[r]) for r in range(n_ranks)]
     activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
     peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
     peak_rank = -peak_rank
@@ -775,21 +778,38 @@ def _rank_loads(
     )
 
 
+def _static(
+    context: SweepContext, point: Point, params: int | Fraction, expert_params: int | Fraction
+) -> int:
+    """Weights, gradients and optimizer state of ``params`` on one device: the
+    distributed optimizer shards them over the gradient group, and the routed experts'
+    part over the expert-data-parallel group, the ``t c d / e`` devices that hold the
+    same experts (Megatron-Core's expert data parallelism)."""
+
+    def sharded(n: int | Fraction, group: int) -> int:
+        return static_bytes(
+            n,
+            data_parallel=group,
+            distributed_optimizer=point.distributed_optimizer,
+            bytes_per_param=context.bytes_per_param,
+            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+        )
+
+    if not expert_params:
+        return sharded(params, point.gradient_group)
+    edp = max(1, point.gradient_group * point.tensor // point.expert_parallel)
+    return sharded(params - expert_params, point.gradient_group) + sharded(expert_params, edp)
+
+
 def _build_cost_aware(
     context: SweepContext, point: Point, table: _StageTable, cost_aware: Any
 ) -> Schedule | str:
     """A schedule made from the costs (pipesim.plan.cost_aware), within the memory that
     weights, gradients, optimizer state and any recomputation transient leave."""
+    experts = table.expert_params or [0] * len(table.params)
     static = [
-        static_bytes(
-            params,
-            data_parallel=point.gradient_group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-        )
-        + transient
-        for params, transient in zip(table.params, table.transient, strict=True)
+        _static(context, point, params, expert) + transient
+        for params, expert, transient in zip(table.params, experts, table.transient, strict=True)
     ]
     # looped placement: rank r holds stages r, p + r, 2p + r, ...
     most_static = max(
@@ -901,18 +921,10 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         _partners(workload, schedule, _fingerprint(schedule)),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
+    experts = table.expert_params or [0] * len(table.params)
     stages = tuple(
-        replace(
-            cost,
-            param_bytes=static_bytes(
-                params,
-                data_parallel=point.gradient_group,
-                distributed_optimizer=point.distributed_optimizer,
-                bytes_per_param=context.bytes_per_param,
-                optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-            ),
-        )
-        for cost, params in zip(table.costs.stages, table.params, strict=True)
+        replace(cost, param_bytes=_static(context, point, params, expert))
+        for cost, params, expert in zip(table.costs.stages, table.params, experts, strict=True)
     )
     return schedule, replace(table.costs, stages=stages)
 

@@ -28,8 +28,8 @@ from pipesim.errors import ParseError, PlanError
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
-from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.units import NS_PER_S, SECONDS_PER_UNIT
 
 __all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
@@ -60,7 +60,10 @@ class Layer:
     params: Amount
     """Parameters on one device (static memory is ``params * bytes_per_param``)."""
     transient_bytes: Amount = 0
-    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    """Bytes alive during one pass and freed by it (full recomputation's re-created
+    block, an expert layer's dispatch buffers)."""
+    expert_params: Amount = 0
+    """The part of ``params`` that is routed experts (sharded over expert data parallel)."""
 
     @property
     def work(self) -> Amount:
@@ -144,6 +147,7 @@ def workload_from_model(
             weight_grad_bytes=layer.weight_grad_bytes,
             params=layer.params,
             transient_bytes=layer.transient_bytes,
+            expert_params=layer.expert_params,
         )
         for layer in model_layers(
             local,
