@@ -385,7 +385,10 @@ def _model_costs(
     if workload.spec is not None and workload.spec.moe is not None:
         prefix = _prefix_sums(workload)["expert_params"]
         bounds = [0, *itertools.accumulate(sizes)]
-        experts = [prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)] * n_copies
+        per_stage: list[int | Fraction] = [
+            prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)
+        ]
+        experts = per_stage * n_copies
     return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies, experts)
 
 
