@@ -8,6 +8,7 @@ report (section 3.2.1) worked from the priced passes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from fractions import Fraction
 
@@ -238,3 +239,26 @@ def test_dualpipe_keeps_two_copies_of_the_expert_weights() -> None:
     one = replace(point, schedule="1f1b", virtual=1)
     _, single = build_configuration(context, one)
     assert sum(s.param_bytes for s in dual.stages) == 2 * sum(s.param_bytes for s in single.stages)
+
+
+def test_cli_sweeps_expert_parallelism_and_refuses_bad_sizes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipesim.cli import main
+
+    args = [
+        "plan", "--model", "mixtral-8x7b", "--devices", "16", "--accelerator", "h100-sxm",
+        "--global-batch", "32", "--stages", "2", "--tensor-parallel", "1",
+        "--schedules", "1f1b", "--microbatch-sizes", "1", "--workers", "1", "--json",
+    ]  # fmt: skip
+    assert main([*args, "--expert-parallel", "1,8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    seen = {p["expert_parallel"] for p in data["points"]}
+    assert seen == {1, 8}
+    for bad, says in (
+        ("16", "must divide the 8 routed experts of mixtral-8x7b"),
+        ("0", "--expert-parallel takes whole numbers >= 1"),
+    ):
+        assert main([*args, "--expert-parallel", bad]) != 0
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1
