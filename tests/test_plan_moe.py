@@ -262,3 +262,31 @@ def test_cli_sweeps_expert_parallelism_and_refuses_bad_sizes(
         assert main([*args, "--expert-parallel", bad]) != 0
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_expert_state_is_sharded_and_reduced_over_expert_data_parallel() -> None:
+    from pipesim.plan.iteration import rank_iteration, static_bytes
+
+    context, point = _mid_case(4)
+    point = replace(point, schedule="1f1b", virtual=1, distributed_optimizer=True)
+    _, costs = build_configuration(context, point)
+    workload = workload_from_model(MOE, expert=4)
+    sizes = evaluate_point(context, point).layers_per_stage
+    layers = workload.layers[sizes[0] : sizes[0] + sizes[1]]  # stage 1: expert blocks only
+    experts = sum(layer.expert_params for layer in layers)
+    dense = sum(layer.params for layer in layers) - experts
+    # d = 4 replicas of the dense weights; t d / e = 1 of each expert: nothing to shard
+    assert costs.stage(1).param_bytes == static_bytes(
+        dense, data_parallel=4, distributed_optimizer=True
+    ) + static_bytes(experts, data_parallel=1, distributed_optimizer=True)
+    # the dense gradients reduced over 4 devices, the experts' over none (1 replica)
+    common = dict(
+        accelerator=context.accelerator, distributed_optimizer=False,
+        grad_bytes_per_param=2, weight_bytes_per_param=2, last_backward_ns=0,
+        first_forward_ns=0, overlap=False,
+    )  # fmt: skip
+    both = rank_iteration(dense + experts, tensor=1, data_parallel=4, expert_params=experts,
+                          expert_parallel=4, **common)  # type: ignore[arg-type]  # fmt: skip
+    alone = rank_iteration(dense, tensor=1, data_parallel=4, **common)  # type: ignore[arg-type]
+    assert both.dp_comm_ns == alone.dp_comm_ns > 0
+    assert both.optimizer_ns > alone.optimizer_ns  # every expert's step on its only copy

@@ -674,7 +674,15 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     metrics = _simulate(context, schedule, table.costs)
     loads = _rank_loads(context, point, schedule, table, metrics)
     after = [
-        _rank_iteration(context, workload, point, loads.rank_params[r], table.costs, first)
+        _rank_iteration(
+            context,
+            workload,
+            point,
+            loads.rank_params[r],
+            table.costs,
+            first,
+            expert_params=loads.rank_experts[r],
+        )
         for r, first in enumerate(loads.first_stage)
     ]
     worst = max(range(len(after)), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
@@ -736,6 +744,8 @@ class _RankLoads:
 
     rank_params: list[int | Fraction]
     """Per rank: parameters of its stages."""
+    rank_experts: list[int | Fraction]
+    """Per rank: the routed experts' part of ``rank_params``."""
     first_stage: list[int | None]
     """Per rank: its first stage (None: it holds none)."""
     tp_ns: int
@@ -773,6 +783,7 @@ def _rank_loads(
     peak_rank = -peak_rank
     return _RankLoads(
         rank_params=rank_params,
+        rank_experts=rank_experts,
         first_stage=first_stage,
         tp_ns=max(rank_tp),
         peak_bytes=peak,
@@ -864,11 +875,15 @@ def _rank_iteration(
     params: int | Fraction,
     costs: CostModel,
     first_stage: int | None,
+    *,
+    expert_params: int | Fraction = 0,
 ) -> RankIteration:
     stage = costs.stage(first_stage if first_stage is not None else 0)
     # ranks of equal stages (most of a pipeline's middle) give the same answer
     key = (
         params,
+        expert_params,
+        point.expert_parallel,
         point.tensor,
         point.gradient_group,
         point.distributed_optimizer,
@@ -892,6 +907,8 @@ def _rank_iteration(
         last_backward_ns=int(stage.backward),
         first_forward_ns=int(stage.forward),
         overlap=context.overlap_grad_reduce,
+        expert_params=expert_params,
+        expert_parallel=point.expert_parallel,
     )
     return found
 
