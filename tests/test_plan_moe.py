@@ -290,3 +290,19 @@ def test_expert_state_is_sharded_and_reduced_over_expert_data_parallel() -> None
     alone = rank_iteration(dense, tensor=1, data_parallel=4, **common)  # type: ignore[arg-type]
     assert both.dp_comm_ns == alone.dp_comm_ns > 0
     assert both.optimizer_ns > alone.optimizer_ns  # every expert's step on its only copy
+
+
+def test_a_model_file_names_a_bad_expert_field() -> None:
+    from pipesim.errors import ParseError
+
+    data = {**MOE.to_dict(), "name": "custom"}
+    assert model_from_dict(data) == replace(MOE, name="custom")
+    with pytest.raises(ParseError, match=r"moe: unknown fields \['expert'\]"):
+        model_from_dict({**data, "moe": {"experts": 8, "top_k": 2, "expert": 1}})
+    with pytest.raises(PlanError, match=r"top_k \(9\) must be at most the routed experts \(8\)"):
+        model_from_dict({**data, "moe": {"experts": 8, "top_k": 9, "expert_ffn_hidden": 64}})
+    with pytest.raises(PlanError, match="capacity_factor must be a number from 1 to 64"):
+        model_from_dict(
+            {**data, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 64,
+                             "capacity_factor": 0.5}}
+        )  # fmt: skip
