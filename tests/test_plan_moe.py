@@ -18,7 +18,7 @@ from pipesim.engine import simulate
 from pipesim.errors import PlanError
 from pipesim.plan.collectives import all_to_all_s
 from pipesim.plan.gpu import collective_seconds, layer_times
-from pipesim.plan.hardware import get_accelerator
+from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.kernels import Collective, Gemm, Shard, layer_kernels
 from pipesim.plan.layers import model_layers
 from pipesim.plan.model import ModelSpec, MoESpec, get_model, model_from_dict
@@ -27,6 +27,7 @@ from pipesim.plan.planner import plan
 from pipesim.plan.sweep import Point, SweepContext, build_configuration, evaluate_point
 from pipesim.plan.workload import workload_from_model
 
+EXPERTS = MoESpec(experts=16, top_k=8, expert_ffn_hidden=1024)
 MOE = ModelSpec(
     n_layers=8,
     hidden=1024,
@@ -38,7 +39,7 @@ MOE = ModelSpec(
     learned_positions=False,
     dropout=False,
     flash_attention=True,
-    moe=MoESpec(experts=16, top_k=8, expert_ffn_hidden=1024),
+    moe=EXPERTS,
 )
 
 # An H100 whose links have round numbers: no latency, the bus bandwidth is the datasheet's
@@ -54,7 +55,7 @@ ROUND = replace(
 )
 
 
-def _links(intra: float, inter: float | None = None) -> object:
+def _links(intra: float, inter: float | None = None) -> Accelerator:
     return replace(ROUND, intra_node_bandwidth=intra, inter_node_bandwidth=inter or intra)
 
 
@@ -92,7 +93,7 @@ def test_grouped_expert_gemms_follow_the_expert_parallel_size() -> None:
         # each of e devices routes s tokens x k copies evenly over n experts, n / e local
         assert (up.m, up.n, up.k, up.batch) == (s * k * e // n, 2 * 1024, 1024, n // e)
         assert up.flops == 2 * s * k * 2 * 1024 * 1024  # the same work, split differently
-    padded = replace(MOE, moe=replace(MOE.moe, capacity_factor=1.25))  # type: ignore[arg-type]
+    padded = replace(MOE, moe=replace(EXPERTS, capacity_factor=1.25))
     kernels = layer_kernels(padded, "moe block", Shard(expert=4))
     up = next(g for g in kernels.forward if isinstance(g, Gemm) and g.name == "expert up")
     assert up.m == 1.25 * s * k * 4 // n
@@ -124,7 +125,7 @@ def test_routed_tokens_and_dispatch_buffers_in_memory() -> None:
     s, h, k, f, d = 1024, 1024, 8, 1024, 2
     dropless = moe_block(MOE, expert=4)
     padded = moe_block(
-        replace(MOE, moe=replace(MOE.moe, capacity_factor=1.5)),  # type: ignore[arg-type]
+        replace(MOE, moe=replace(EXPERTS, capacity_factor=1.5)),
         expert=4,
     )
     # the routed copies' dispatched input, up output (gate and up), down input and output
@@ -186,12 +187,13 @@ def test_dualpipe_pair_is_derived_from_its_parts_by_hand() -> None:
 
 
 def test_dualpipe_advantage_appears_with_costly_all_to_all_and_vanishes_without() -> None:
-    def makespans(e: int) -> tuple[float, float]:
+    def makespans(e: int) -> tuple[Fraction, Fraction]:
         context, point = _mid_case(e)
         schedule, costs = build_configuration(context, point)
         derived = simulate(schedule, costs=costs, check=False).metrics.makespan
         summed = replace(costs, stages=tuple(replace(s, overlap=None) for s in costs.stages))
-        return derived, simulate(schedule, costs=summed, check=False).metrics.makespan
+        parts = simulate(schedule, costs=summed, check=False).metrics.makespan
+        return Fraction(derived), Fraction(parts)
 
     derived, summed = makespans(4)
     assert derived < 0.9 * summed  # the all-to-all under the other half's compute
@@ -202,7 +204,7 @@ def test_dualpipe_advantage_appears_with_costly_all_to_all_and_vanishes_without(
         result = plan(
             MOE,
             devices=16,
-            accelerator=_links(intra=100e9),  # type: ignore[arg-type]
+            accelerator=_links(intra=100e9),
             global_batch=32,
             stages=(4,),
             tensor=(1,),
