@@ -34,8 +34,9 @@ the shared experts are split t ways as a dense MLP.
 >>> mixtral = get_model("mixtral-8x7b")
 >>> k = layer_kernels(mixtral, "moe block", Shard(expert=8))
 >>> up = next(g for g in k.forward if isinstance(g, Gemm) and g.name == "expert up")
->>> (up.m, up.n, up.k, up.batch)   # 32768 tokens x 2 copies over 8 experts, 1 per device
-(8192, 28672, 4096, 1)
+>>> # 8 devices route 32768 tokens x 2 copies each to 8 experts, one expert a device
+>>> (up.m, up.n, up.k, up.batch)
+(65536, 28672, 4096, 1)
 """
 
 from __future__ import annotations
