@@ -308,3 +308,32 @@ def test_a_model_file_names_a_bad_expert_field() -> None:
             {**data, "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 64,
                              "capacity_factor": 0.5}}
         )  # fmt: skip
+
+
+def test_expert_tensor_parallelism_splits_each_expert_and_gathers_its_tokens() -> None:
+    s, h, k, n, f, d = 1024, 1024, 8, 16, 1024, 2
+    one = 3 * h * f
+    assert moe_block(MOE, expert=4, expert_tensor=2).expert_params == Fraction(n * one, 8)
+    kernels = layer_kernels(MOE, "moe block", Shard(expert=4, expert_tensor=2))
+    names = [g.name for g in kernels.forward]
+    up = next(g for g in kernels.forward if isinstance(g, Gemm) and g.name == "expert up")
+    received = s * k * 4 // n  # tokens each local expert gets on this device
+    assert (up.m, up.n, up.k, up.batch) == (2 * received, 2 * f // 2, h, n // 4)
+    # gathered before the experts, the partial outputs reduce-scattered after them
+    gather = next(
+        g for g in kernels.forward if isinstance(g, Collective) and g.kind == "all-gather"
+    )
+    assert gather.group == "expert tensor" and gather.size_bytes == 2 * received * (n // 4) * h * d
+    assert names.index("expert tokens all-gather") < names.index("expert up")
+    assert names.index("expert down") < names.index("expert output reduce-scatter")
+    back = [g.kind for g in kernels.input_grad if isinstance(g, Collective)]
+    assert back.count("reduce-scatter") == back.count("all-gather") == 1
+    # an expert group of 8 devices 2 apart spans 16: two 8-GPU nodes, 4 of it in each
+    acc = _links(intra=100e9, inter=10e9)
+    size = s * k * h * d
+    dispatch = Collective("moe dispatch", "all-to-all", "expert", size, fanout=k)
+    assert collective_seconds(dispatch, acc, shard=Shard(expert=8, expert_tensor=2)) == (
+        pytest.approx(max(size * 3 / 8 / 100e9, size * 4 / 8 / 10e9))
+    )
+    with pytest.raises(PlanError, match="must divide the expert width 1024"):
+        moe_block(MOE, expert=1, expert_tensor=3)

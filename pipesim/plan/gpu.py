@@ -117,8 +117,10 @@ def collective_seconds(
 ) -> float:
     """Seconds of a tensor-, context- or expert-parallel collective on its group's link."""
     if collective.group == "expert":
-        return _all_to_all_seconds(collective, accelerator, n=shard.expert)
-    if collective.group == "tensor":
+        return _all_to_all_seconds(collective, accelerator, shard=shard)
+    if collective.group == "expert tensor":
+        n, link = shard.expert_tensor, accelerator.group_link(shard.expert_tensor)
+    elif collective.group == "tensor":
         n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
         n, link = shard.context, accelerator.group_link(shard.tensor * shard.context)
@@ -135,15 +137,17 @@ def collective_seconds(
     return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
 
 
-def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, n: int) -> float:
-    """The expert-parallel token exchange: ``n`` consecutive devices (expert tensor
-    parallelism 1, Megatron-Core's expert ranks innermost), a node's worth at a time."""
-    g = accelerator.gpus_per_node
+def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, shard: Shard) -> float:
+    """The expert-parallel token exchange over ``e`` devices ``expert_tensor`` apart
+    (Megatron-Core orders expert ranks expert-tensor innermost, then expert parallel),
+    as many to a node as fit there."""
+    g, n, apart = accelerator.gpus_per_node, shard.expert, shard.expert_tensor
+    span = n * apart
     return float(
         all_to_all_s(
             collective.size_bytes,
             n_devices=n,
-            per_node=n if n <= g and g % n == 0 else g,
+            per_node=n if span <= g and g % span == 0 else max(1, g // apart),
             intra=accelerator.link(inter_node=False),
             inter=accelerator.link(inter_node=True),
             fanout=collective.fanout,

@@ -125,12 +125,14 @@ def rank_iteration(
     overlap: bool = True,
     expert_params: int | Fraction = 0,
     expert_parallel: int = 1,
+    expert_tensor: int = 1,
 ) -> RankIteration:
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
 
-    ``expert_params`` of them are routed experts split over ``expert_parallel`` devices:
-    their gradients are reduced (and, with the distributed optimizer, sharded) over the
-    ``tensor x data_parallel / expert_parallel`` devices that hold the same experts
+    ``expert_params`` of them are routed experts split over ``expert_parallel`` devices
+    (each over ``expert_tensor``): their gradients are reduced (and, with the distributed
+    optimizer, sharded) over the ``tensor x data_parallel / (expert_parallel x
+    expert_tensor)`` devices that hold the same experts
     (Megatron-Core's expert data parallelism; here ``data_parallel`` counts d c), the
     two groups' traffic back to back behind the same backward and forward.
 
@@ -149,8 +151,8 @@ def rank_iteration(
     # t d / e devices holding the same experts, e apart within the t d devices
     groups = [(Fraction(params) - Fraction(expert_params), d, tensor)]
     if expert_params:
-        edp = max(1, tensor * d // expert_parallel)
-        groups.append((Fraction(expert_params), edp, expert_parallel))
+        span = expert_parallel * expert_tensor
+        groups.append((Fraction(expert_params), max(1, tensor * d // span), span))
     hidden_b = last_backward_ns if overlap else 0
     hidden_f = first_forward_ns if overlap else 0
     rs = ag = reduce = 0

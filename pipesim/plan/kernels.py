@@ -137,10 +137,10 @@ COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "ring", "all-to-all
 @dataclass(frozen=True, slots=True)
 class Collective:
     """A collective over a group of devices: ``group`` is ``"tensor"`` (t devices),
-    ``"context"`` (c devices) or ``"expert"`` (e devices). ``size_bytes`` is the whole
-    buffer (the all-gathered output, the reduce-scattered input, what one device sends
-    in an all-to-all), or for ``ring`` one message of its ``steps`` (C - 1 messages of
-    one K/V chunk)."""
+    ``"context"`` (c devices), ``"expert"`` (e devices) or ``"expert tensor"``.
+    ``size_bytes`` is the whole buffer (the all-gathered output, the reduce-scattered
+    input, what one device sends in an all-to-all), or for ``ring`` one message of its
+    ``steps`` (C - 1 messages of one K/V chunk)."""
 
     name: str
     kind: str
@@ -183,6 +183,9 @@ class Shard:
     recompute: str = "none"
     expert: int = 1
     """Expert-parallel size e: the routed experts of an MoE layer split over e devices."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert's matrices split over this many
+    devices (Megatron-Core's ``--expert-tensor-parallel-size``)."""
 
 
 def _check(spec: ModelSpec, shard: Shard) -> None:

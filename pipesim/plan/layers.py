@@ -380,6 +380,7 @@ def model_layers(
     sequence_parallel: bool = False,
     recompute: str = "none",
     expert: int = 1,
+    expert_tensor: int = 1,
 ) -> tuple[LayerCost, ...]:
     """Embedding, ``n_layers`` blocks, head: the units the partitioner splits. A model
     with expert layers has its ``dense_layers`` dense blocks first, then its expert
@@ -394,7 +395,7 @@ def model_layers(
         dense = spec.moe.dense_layers
         routed = moe_block(
             spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute,
-            expert=expert,
+            expert=expert, expert_tensor=expert_tensor,
         )  # fmt: skip
         blocks = [block] * dense + [routed] * (spec.n_layers - dense)
     return (

@@ -29,6 +29,14 @@ With tensor parallelism each device routes only its sequence-parallel share of t
 tokens (Megatron-Core requires sequence parallelism with MoE and tensor parallelism);
 the shared experts are split t ways as a dense MLP.
 
+Expert tensor parallelism ``et`` (Megatron-Core's ``--expert-tensor-parallel-size``)
+splits each routed expert's matrices ``et`` ways (the up projection by columns, the
+down projection by rows): after the dispatch the ``et`` devices of a group all-gather
+their tokens, each runs its slice of the experts on all of them, and a reduce-scatter
+sums the partial outputs before the combine (Megatron-Core's
+``MoEAlltoAllTokenDispatcher``); an expert group then spans ``e x et`` devices, ``et``
+apart.
+
 >>> from pipesim.plan.kernels import Gemm, Shard, layer_kernels
 >>> from pipesim.plan.model import get_model
 >>> mixtral = get_model("mixtral-8x7b")
@@ -78,19 +86,34 @@ def _moe(spec: ModelSpec) -> MoESpec:
     return spec.moe
 
 
-def check_expert_parallel(spec: ModelSpec, e: int, /, *, tensor: int = 1, sp: bool = True) -> None:
-    """PlanError unless ``e`` experts-parallel devices can split ``spec``'s experts: a
-    whole number dividing the routed experts (1 for a dense model), and with tensor
-    parallelism, sequence parallelism on."""
-    if isinstance(e, bool) or not isinstance(e, int) or e < 1:
-        raise PlanError(f"expert parallel size must be a whole number >= 1, got {e!r}")
+def check_expert_parallel(
+    spec: ModelSpec,
+    e: int,
+    /,
+    *,
+    tensor: int = 1,
+    sp: bool = True,
+    expert_tensor: int = 1,
+) -> None:
+    """PlanError unless ``e`` experts-parallel devices (and ``expert_tensor`` devices per
+    expert) can split ``spec``'s experts: whole numbers dividing the routed experts and
+    the expert width (1 for a dense model), and with tensor parallelism, sequence
+    parallelism on."""
+    for name, value in (("expert parallel", e), ("expert tensor parallel", expert_tensor)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{name} size must be a whole number >= 1, got {value!r}")
     if spec.moe is None:
-        if e > 1:
+        if e > 1 or expert_tensor > 1:
             raise PlanError(
-                f"expert parallel size {e} needs a model with expert layers; {spec.name} is "
-                "dense: use expert parallel 1"
+                f"expert parallel size {e} (expert tensor parallel {expert_tensor}) needs a "
+                f"model with expert layers; {spec.name} is dense: use 1"
             )
         return
+    if spec.moe.expert_ffn_hidden % expert_tensor:
+        raise PlanError(
+            f"expert tensor parallel size {expert_tensor} must divide the expert width "
+            f"{spec.moe.expert_ffn_hidden} of {spec.name}; pick a divisor"
+        )
     if spec.moe.experts % e:
         raise PlanError(
             f"expert parallel size {e} must divide the {spec.moe.experts} routed experts of "
@@ -113,21 +136,25 @@ def _load(spec: ModelSpec) -> Fraction:
     return Fraction(repr(_moe(spec).load_factor))
 
 
-def moe_terms(spec: ModelSpec, /, *, expert: int = 1) -> BlockTerms:
+def moe_terms(spec: ModelSpec, /, *, expert: int = 1, expert_tensor: int = 1) -> BlockTerms:
     """Parameters, FLOPs and stored bytes of one expert MLP half per sequence (routed
-    experts split over ``expert`` devices; tokens split t ways by sequence parallelism)."""
+    experts split over ``expert`` devices, each over ``expert_tensor``; tokens split t
+    ways by sequence parallelism)."""
+    et = expert_tensor
     moe = _moe(spec)
     s, h, d = spec.seq_length, spec.hidden, spec.dtype_bytes
     n_in = 2 if spec.gated_mlp else 1
     fe, k, n, ns = moe.expert_ffn_hidden, moe.top_k, moe.experts, moe.shared_experts
     one_expert = (n_in + 1) * h * fe
     rho = _load(spec)
-    copies = rho * k * s  # routed token copies this device's experts run, per sequence
-    routed_stored = copies * d * (h + n_in * fe + fe + h)  # dispatched in, up out, down in, out
+    copies = rho * k * s  # routed token copies this device routes, per sequence
+    # the gathered input (et devices' copies), up output and down input (their 1/et
+    # slices of all of them), the output
+    routed_stored = copies * d * (et * h + n_in * fe + fe + h)
     return BlockTerms(
         split_params=ns * one_expert,
         replicated_params=n * h + (3 * h if spec.bias else h),  # router, norm
-        local_params=Fraction(n * one_expert, expert),
+        local_params=Fraction(n * one_expert, expert * et),
         # router, shared experts and the top-k routed experts of every token (balanced)
         weighted_flops=2 * s * h * n + 2 * s * (ns + k) * one_expert,
         seq_bytes=2 * d * s * h,  # norm input, router and shared-expert input [W]
@@ -139,10 +166,11 @@ def moe_terms(spec: ModelSpec, /, *, expert: int = 1) -> BlockTerms:
         # shared experts' inputs and gradients, the routed experts' inputs and I's
         # gradients of their outputs, the router's logits gradient
         wgrad_split=math.ceil(
-            ns * (n_in + 1) * d * s * fe + copies * d * (h + fe + n_in * fe + h) + FP32 * s * n
+            ns * (n_in + 1) * d * s * fe + copies * d * (et * h + fe + n_in * fe + h) + FP32 * s * n
         ),
-        # the dispatch's send and receive buffers of one layer
-        transient_bytes=2 * copies * h * dispatch_bytes(spec),
+        # the dispatch's send and receive buffers of one layer (and the gathered tokens)
+        transient_bytes=2 * copies * h * dispatch_bytes(spec)
+        + (et * copies * h * d if et > 1 else 0),
     )
 
 
@@ -154,11 +182,12 @@ def moe_block(
     sequence_parallel: bool = False,
     recompute: str = "none",
     expert: int = 1,
+    expert_tensor: int = 1,
 ) -> LayerCost:
     """One block whose MLP is a mixture of experts, on one of ``tensor`` devices and one
-    of ``expert`` expert-parallel devices."""
+    of ``expert`` expert-parallel devices (each expert over ``expert_tensor``)."""
     check_shard(spec, tensor, recompute)
-    check_expert_parallel(spec, expert)
+    check_expert_parallel(spec, expert, expert_tensor=expert_tensor)
     if spec.mla is not None:
         from pipesim.plan.mla import mla_terms
 
@@ -167,7 +196,7 @@ def moe_block(
         attention = attention_terms(spec)
     cost = block_cost(
         spec,
-        (attention, moe_terms(spec, expert=expert)),
+        (attention, moe_terms(spec, expert=expert, expert_tensor=expert_tensor)),
         name="moe block",
         tensor=tensor,
         sequence_parallel=sequence_parallel,
@@ -179,14 +208,14 @@ def moe_block(
 def moe_half(spec: ModelSpec, shard: Shard, x: _Dims, sp: bool, /) -> BlockHalf:
     """The kernels of one expert MLP half (F, I, W) on one device."""
     moe = _moe(spec)
-    e = shard.expert
-    check_expert_parallel(spec, e, tensor=x.t, sp=sp)
+    e, et = shard.expert, shard.expert_tensor
+    check_expert_parallel(spec, e, tensor=x.t, sp=sp, expert_tensor=et)
     n_in = 2 if spec.gated_mlp else 1
     fe, k, n, ns = moe.expert_ffn_hidden, moe.top_k, moe.experts, moe.shared_experts
     tokens = x.Ts  # the tokens this device routes (its sequence-parallel share)
     local = n // e
-    per_expert = math.ceil(_load(spec) * tokens * k * e / n)
-    routed = per_expert * local
+    per_expert = math.ceil(_load(spec) * tokens * k * e / n)  # tokens this device receives
+    gathered = per_expert * et  # the expert-tensor group's tokens, each a slice of experts
     h, d = x.h, x.d
     norm2, norm2_b = _norm(spec, x, "norm 2")
     res2, res2_b = _residual(spec, x, "residual 2")
@@ -199,9 +228,17 @@ def moe_half(spec: ModelSpec, shard: Shard, x: _Dims, sp: bool, /) -> BlockHalf:
         size = tokens * k * h * elem_bytes
         return Collective(name, "all-to-all", "expert", size, fanout=k, node_limit=moe.node_limit)
 
-    up = Gemm("expert up", per_expert, n_in * fe, h, batch=local)
-    down = Gemm("expert down", per_expert, h, fe, batch=local)
-    act, act_b = _activation(spec, routed * fe, d, "expert ")
+    up = Gemm("expert up", gathered, n_in * fe // et, h, batch=local)
+    down = Gemm("expert down", gathered, h, fe // et, batch=local)
+    act, act_b = _activation(spec, gathered * local * fe // et, d, "expert ")
+    gather: tuple[Collective, ...] = ()
+    scatter: tuple[Collective, ...] = ()
+    if et > 1:  # Megatron's gather_from / reduce_scatter_to the expert-tensor group
+        size = gathered * local * h * d  # the whole gathered buffer
+        gather = (Collective("expert tokens all-gather", "all-gather", "expert tensor", size),)
+        scatter = (
+            Collective("expert output reduce-scatter", "reduce-scatter", "expert tensor", size),
+        )
     shared_f: tuple[Kernel, ...] = ()
     shared_b: tuple[Kernel, ...] = ()
     shared_w: tuple[Kernel, ...] = ()
@@ -219,15 +256,24 @@ def moe_half(spec: ModelSpec, shard: Shard, x: _Dims, sp: bool, /) -> BlockHalf:
         shared_w = (_weight_grad(s_down), _weight_grad(s_up))
     forward: tuple[Kernel, ...] = (
         norm2, router, gate, permute, exchange("moe dispatch", dispatch_bytes(spec)),
-        up, act, down, exchange("moe combine", d), unpermute, *shared_f, res2,
+        *gather, up, act, down, *scatter, exchange("moe combine", d), unpermute, *shared_f,
+        res2,
     )  # fmt: skip
     backward: tuple[Kernel, ...] = (
         res2_b, *shared_b, Streaming("token unpermute (backward)", (k + 1) * tokens * h * d),
-        exchange("moe combine (backward)", d), _input_grad(down), act_b, _input_grad(up),
-        exchange("moe dispatch (backward)", d),
+        exchange("moe combine (backward)", d), *_swapped(scatter), _input_grad(down), act_b,
+        _input_grad(up), *_swapped(gather), exchange("moe dispatch (backward)", d),
         Streaming("token permute (backward)", 2 * tokens * k * h * d),
         Streaming("gate scores (backward)", tokens * n * (d + 2 * FP32)), _input_grad(router),
         norm2_b,
     )  # fmt: skip
     weight = (_weight_grad(down), _weight_grad(up), _weight_grad(router), *shared_w)
     return BlockHalf(forward, backward, weight)
+
+
+def _swapped(collectives: tuple[Collective, ...]) -> tuple[Collective, ...]:
+    """The backward of an all-gather is a reduce-scatter, and back."""
+    swap = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
+    return tuple(
+        Collective(c.name + " (backward)", swap[c.kind], c.group, c.size_bytes) for c in collectives
+    )

@@ -50,6 +50,8 @@ class PlanPoint:
     """Context-parallel size c (``--context-parallel``): each sequence split c ways."""
     expert_parallel: int = 1
     """Expert-parallel size e (``--expert-parallel``): routed experts split e ways."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism (``--expert-tensor-parallel``): each expert split so."""
     n_stages: int | None = None
     """Stages the model is cut into (``p * v`` for interleaved schedules)."""
     layers_per_stage: tuple[int, ...] = ()
@@ -128,6 +130,8 @@ class PlanPoint:
             text += f" c={self.context_parallel}"
         if self.expert_parallel > 1:
             text += f" e={self.expert_parallel}"
+        if self.expert_tensor > 1:
+            text += f" et={self.expert_tensor}"
         if self.sequence_parallel:
             text += " sp"
         if self.recompute != "none":
@@ -147,6 +151,7 @@ class PlanPoint:
             "data_parallel": self.data_parallel,
             "context_parallel": self.context_parallel,
             "expert_parallel": self.expert_parallel,
+            "expert_tensor_parallel": self.expert_tensor,
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute,
             "distributed_optimizer": self.distributed_optimizer,
@@ -217,6 +222,7 @@ def _order(point: PlanPoint) -> tuple[Any, ...]:
         point.distributed_optimizer,
         point.context_parallel,
         point.expert_parallel,
+        point.expert_tensor,
     )
     if point.fits:
         return (0, point.step_time_ns, point.peak_memory_bytes, *tie)

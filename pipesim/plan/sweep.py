@@ -115,6 +115,9 @@ class Point:
     expert_parallel: int = 1
     """Expert-parallel size e: each expert layer's routed experts split over e devices
     (taken from the t c d devices that hold one pipeline stage, as Megatron-Core does)."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert split over this many devices (an
+    expert group spans e x this of the t c d devices)."""
 
     @property
     def gradient_group(self) -> int:
@@ -122,6 +125,11 @@ class Point:
         data-parallel and context-parallel ranks (Megatron-Core's dp-cp group), over
         which the distributed optimizer also shards."""
         return self.data_parallel * self.context_parallel
+
+    @property
+    def expert_devices(self) -> int:
+        """Devices one expert layer's routed experts are split over: e x expert tensor."""
+        return self.expert_parallel * self.expert_tensor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,8 +164,22 @@ class SweepContext:
         """The workload of ``point``'s tensor parallelism and recomputation."""
         w = self.workload
         sp = point.sequence_parallel and point.tensor > 1
-        key = (point.tensor, sp, point.recompute, point.context_parallel, point.expert_parallel)
-        if key == (w.tensor, w.sequence_parallel, w.recompute, w.context, w.expert):
+        key = (
+            point.tensor,
+            sp,
+            point.recompute,
+            point.context_parallel,
+            point.expert_parallel,
+            point.expert_tensor,
+        )
+        if key == (
+            w.tensor,
+            w.sequence_parallel,
+            w.recompute,
+            w.context,
+            w.expert,
+            w.expert_tensor,
+        ):
             return w
         if w.spec is None:
             raise PlanError(
@@ -171,6 +193,7 @@ class SweepContext:
             recompute=point.recompute,
             context=point.context_parallel,
             expert=point.expert_parallel,
+            expert_tensor=point.expert_tensor,
         )
 
 
@@ -213,9 +236,9 @@ class Evaluation:
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
-_WORKLOADS: dict[tuple[int, bool, str, int, int], Workload] = {}
+_WORKLOADS: dict[tuple[int, bool, str, int, int, int], Workload] = {}
 _LAYER_TIMES: dict[tuple[Any, ...], dict[str, LayerTime]] = {}
-_PARTITIONS: dict[tuple[int, bool, str, int, int, int], tuple[int, ...]] = {}
+_PARTITIONS: dict[tuple[int, bool, str, int, int, int, int], tuple[int, ...]] = {}
 _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
@@ -306,6 +329,7 @@ def _workload(context: SweepContext, point: Point) -> Workload:
         point.recompute,
         point.context_parallel,
         point.expert_parallel,
+        point.expert_tensor,
     )
     found = _WORKLOADS.get(key)
     if found is None:
@@ -333,6 +357,7 @@ def _stage_costs(
         workload.recompute,
         workload.context,
         workload.expert,
+        workload.expert_tensor,
         sizes,
         microbatch_size,
         n_copies,
@@ -498,6 +523,7 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
         workload.recompute,
         workload.context,
         workload.expert,
+        workload.expert_tensor,
         b,
     )
     found = _LAYER_TIMES.get(key)
@@ -509,6 +535,7 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
             sequence_parallel=workload.sequence_parallel,
             recompute=workload.recompute,
             expert=workload.expert,
+            expert_tensor=workload.expert_tensor,
         )
         found = _LAYER_TIMES[key] = layer_times(
             workload.spec, shard, context.accelerator, tp_comm_overlap=context.tp_comm_overlap
@@ -605,6 +632,7 @@ def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tupl
         workload.recompute,
         workload.context,
         workload.expert,
+        workload.expert_tensor,
         per_copy,
     )
     sizes = _PARTITIONS.get(key)
@@ -811,7 +839,7 @@ def _static(
 
     if not expert_params:
         return sharded(params, point.gradient_group)
-    edp = max(1, point.gradient_group * point.tensor // point.expert_parallel)
+    edp = max(1, point.gradient_group * point.tensor // point.expert_devices)
     return sharded(params - expert_params, point.gradient_group) + sharded(expert_params, edp)
 
 
@@ -884,6 +912,7 @@ def _rank_iteration(
         params,
         expert_params,
         point.expert_parallel,
+        point.expert_tensor,
         point.tensor,
         point.gradient_group,
         point.distributed_optimizer,
@@ -909,6 +938,7 @@ def _rank_iteration(
         overlap=context.overlap_grad_reduce,
         expert_params=expert_params,
         expert_parallel=point.expert_parallel,
+        expert_tensor=point.expert_tensor,
     )
     return found
 

@@ -97,6 +97,8 @@ class Workload:
     expert: int = 1
     """Expert-parallel size e the layer costs are per device of (each holds experts / e
     of every expert layer's routed experts)."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert's matrices split this many ways."""
     measured: MeasuredCosts | None = None
     """A cost file's own model: what the sweep prices each micro-batch size from."""
 
@@ -110,6 +112,7 @@ def workload_from_model(
     recompute: str = "none",
     context: int = 1,
     expert: int = 1,
+    expert_tensor: int = 1,
 ) -> Workload:
     """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti FLOPs and
     memory, per device of a ``tensor``-way tensor-parallel and ``context``-way
@@ -133,7 +136,7 @@ def workload_from_model(
         sequence_parallel = False  # nothing to split: the same configuration
     local = spec
     check_context_parallel(spec, context)
-    check_expert_parallel(spec, expert)
+    check_expert_parallel(spec, expert, expert_tensor=expert_tensor)
     if context > 1:
         local = replace(spec, seq_length=spec.seq_length // context)
     layers = tuple(
@@ -155,6 +158,7 @@ def workload_from_model(
             sequence_parallel=sequence_parallel,
             recompute=recompute,
             expert=expert,
+            expert_tensor=expert_tensor,
         )
     )
     payload = local.seq_length * spec.hidden * spec.dtype_bytes
@@ -171,6 +175,7 @@ def workload_from_model(
         recompute=recompute,
         context=context,
         expert=expert,
+        expert_tensor=expert_tensor,
     )
 
 
