@@ -166,6 +166,21 @@ def register(subparsers: Any) -> None:
         "Megatron-Core runs it (default 1; needs flash attention)",
     )
     sweep.add_argument(
+        "--expert-parallel",
+        metavar="E[,E...]",
+        default="1",
+        help="expert-parallel sizes: each expert layer's routed experts split E ways, "
+        "tokens exchanged by all-to-all (default 1; a model with expert layers, e.g. "
+        "--model mixtral-8x7b)",
+    )
+    sweep.add_argument(
+        "--expert-tensor-parallel",
+        metavar="ET[,ET...]",
+        default="1",
+        help="expert tensor-parallel sizes: each routed expert's matrices split ET ways "
+        "(Megatron-Core's --expert-tensor-parallel-size; default 1)",
+    )
+    sweep.add_argument(
         "--overlap-p2p",
         action="store_true",
         help="pipeline sends run beside compute (Megatron-Core's --overlap-p2p-communication, "
@@ -399,6 +414,9 @@ def run(args: argparse.Namespace) -> int:
             stages=_ints(args.stages, "--stages"),
             tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
             context_parallel=_ints(args.context_parallel, "--context-parallel") or (1,),
+            expert_parallel=_ints(args.expert_parallel, "--expert-parallel") or (1,),
+            expert_tensor_parallel=_ints(args.expert_tensor_parallel, "--expert-tensor-parallel")
+            or (1,),
             tp_comm_overlap=args.tp_comm_overlap,
             overlap_p2p=args.overlap_p2p,
             recompute=_words(args.recompute),

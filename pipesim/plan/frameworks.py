@@ -95,6 +95,10 @@ def megatron_line(point: PlanPoint, /, *, global_batch: int, n_layers: int) -> s
             )
     if point.context_parallel > 1:
         args.append(f"--context-parallel-size {point.context_parallel}")
+    if point.expert_parallel > 1:
+        args.append(f"--expert-model-parallel-size {point.expert_parallel}")
+    if point.expert_parallel > 1 or point.expert_tensor > 1:  # Megatron's default: t
+        args.append(f"--expert-tensor-parallel-size {point.expert_tensor}")
     if point.sequence_parallel:
         args.append("--sequence-parallel")
     args += [f"--micro-batch-size {point.microbatch_size}", f"--global-batch-size {global_batch}"]
@@ -130,6 +134,10 @@ def torchtitan_line(point: PlanPoint, /, *, global_batch: int, seq_length: int |
         args.append(f"--parallelism.pipeline_parallel_microbatch_size {point.microbatch_size}")
     if point.context_parallel > 1:
         args.append(f"--parallelism.context_parallel_degree {point.context_parallel}")
+    if point.expert_parallel > 1:
+        args.append(f"--parallelism.expert_parallel_degree {point.expert_parallel}")
+    if point.expert_tensor > 1:
+        args.append(f"--parallelism.expert_tensor_parallel_degree {point.expert_tensor}")
     shard = "shard" if point.distributed_optimizer else "replicate"
     args.append(f"--parallelism.data_parallel_{shard}_degree {point.data_parallel}")
     args.append(f"--training.global_batch_size {global_batch}")

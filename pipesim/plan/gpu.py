@@ -45,10 +45,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
+from pipesim.plan.collectives import all_gather_s, all_to_all_s, allreduce_s, reduce_scatter_s
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.kernels import (
-    LAYER_KINDS,
     Attention,
     Collective,
     Gemm,
@@ -57,6 +56,7 @@ from pipesim.plan.kernels import (
     Shard,
     Streaming,
     layer_kernels,
+    layer_kinds,
 )
 from pipesim.plan.model import ModelSpec
 
@@ -115,8 +115,12 @@ def gemm_seconds(
 def collective_seconds(
     collective: Collective, accelerator: Accelerator, /, *, shard: Shard
 ) -> float:
-    """Seconds of a tensor- or context-parallel collective on its group's link."""
-    if collective.group == "tensor":
+    """Seconds of a tensor-, context- or expert-parallel collective on its group's link."""
+    if collective.group == "expert":
+        return _all_to_all_seconds(collective, accelerator, shard=shard)
+    if collective.group == "expert tensor":
+        n, link = shard.expert_tensor, accelerator.group_link(shard.expert_tensor)
+    elif collective.group == "tensor":
         n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
         n, link = shard.context, accelerator.group_link(shard.tensor * shard.context)
@@ -131,6 +135,25 @@ def collective_seconds(
         return float(all_gather_s(size, n_devices=n, link=link))
     # the ring: each step sends one chunk to the next device while receiving one
     return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
+
+
+def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, shard: Shard) -> float:
+    """The expert-parallel token exchange over ``e`` devices ``expert_tensor`` apart
+    (Megatron-Core orders expert ranks expert-tensor innermost, then expert parallel),
+    as many to a node as fit there."""
+    g, n, apart = accelerator.gpus_per_node, shard.expert, shard.expert_tensor
+    span = n * apart
+    return float(
+        all_to_all_s(
+            collective.size_bytes,
+            n_devices=n,
+            per_node=n if span <= g and g % span == 0 else max(1, g // apart),
+            intra=accelerator.link(inter_node=False),
+            inter=accelerator.link(inter_node=True),
+            fanout=collective.fanout,
+            node_limit=collective.node_limit,
+        )
+    )
 
 
 def kernel_seconds(
@@ -171,11 +194,14 @@ class PassTime:
     """Context-parallel K/V exchange, all of it."""
     cp_exposed_s: float = 0.0
     """The part of it longer than the attention it runs under."""
+    ep_comm_s: float = 0.0
+    """Expert-parallel dispatch and combine (all-to-all), all of it: exposed, unless a
+    schedule's overlapped F&B pair hides it (:mod:`pipesim.plan.overlap`)."""
 
     @property
     def total_s(self) -> float:
         """What the pass takes: compute and exposed communication."""
-        return self.compute_s + self.tp_exposed_s + self.cp_exposed_s
+        return self.compute_s + self.tp_exposed_s + self.cp_exposed_s + self.ep_comm_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +226,7 @@ def _price_pass(
         kernel_seconds(k, accelerator, shard=shard, dtype_bytes=dtype_bytes, fp8=fp8)
         for k in kernels
     ]
-    compute = tp = tp_exposed = cp = 0.0
+    compute = tp = tp_exposed = cp = ep = 0.0
     attention = 0.0
     for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
         if not isinstance(kernel, Collective):
@@ -209,6 +235,8 @@ def _price_pass(
                 attention += time
         elif kernel.group == "context":
             cp += time
+        elif kernel.group == "expert":
+            ep += time
         else:
             tp += time
             hidden = _overlapping_gemm(kernels, seconds, i) if tp_comm_overlap else 0.0
@@ -219,6 +247,7 @@ def _price_pass(
         tp_exposed_s=tp_exposed,
         cp_comm_s=cp,
         cp_exposed_s=max(0.0, cp - attention),
+        ep_comm_s=ep,
     )
 
 
@@ -266,8 +295,9 @@ def price_layer(
 def layer_times(
     spec: ModelSpec, shard: Shard, accelerator: Accelerator, /, *, tp_comm_overlap: bool = False
 ) -> dict[str, LayerTime]:
-    """Each layer kind's F, I and W (embedding, block, head) for ``shard``; the model
-    trains its GEMMs in FP8 when ``spec.dtype`` is ``fp8``."""
+    """Each layer kind's F, I and W (embedding, block, head, and moe block for a model
+    with expert layers) for ``shard``; the model trains its GEMMs in FP8 when
+    ``spec.dtype`` is ``fp8``."""
     return {
         kind: price_layer(
             layer_kernels(spec, kind, shard),
@@ -277,5 +307,5 @@ def layer_times(
             fp8=spec.dtype == "fp8",
             tp_comm_overlap=tp_comm_overlap,
         )
-        for kind in LAYER_KINDS
+        for kind in layer_kinds(spec)
     }

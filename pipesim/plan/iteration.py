@@ -123,8 +123,18 @@ def rank_iteration(
     last_backward_ns: int,
     first_forward_ns: int,
     overlap: bool = True,
+    expert_params: int | Fraction = 0,
+    expert_parallel: int = 1,
+    expert_tensor: int = 1,
 ) -> RankIteration:
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
+
+    ``expert_params`` of them are routed experts split over ``expert_parallel`` devices
+    (each over ``expert_tensor``): their gradients are reduced (and, with the distributed
+    optimizer, sharded) over the ``tensor x data_parallel / (expert_parallel x
+    expert_tensor)`` devices that hold the same experts
+    (Megatron-Core's expert data parallelism; here ``data_parallel`` counts d c), the
+    two groups' traffic back to back behind the same backward and forward.
 
     >>> from pipesim.plan.hardware import get_accelerator
     >>> h100 = get_accelerator("h100-sxm")
@@ -137,21 +147,33 @@ def rank_iteration(
     True
     """
     d = data_parallel
-    link = data_parallel_link(accelerator, tensor=tensor, data_parallel=d)
-    grads = Fraction(params) * grad_bytes_per_param
+    # (parameters, replicas, link): the dense part over d, the routed experts over the
+    # t d / e devices holding the same experts, e apart within the t d devices
+    groups = [(Fraction(params) - Fraction(expert_params), d, tensor)]
+    if expert_params:
+        span = expert_parallel * expert_tensor
+        groups.append((Fraction(expert_params), max(1, tensor * d // span), span))
     hidden_b = last_backward_ns if overlap else 0
     hidden_f = first_forward_ns if overlap else 0
+    rs = ag = reduce = 0
+    held = Fraction(0)
+    for n_params, replicas, apart in groups:
+        link = data_parallel_link(accelerator, tensor=apart, data_parallel=replicas)
+        grads = n_params * grad_bytes_per_param
+        if distributed_optimizer:
+            rs += round(reduce_scatter_s(grads, n_devices=replicas, link=link) * NS_PER_S)
+            weights = n_params * weight_bytes_per_param
+            ag += round(all_gather_s(weights, n_devices=replicas, link=link) * NS_PER_S)
+            held += n_params / replicas
+        else:
+            reduce += round(allreduce_s(grads, n_devices=replicas, link=link) * NS_PER_S)
+            held += n_params
     if distributed_optimizer:
-        rs = round(reduce_scatter_s(grads, n_devices=d, link=link) * NS_PER_S)
-        weights = Fraction(params) * weight_bytes_per_param
-        ag = round(all_gather_s(weights, n_devices=d, link=link) * NS_PER_S)
         total = rs + ag
         exposed = max(0, rs - hidden_b) + max(0, ag - hidden_f)
-        held = Fraction(params) / d
     else:
-        total = round(allreduce_s(grads, n_devices=d, link=link) * NS_PER_S)
+        total = reduce
         exposed = max(0, total - hidden_b)
-        held = Fraction(params)
     seconds = (
         held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.achieved_memory_bandwidth))
     )

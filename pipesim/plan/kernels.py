@@ -65,17 +65,23 @@ from pipesim.plan.model import ModelSpec
 
 __all__ = [
     "Attention",
+    "BlockHalf",
     "Collective",
     "Gemm",
     "Kernel",
     "LayerKernels",
     "Shard",
     "Streaming",
+    "assemble_block",
+    "attention_half",
     "block_kernels",
     "check_context_parallel",
     "embedding_kernels",
     "head_kernels",
     "layer_kernels",
+    "layer_kinds",
+    "mlp_half",
+    "moe_block_kernels",
 ]
 
 #: Bytes of a dropout mask element (Korthikanti et al. 2023, section 4.1).
@@ -123,22 +129,28 @@ class Streaming:
     bytes_moved: int
 
 
-#: Collective kinds: the NCCL operations and the context-parallel point-to-point ring.
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "ring")
+#: Collective kinds: the NCCL operations, the context-parallel point-to-point ring and
+#: the expert-parallel token exchange.
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "ring", "all-to-all")
 
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A collective over a group of devices: ``group`` is ``"tensor"`` (t devices) or
-    ``"context"`` (c devices). ``size_bytes`` is the whole buffer (the all-gathered
-    output, the reduce-scattered input), or for ``ring`` one message of its ``steps``
-    (C - 1 messages of one K/V chunk)."""
+    """A collective over a group of devices: ``group`` is ``"tensor"`` (t devices),
+    ``"context"`` (c devices), ``"expert"`` (e devices) or ``"expert tensor"``.
+    ``size_bytes`` is the whole buffer (the all-gathered output, the reduce-scattered
+    input, what one device sends in an all-to-all), or for ``ring`` one message of its
+    ``steps`` (C - 1 messages of one K/V chunk)."""
 
     name: str
     kind: str
     group: str
     size_bytes: int
     steps: int = 1
+    fanout: int = 1
+    """All-to-all: copies of each token in ``size_bytes`` (top-k routing)."""
+    node_limit: int | None = None
+    """All-to-all: nodes a token is sent to at most (node-limited routing)."""
 
 
 Kernel = Gemm | Attention | Streaming | Collective
@@ -169,6 +181,11 @@ class Shard:
     context: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"
+    expert: int = 1
+    """Expert-parallel size e: the routed experts of an MoE layer split over e devices."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert's matrices split over this many
+    devices (Megatron-Core's ``--expert-tensor-parallel-size``)."""
 
 
 def _check(spec: ModelSpec, shard: Shard) -> None:
@@ -185,6 +202,11 @@ def check_context_parallel(spec: ModelSpec, c: int, /) -> None:
     fused attention, and 2c equal chunks of the sequence."""
     if isinstance(c, bool) or not isinstance(c, int) or c < 1:
         raise PlanError(f"context parallel size must be a whole number >= 1, got {c!r}")
+    if c > 1 and spec.mla is not None:
+        raise PlanError(
+            f"context parallel size {c} is not modelled for multi-head latent attention; "
+            "use context parallel 1 for this model"
+        )
     if c > 1 and not spec.flash_attention:
         raise PlanError(
             f"context parallel size {c} needs fused (flash) attention: Megatron-Core runs "
@@ -206,6 +228,7 @@ class _Dims:
     T: int  # tokens on a device (sequence split by context parallelism)
     Ts: int  # tokens in the sequence-parallel regions
     h: int
+    q: int  # query width (= h unless the heads have their own width)
     kv: int  # key (and value) width
     f: int
     heads: int  # attention heads on a device
@@ -222,6 +245,7 @@ def _dims(spec: ModelSpec, shard: Shard) -> _Dims:
         T=tokens,
         Ts=tokens // t if shard.sequence_parallel and t > 1 else tokens,
         h=spec.hidden,
+        q=spec.q_hidden,
         kv=spec.kv_hidden,
         f=spec.ffn,
         heads=spec.n_heads // t,
@@ -285,7 +309,7 @@ def _rotary(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tuple[Kernel
     with learned positions."""
     if spec.learned_positions:
         return (), ()
-    qk = x.T * (x.h + x.kv) // x.t
+    qk = x.T * (x.q + x.kv) // x.t
     return (
         (Streaming("rotary embedding", 2 * qk * x.d),),
         (Streaming("rotary embedding (backward)", 2 * qk * x.d),),
@@ -299,7 +323,7 @@ def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tupl
     s_kv = spec.seq_length  # every query attends over the whole sequence
     b_local = x.T * x.c // spec.seq_length  # sequences in the micro-batch
     q_tokens = x.T // b_local  # query tokens per sequence on this device
-    dh = spec.hidden // spec.n_heads
+    dh = spec.head_size
     if spec.flash_attention:
         # causal: half the s x s products; FlashAttention-2 sec. 4.1 counts them so
         full = 4 * b_local * x.heads * q_tokens * s_kv * dh
@@ -313,8 +337,8 @@ def _attention_core(spec: ModelSpec, x: _Dims) -> tuple[tuple[Kernel, ...], tupl
     # the context comes out [batch*heads, s, dh] and is permuted back to [s, b, h/t] with a
     # copy (Megatron-LM's ``context_layer.permute(...).contiguous()``), and the backward of
     # splitting the fused QKV output into q, k, v concatenates their gradients
-    context_elems = x.T * x.h // x.t
-    qkv_elems = x.T * (x.h + 2 * x.kv) // x.t
+    context_elems = x.T * x.q // x.t
+    qkv_elems = x.T * (x.q + 2 * x.kv) // x.t
     fwd = (
         Gemm("scores", q_tokens, s_kv, dh, batch, low_precision=False),
         # scale + mask + softmax, fused: read the scores, write the probabilities
@@ -360,61 +384,128 @@ def _context_exchange(
     )
 
 
-def block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
-    """The kernels of one transformer block's F, I and W on one device."""
-    x = _dims(spec, shard)
-    sp = shard.sequence_parallel and x.t > 1
+@dataclass(frozen=True, slots=True)
+class BlockHalf:
+    """The attention or the MLP half of a block: F, I and W kernels in the order they run,
+    what selective recomputation repeats, and its bias elements per token."""
+
+    forward: tuple[Kernel, ...]
+    input_grad: tuple[Kernel, ...]
+    weight_grad: tuple[Kernel, ...]
+    recomputed: tuple[Kernel, ...] = ()
+    bias_width: int = 0
+    """Bias elements per token whose gradients W reduces (0 without biases)."""
+
+
+def _in_grad(x: _Dims, sp: bool) -> tuple[Collective, ...]:
+    """Identity forward, all-reduce backward before a column-parallel linear without
+    sequence parallelism (Megatron's ``f``)."""
+    if sp or x.t == 1:
+        return ()
+    return (Collective("input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
+
+
+def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
+    """Norm, QKV, rotary embedding, core attention, output projection and residual of a
+    (grouped-query) multi-head attention block."""
     t = x.t
-    n_in = 2 if spec.gated_mlp else 1
-    qkv = Gemm("qkv", x.T, (x.h + 2 * x.kv) // t, x.h)
-    proj = Gemm("attention projection", x.T, x.h, x.h // t)
-    up = Gemm("mlp up", x.T, n_in * x.f // t, x.h)
-    down = Gemm("mlp down", x.T, x.h, x.f // t)
+    qkv = Gemm("qkv", x.T, (x.q + 2 * x.kv) // t, x.h)
+    proj = Gemm("attention projection", x.T, x.h, x.q // t)
     norm1, norm1_b = _norm(spec, x, "norm 1")
-    norm2, norm2_b = _norm(spec, x, "norm 2")
     res1, res1_b = _residual(spec, x, "residual 1")
-    res2, res2_b = _residual(spec, x, "residual 2")
-    act_elems = x.T * x.f // t
-    if spec.gated_mlp:  # SwiGLU: read gate and up, write the product
-        act = Streaming("swiglu", 3 * act_elems * x.d)
-        act_b = Streaming("swiglu (backward)", 5 * act_elems * x.d)  # read 3, write 2 grads
-    else:  # bias + GeLU, fused (bias_gelu_impl): read, write
-        act = Streaming("gelu", 2 * act_elems * x.d)
-        act_b = Streaming("gelu (backward)", 3 * act_elems * x.d)
     rope, rope_b = _rotary(spec, x)
     core, core_b = _attention_core(spec, x)
     ring, ring_b = _context_exchange(spec, x)
     ag1 = _to_model_parallel(x, sp, "all-gather before qkv")
     out1 = _from_model_parallel(x, sp, "after attention projection")
-    ag2 = _to_model_parallel(x, sp, "all-gather before mlp")
-    out2 = _from_model_parallel(x, sp, "after mlp down")
-    # identity forward, all-reduce backward before a column-parallel linear without sp
-    in_grad = (
-        () if sp or t == 1 else (Collective("input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
-    )
-    forward: tuple[Kernel, ...] = (
-        norm1, *ag1, qkv, *rope, *ring, *core, proj, *out1, res1,
-        norm2, *ag2, up, act, down, *out2, res2,
-    )  # fmt: skip
+    forward: tuple[Kernel, ...] = (norm1, *ag1, qkv, *rope, *ring, *core, proj, *out1, res1)
     backward: tuple[Kernel, ...] = (
-        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, _input_grad(up),
-        *(_backward_of(ag2, x, sp) or in_grad), norm2_b,
         res1_b, *_backward_of(out1, x, sp), _input_grad(proj),
         *ring_b, *core_b, *rope_b, _input_grad(qkv),
-        *(_backward_of(ag1, x, sp) or in_grad), norm1_b,
+        *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
+    weight = (_weight_grad(proj), _weight_grad(qkv))
+    recomputed = () if spec.flash_attention else core
+    bias = x.h + (x.q + 2 * x.kv) // t if spec.bias else 0
+    return BlockHalf(forward, backward, weight, recomputed, bias)
+
+
+def mlp_half(spec: ModelSpec, x: _Dims, sp: bool, /, *, width: int | None = None) -> BlockHalf:
+    """Norm, MLP (``width``, default the model's) and residual of a dense block."""
+    t = x.t
+    f = x.f if width is None else width
+    n_in = 2 if spec.gated_mlp else 1
+    up = Gemm("mlp up", x.T, n_in * f // t, x.h)
+    down = Gemm("mlp down", x.T, x.h, f // t)
+    norm2, norm2_b = _norm(spec, x, "norm 2")
+    res2, res2_b = _residual(spec, x, "residual 2")
+    act, act_b = _activation(spec, x.T * f // t, x.d, "")
+    ag2 = _to_model_parallel(x, sp, "all-gather before mlp")
+    out2 = _from_model_parallel(x, sp, "after mlp down")
+    forward: tuple[Kernel, ...] = (norm2, *ag2, up, act, down, *out2, res2)
+    backward: tuple[Kernel, ...] = (
+        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, _input_grad(up),
+        *(_backward_of(ag2, x, sp) or _in_grad(x, sp)), norm2_b,
+    )  # fmt: skip
+    weight = (_weight_grad(down), _weight_grad(up))
+    return BlockHalf(forward, backward, weight, (), x.h + n_in * f // t if spec.bias else 0)
+
+
+def _activation(spec: ModelSpec, elems: int, d: int, prefix: str) -> tuple[Streaming, Streaming]:
+    """The MLP's activation function over ``elems`` outputs, forward and backward."""
+    if spec.gated_mlp:  # SwiGLU: read gate and up, write the product
+        return (
+            Streaming(prefix + "swiglu", 3 * elems * d),
+            Streaming(prefix + "swiglu (backward)", 5 * elems * d),  # read 3, write 2 grads
+        )
+    # bias + GeLU, fused (bias_gelu_impl): read, write
+    return Streaming(prefix + "gelu", 2 * elems * d), Streaming(
+        prefix + "gelu (backward)", 3 * elems * d
+    )
+
+
+def assemble_block(
+    spec: ModelSpec, shard: Shard, x: _Dims, attention: BlockHalf, mlp: BlockHalf, /
+) -> LayerKernels:
+    """A block from its halves: attention then MLP forward, the reverse backward, with
+    the recomputation ``shard`` asks for and one bias-gradient reduction."""
+    forward = attention.forward + mlp.forward
+    backward = mlp.input_grad + attention.input_grad
     if shard.recompute == "full":
         backward = forward + backward
-    elif shard.recompute == "selective" and not spec.flash_attention:
-        backward = core + backward
-    weight: list[Kernel] = [_weight_grad(g) for g in (down, up, proj, qkv)]
+    elif shard.recompute == "selective":
+        backward = attention.recomputed + mlp.recomputed + backward
+    weight: list[Kernel] = [*mlp.weight_grad, *attention.weight_grad]
     if spec.bias:  # bias gradients: a reduction over the tokens of each output gradient
-        weight.append(
-            Streaming(
-                "bias grads", (x.h + n_in * x.f // t + x.h + (x.h + 2 * x.kv) // t) * x.T * x.d
-            )
-        )
+        weight.append(Streaming("bias grads", (mlp.bias_width + attention.bias_width) * x.T * x.d))
     return LayerKernels(forward=forward, input_grad=backward, weight_grad=tuple(weight))
+
+
+def block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
+    """The kernels of one transformer block's F, I and W on one device (the dense MLP of
+    a model with expert layers among its first blocks)."""
+    x = _dims(spec, shard)
+    sp = shard.sequence_parallel and x.t > 1
+    return assemble_block(spec, shard, x, _attention(spec, x, sp), mlp_half(spec, x, sp))
+
+
+def _attention(spec: ModelSpec, x: _Dims, sp: bool) -> BlockHalf:
+    """The attention half the model has: multi-head latent attention or (grouped-query)
+    multi-head attention."""
+    if spec.mla is not None:
+        from pipesim.plan.mla import mla_half
+
+        return mla_half(spec, x, sp)
+    return attention_half(spec, x, sp)
+
+
+def moe_block_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
+    """The kernels of one block whose MLP is a mixture of experts (:mod:`pipesim.plan.moe`)."""
+    from pipesim.plan.moe import moe_half
+
+    x = _dims(spec, shard)
+    sp = shard.sequence_parallel and x.t > 1
+    return assemble_block(spec, shard, x, _attention(spec, x, sp), moe_half(spec, shard, x, sp))
 
 
 def _input_grad(g: Gemm) -> Gemm:
@@ -500,9 +591,21 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
 
 #: Layer kinds of a model given by its shapes, as :mod:`pipesim.plan.layers` names them.
 LAYER_KINDS = ("embedding", "block", "head")
+#: ... and of a model with mixture-of-experts blocks.
+MOE_LAYER_KINDS = ("embedding", "block", "moe block", "head")
+
+
+def layer_kinds(spec: ModelSpec, /) -> tuple[str, ...]:
+    """The layer kinds of ``spec``: :data:`MOE_LAYER_KINDS` with expert layers."""
+    return LAYER_KINDS if spec.moe is None else MOE_LAYER_KINDS
 
 
 def layer_kernels(spec: ModelSpec, kind: str, shard: Shard, /) -> LayerKernels:
-    """The kernels of the layer ``kind`` (embedding, block or head)."""
-    build = {"embedding": embedding_kernels, "block": block_kernels, "head": head_kernels}
+    """The kernels of the layer ``kind`` (embedding, block, moe block or head)."""
+    build = {
+        "embedding": embedding_kernels,
+        "block": block_kernels,
+        "moe block": moe_block_kernels,
+        "head": head_kernels,
+    }
     return build[kind](spec, shard)

@@ -73,16 +73,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from pipesim.errors import PlanError
 from pipesim.plan.model import ModelSpec
 
 __all__ = [
     "RECOMPUTE",
+    "BlockTerms",
     "LayerCost",
+    "attention_terms",
+    "block_cost",
     "check_shard",
     "embedding",
     "lm_head",
+    "mlp_terms",
     "model_flops_per_sequence",
     "model_layers",
     "transformer_block",
@@ -112,7 +117,11 @@ class LayerCost:
     weight_grad_bytes: Amount
     """The part of ``activation_bytes`` that W still needs after I."""
     transient_bytes: Amount = 0
-    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    """Bytes alive during one pass and freed by it: one block re-created for the backward
+    (full recomputation), the token dispatch buffers of an expert layer."""
+    expert_params: Amount = 0
+    """The part of ``params`` that is routed experts, split over expert parallelism (its
+    gradients and optimizer state are sharded over the expert-data-parallel group)."""
 
     @property
     def backward_flops(self) -> Amount:
@@ -145,6 +154,85 @@ def check_shard(spec: ModelSpec, tensor: int, recompute: str) -> None:
         raise PlanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockTerms:
+    """One half of a block (attention, MLP or experts) per sequence, before the
+    tensor-parallel split; :func:`block_cost` adds the halves and splits them."""
+
+    split_params: int = 0
+    """Parameters split t ways (column / row-parallel matrices and their biases)."""
+    replicated_params: int = 0
+    """Parameters every tensor-parallel device holds (norms, row-parallel biases)."""
+    local_params: Amount = 0
+    """Parameters already per device (routed experts split over expert parallelism)."""
+    weighted_flops: int = 0
+    """Forward FLOPs of the weight matmuls."""
+    attention_flops: int = 0
+    """Forward FLOPs of the s x s attention matmuls."""
+    seq_bytes: int = 0
+    """Stored bytes split by sequence parallelism (replicated without it)."""
+    replicated_bytes: int = 0
+    """Stored bytes every tensor-parallel device holds whole (MLA's latents)."""
+    head_bytes: int = 0
+    """Stored bytes split t ways."""
+    score_bytes: int = 0
+    """Stored attention-score bytes, split t ways (what selective recomputation drops
+    unless the attention is fused)."""
+    wgrad_seq: int = 0
+    """What W needs of ``seq_bytes`` (inputs of the weight matmuls)."""
+    wgrad_replicated: int = 0
+    """What W needs, whole on every device."""
+    wgrad_split: int = 0
+    """What W needs, split t ways (inputs, and I's output gradients of column-parallel
+    matmuls)."""
+    transient_bytes: Amount = 0
+    """Bytes per device alive during one pass and freed by it (dispatch buffers)."""
+
+
+def attention_terms(spec: ModelSpec, /) -> BlockTerms:
+    """The attention half of a (grouped-query) multi-head attention block."""
+    s, h, a = spec.seq_length, spec.hidden, spec.n_heads
+    q, kv, d = spec.q_hidden, spec.kv_hidden, spec.dtype_bytes
+    mask = 1 if spec.dropout else 0  # dropout masks: one byte per element
+    if spec.flash_attention:
+        score = 4 * a * s  # only the fp32 log-sum-exp per row (Dao et al. 2022)
+    else:  # softmax output, its dropout mask and the dropout output: 5 a s^2
+        score = d * a * s * s + mask * a * s * s + (d * a * s * s if spec.dropout else 0)
+    return BlockTerms(
+        split_params=h * (q + 2 * kv) + q * h + ((q + 2 * kv) if spec.bias else 0),
+        replicated_params=3 * h if spec.bias else h,  # row-parallel bias, LayerNorm (g, b)
+        weighted_flops=2 * s * h * (q + 2 * kv) + 2 * s * q * h,
+        attention_flops=2 * s * s * q + 2 * s * s * q,  # Q K^T and scores x V, all heads
+        # LayerNorm input, QKV input [W], dropout mask
+        seq_bytes=2 * d * s * h + mask * s * h,
+        # Q and K, V, output projection input [W]
+        head_bytes=d * s * (q + kv) + d * s * kv + d * s * q,
+        score_bytes=score,
+        wgrad_seq=d * s * h,
+        # the projection's output gradient is whole on every device (row-parallel)
+        wgrad_replicated=d * s * h,
+        wgrad_split=d * s * q + d * s * (q + 2 * kv),
+    )
+
+
+def mlp_terms(spec: ModelSpec, /, *, width: int | None = None) -> BlockTerms:
+    """The MLP half of a dense block (``width``: the model's MLP width by default)."""
+    s, h, d = spec.seq_length, spec.hidden, spec.dtype_bytes
+    f = spec.ffn if width is None else width
+    n_in = 2 if spec.gated_mlp else 1  # gate and up projections, or one fc1
+    mask = 1 if spec.dropout else 0
+    return BlockTerms(
+        split_params=(n_in + 1) * h * f + (n_in * f if spec.bias else 0),
+        replicated_params=3 * h if spec.bias else h,
+        weighted_flops=2 * s * h * f * (n_in + 1),
+        seq_bytes=2 * d * s * h + mask * s * h,  # LayerNorm input, first MLP input [W]
+        head_bytes=n_in * d * s * f + d * s * f,  # activation input(s), second MLP input [W]
+        wgrad_seq=d * s * h,
+        wgrad_replicated=d * s * h,
+        wgrad_split=d * s * f + n_in * d * s * f,
+    )
+
+
 def transformer_block(
     spec: ModelSpec,
     /,
@@ -153,66 +241,72 @@ def transformer_block(
     sequence_parallel: bool = False,
     recompute: str = "none",
 ) -> LayerCost:
-    """One transformer block (attention + MLP + two norms) on one of ``tensor`` devices."""
+    """One transformer block (attention + MLP + two norms) on one of ``tensor`` devices
+    (a model with multi-head latent attention: :mod:`pipesim.plan.mla`'s attention)."""
     check_shard(spec, tensor, recompute)
-    t = tensor
-    s, h, a, f = spec.seq_length, spec.hidden, spec.n_heads, spec.ffn
-    kv = spec.kv_hidden
-    d = spec.dtype_bytes
-    n_mlp_in = 2 if spec.gated_mlp else 1  # gate and up projections, or one fc1
-    # -- parameters: QKV, output projection, MLP (split t ways), norms (replicated)
-    matrices = h * (h + 2 * kv) + h * h + (n_mlp_in + 1) * h * f
-    if spec.bias:
-        split_bias = (h + 2 * kv) + n_mlp_in * f  # column-parallel biases are split
-        replicated = h + h + 2 * 2 * h  # row-parallel biases, LayerNorm (g, b)
+    if spec.mla is not None:
+        from pipesim.plan.mla import mla_terms
+
+        attention = mla_terms(spec)
     else:
-        split_bias, replicated = 0, 2 * h  # RMSNorm gains
-    params = _split(matrices + split_bias, t) + replicated
-    # -- FLOPs (Narayanan et al. 2021): weight matmuls and the two s x s attention matmuls
-    weighted = 2 * s * h * (h + 2 * kv) + 2 * s * h * h + 2 * s * h * f * (n_mlp_in + 1)
-    attention = 2 * s * s * h + 2 * s * s * h  # Q K^T and scores x V, over all heads
+        attention = attention_terms(spec)
+    return block_cost(
+        spec,
+        (attention, mlp_terms(spec)),
+        name="block",
+        tensor=tensor,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+    )
+
+
+def block_cost(
+    spec: ModelSpec,
+    halves: tuple[BlockTerms, ...],
+    /,
+    *,
+    name: str,
+    tensor: int,
+    sequence_parallel: bool,
+    recompute: str,
+) -> LayerCost:
+    """A block's cost from its halves' terms, split over ``tensor`` devices, with the
+    recomputation asked for (see the module docstring)."""
+    t = tensor
+
+    def total(field: str) -> Any:
+        return sum((getattr(x, field) for x in halves), start=0)
+
+    weighted, attention = total("weighted_flops"), total("attention_flops")
+    params = _split(total("split_params"), t) + total("replicated_params") + total("local_params")
     forward = weighted + attention
     input_grad = weighted + 2 * attention  # Qi et al. 2024, Table 1
     if recompute == "full":
         input_grad += forward  # the whole forward again (Narayanan et al. 2021, 4 passes)
     elif recompute == "selective" and not spec.flash_attention:
         input_grad += attention  # the attention core again (Korthikanti et al. 2023, sec. 5)
-    # -- activation bytes (Korthikanti et al. 2023, Table 2), d bytes per element
-    mask = 1 if spec.dropout else 0  # dropout masks: one byte per element
-    # replicated across the tensor-parallel group unless sequence parallel:
-    # LayerNorm 1 and 2 inputs, QKV input [W], first MLP input [W], two dropout masks
-    seq_part = 4 * d * s * h + 2 * mask * s * h
-    # split t ways: Q and K, V, output projection input [W], activation-function input(s),
-    # second MLP input [W]
-    head_part = d * s * (h + kv) + d * s * kv + d * s * h + n_mlp_in * d * s * f + d * s * f
-    if spec.flash_attention:
-        score_part = 4 * a * s  # only the fp32 log-sum-exp per row (Dao et al. 2022)
-        recomputable = 0
-    else:  # softmax output, its dropout mask and the dropout output: 5 a s^2
-        score_part = d * a * s * s + mask * a * s * s + (d * a * s * s if spec.dropout else 0)
-        recomputable = score_part
+    recomputable = 0 if spec.flash_attention else total("score_bytes")
     seq_t = t if sequence_parallel else 1
-    full_bytes = _split(seq_part, seq_t) + _split(head_part + score_part, t)
-    wgrad_seq = 2 * d * s * h  # QKV and first-MLP inputs
-    wgrad_head = d * s * h + d * s * f  # output-projection and second-MLP inputs
-    # I's output gradients for W: QKV and first MLP (column-parallel, split t ways),
-    # output projection and second MLP (row-parallel: whole on every device)
-    grad_split = d * s * (h + 2 * kv) + n_mlp_in * d * s * f
-    grad_whole = 2 * d * s * h
-    weight_grad_bytes = (
-        _split(wgrad_seq, seq_t) + _split(wgrad_head, t) + _split(grad_split, t) + grad_whole
+    full_bytes = (
+        _split(total("seq_bytes"), seq_t)
+        + total("replicated_bytes")
+        + _split(total("head_bytes") + total("score_bytes"), t)
     )
-    transient: Amount = 0
+    weight_grad_bytes = (
+        _split(total("wgrad_seq"), seq_t)
+        + _split(total("wgrad_split"), t)
+        + total("wgrad_replicated")
+    )
+    transient: Amount = total("transient_bytes")
     if recompute == "full":
-        stored = _split(d * s * h, seq_t)  # the block input only
-        transient = full_bytes  # one block re-created at a time in the backward
-        activation = stored
+        activation = _split(spec.dtype_bytes * spec.seq_length * spec.hidden, seq_t)
+        transient += full_bytes  # one block re-created at a time in the backward
     elif recompute == "selective":
         activation = full_bytes - _split(recomputable, t)
     else:
         activation = full_bytes
     return LayerCost(
-        name="block",
+        name=name,
         params=params,
         forward_flops=_split(forward, t),
         input_grad_flops=_split(input_grad, t),
@@ -220,6 +314,7 @@ def transformer_block(
         activation_bytes=activation,
         weight_grad_bytes=weight_grad_bytes,
         transient_bytes=transient,
+        expert_params=total("local_params"),
     )
 
 
@@ -284,14 +379,28 @@ def model_layers(
     tensor: int = 1,
     sequence_parallel: bool = False,
     recompute: str = "none",
+    expert: int = 1,
+    expert_tensor: int = 1,
 ) -> tuple[LayerCost, ...]:
-    """Embedding, ``n_layers`` blocks, head: the units the partitioner splits."""
+    """Embedding, ``n_layers`` blocks, head: the units the partitioner splits. A model
+    with expert layers has its ``dense_layers`` dense blocks first, then its expert
+    blocks (:mod:`pipesim.plan.moe`), their routed experts split over ``expert`` devices."""
     block = transformer_block(
         spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
     )
+    blocks = [block] * spec.n_layers
+    if spec.moe is not None:
+        from pipesim.plan.moe import moe_block
+
+        dense = spec.moe.dense_layers
+        routed = moe_block(
+            spec, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute,
+            expert=expert, expert_tensor=expert_tensor,
+        )  # fmt: skip
+        blocks = [block] * dense + [routed] * (spec.n_layers - dense)
     return (
         embedding(spec, tensor=tensor, sequence_parallel=sequence_parallel),
-        *([block] * spec.n_layers),
+        *blocks,
         lm_head(spec, tensor=tensor, sequence_parallel=sequence_parallel),
     )
 

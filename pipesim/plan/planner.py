@@ -46,6 +46,7 @@ from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.sweep import (
     Evaluation,
@@ -98,6 +99,10 @@ class Dimensions:
     """None: on wherever d > 1 (same traffic as an all-reduce, less memory)."""
     context: tuple[int, ...] = (1,)
     """Context-parallel sizes (each sequence split c ways, ring attention)."""
+    expert: tuple[int, ...] = (1,)
+    """Expert-parallel sizes (each expert layer's routed experts split e ways)."""
+    expert_tensor: tuple[int, ...] = (1,)
+    """Expert tensor-parallel sizes (each routed expert split this many ways)."""
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
@@ -168,6 +173,35 @@ def _context_sizes(dims: Dimensions, *, devices: int, workload: Workload | None)
     return sizes
 
 
+def _expert_sizes(
+    values: tuple[int, ...], what: str, *, devices: int, workload: Workload | None
+) -> tuple[int, ...]:
+    """The expert-parallel (``what`` = "expert") or expert tensor-parallel sizes,
+    checked: each divides the devices and the model's routed experts or expert width
+    (only a model with expert layers takes more than 1)."""
+    sizes = _positive_ints(f"{what} parallel sizes", values)
+    if sizes == (1,):
+        return sizes
+    bad = [e for e in sizes if devices % e]
+    if bad:
+        raise PlanError(
+            f"{what} parallel size {bad} does not divide {devices} devices; use divisors of "
+            f"{devices}: {list(_divisors(devices))}"
+        )
+    spec = None if workload is None else workload.spec
+    if spec is None:
+        raise PlanError(
+            "expert parallelism applies only to a model given by its shapes with expert "
+            f"layers (e.g. --model mixtral-8x7b); drop --{what.replace(' ', '-')}-parallel"
+        )
+    for e in sizes:
+        if what == "expert":
+            check_expert_parallel(spec, e)
+        else:
+            check_expert_parallel(spec, 1, expert_tensor=e)
+    return sizes
+
+
 def _recomputes(dims: Dimensions, workload: Workload) -> tuple[str, ...]:
     if dims.recompute is None:
         if workload.spec is None:
@@ -213,6 +247,10 @@ class _Axes:
     distributed_optimizer: tuple[bool, ...] | None
     contexts: tuple[int, ...]
     """Context-parallel sizes."""
+    experts: tuple[int, ...] = (1,)
+    """Expert-parallel sizes."""
+    expert_tensors: tuple[int, ...] = (1,)
+    """Expert tensor-parallel sizes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +357,10 @@ def _axes(
         sequence_parallel=dims.sequence_parallel,
         distributed_optimizer=dims.distributed_optimizer,
         contexts=_context_sizes(dims, devices=devices, workload=workload),
+        experts=_expert_sizes(dims.expert, "expert", devices=devices, workload=workload),
+        expert_tensors=_expert_sizes(
+            dims.expert_tensor, "expert tensor", devices=devices, workload=workload
+        ),
     )
 
 
@@ -339,8 +381,10 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
             degrees = tuple(p for p in axes.pinned_stages if (devices // (t * c)) % p == 0)
         degrees_seen += degrees
         data_parallel_seen += [devices // (t * c * p) for p in degrees]
-        for p in degrees:
+        for p, e, et in itertools.product(degrees, axes.experts, axes.expert_tensors):
             d = devices // (t * c * p)
+            if (t * c * d) % (e * et):
+                continue  # an expert group lies within one stage's t c d devices
             for b in axes.sizes:
                 m, remainder = divmod(global_batch, d * b)
                 for v in axes.virtuals:
@@ -363,6 +407,8 @@ def _enumerate(axes: _Axes, *, devices: int, global_batch: int, n_layers: int) -
                                         recompute=recompute,
                                         distributed_optimizer=zero,
                                         context_parallel=c,
+                                        expert_parallel=e,
+                                        expert_tensor=et,
                                     )
                                     if remainder or m == 0:
                                         refused.append(
@@ -413,6 +459,8 @@ def _ranked_point(point: Point, /) -> PlanPoint:
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
         context_parallel=point.context_parallel,
+        expert_parallel=point.expert_parallel,
+        expert_tensor=point.expert_tensor,
     )
 
 
@@ -455,6 +503,8 @@ def plan(
     sequence_parallel: Sequence[bool] | None = None,
     distributed_optimizer: Sequence[bool] | None = None,
     context_parallel: Sequence[int] = (1,),
+    expert_parallel: Sequence[int] = (1,),
+    expert_tensor_parallel: Sequence[int] = (1,),
     dtype: str | None = None,
     tp_comm_overlap: bool = False,
     overlap_p2p: bool = False,
@@ -479,9 +529,12 @@ def plan(
     + optimizer state per parameter without the distributed optimizer (18:
     Megatron-LM's bf16 weights with fp32 gradients and Adam, see
     :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
-    to try (default 1). ``dtype``: the training precision instead of the model's own
-    (``fp8``: FP8 GEMMs, bf16 storage). ``tp_comm_overlap``: hide tensor-parallel
-    collectives under the GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``).
+    to try (default 1). ``expert_parallel``: the expert-parallel sizes to try (default 1;
+    a model with expert layers, :mod:`pipesim.plan.moe`), ``expert_tensor_parallel``
+    the sizes each routed expert is split into (default 1). ``dtype``: the training
+    precision instead of the model's own (``fp8``: FP8 GEMMs, bf16 storage).
+    ``tp_comm_overlap``: hide tensor-parallel collectives under the GEMMs next to them
+    (Megatron-LM's ``--tp-comm-overlap``).
     ``overlap_p2p``: pipeline sends beside compute (Megatron-Core's
     ``--overlap-p2p-communication``; off by default, as Megatron-LM waits for each send
     and receive). ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and
@@ -518,6 +571,8 @@ def plan(
         sequence_parallel=_pinned(sequence_parallel),
         distributed_optimizer=_pinned(distributed_optimizer),
         context=tuple(context_parallel),
+        expert=tuple(expert_parallel),
+        expert_tensor=tuple(expert_tensor_parallel),
     )
     points, refused = sweep_points(
         devices=devices,
@@ -699,6 +754,8 @@ def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[Plan
             point.recompute,
             point.distributed_optimizer,
             point.context_parallel,
+            point.expert_parallel,
+            point.expert_tensor,
         )
         if key in seen:
             dropped.add(i)
@@ -840,4 +897,6 @@ def _sweep_point(point: PlanPoint) -> Point:
         recompute=point.recompute,
         distributed_optimizer=point.distributed_optimizer,
         context_parallel=point.context_parallel,
+        expert_parallel=point.expert_parallel,
+        expert_tensor=point.expert_tensor,
     )

@@ -59,6 +59,16 @@ COLUMN_KEY = (
     ("schedule", "pipeline schedule (`pipesim schedules`)"),
     ("t", "tensor-parallel size (--tensor-parallel), inside a node"),
     ("c", "context-parallel size (--context-parallel): each sequence split c ways"),
+    (
+        "e",
+        "expert-parallel size (--expert-parallel): routed experts split e ways (shown "
+        "when a configuration has e > 1)",
+    ),
+    (
+        "et",
+        "expert tensor-parallel size (--expert-tensor-parallel): each routed expert split "
+        "et ways (shown when a configuration has et > 1)",
+    ),
     ("p", "pipeline degree: ranks per pipeline (--stages)"),
     ("v", "stages per rank (--virtual)"),
     ("d", "data-parallel replicas: devices / (t c p)"),
@@ -125,6 +135,14 @@ def _table(points: Sequence[PlanPoint], scale: tuple[int, str]) -> list[str]:
     divisor, unit = scale
     headers = _headers(unit)
     rows = [_row(p, divisor) for p in points]
+    for name, field in (("et", "expert_tensor"), ("e", "expert_parallel")):
+        if any(getattr(p, field) > 1 for p in points):  # a column only where it says something
+            at = headers.index("c") + 1
+            headers = (*headers[:at], name, *headers[at:])
+            rows = [
+                (*row[:at], str(getattr(p, field)), *row[at:])
+                for row, p in zip(rows, points, strict=True)
+            ]
     widths = [max(len(x) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in rows]
@@ -215,6 +233,8 @@ _CSV_FIELDS = (
     "tensor_parallel",
     "data_parallel",
     "context_parallel",
+    "expert_parallel",
+    "expert_tensor_parallel",
     "sequence_parallel",
     "recompute",
     "distributed_optimizer",

@@ -48,6 +48,10 @@ class PlanPoint:
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
     context_parallel: int = 1
     """Context-parallel size c (``--context-parallel``): each sequence split c ways."""
+    expert_parallel: int = 1
+    """Expert-parallel size e (``--expert-parallel``): routed experts split e ways."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism (``--expert-tensor-parallel``): each expert split so."""
     n_stages: int | None = None
     """Stages the model is cut into (``p * v`` for interleaved schedules)."""
     layers_per_stage: tuple[int, ...] = ()
@@ -124,6 +128,10 @@ class PlanPoint:
         )
         if self.context_parallel > 1:
             text += f" c={self.context_parallel}"
+        if self.expert_parallel > 1:
+            text += f" e={self.expert_parallel}"
+        if self.expert_tensor > 1:
+            text += f" et={self.expert_tensor}"
         if self.sequence_parallel:
             text += " sp"
         if self.recompute != "none":
@@ -142,6 +150,8 @@ class PlanPoint:
             "tensor_parallel": self.tensor,
             "data_parallel": self.data_parallel,
             "context_parallel": self.context_parallel,
+            "expert_parallel": self.expert_parallel,
+            "expert_tensor_parallel": self.expert_tensor,
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute,
             "distributed_optimizer": self.distributed_optimizer,
@@ -211,6 +221,8 @@ def _order(point: PlanPoint) -> tuple[Any, ...]:
         point.sequence_parallel,
         point.distributed_optimizer,
         point.context_parallel,
+        point.expert_parallel,
+        point.expert_tensor,
     )
     if point.fits:
         return (0, point.step_time_ns, point.peak_memory_bytes, *tie)

@@ -73,6 +73,7 @@ from pipesim.plan.iteration import (
 from pipesim.plan.kernels import Shard
 from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
+from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
 from pipesim.plan.partition import partition
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
@@ -111,6 +112,12 @@ class Point:
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
     context_parallel: int = 1
     """Context-parallel size c: each sequence split over c devices (ring attention)."""
+    expert_parallel: int = 1
+    """Expert-parallel size e: each expert layer's routed experts split over e devices
+    (taken from the t c d devices that hold one pipeline stage, as Megatron-Core does)."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert split over this many devices (an
+    expert group spans e x this of the t c d devices)."""
 
     @property
     def gradient_group(self) -> int:
@@ -118,6 +125,11 @@ class Point:
         data-parallel and context-parallel ranks (Megatron-Core's dp-cp group), over
         which the distributed optimizer also shards."""
         return self.data_parallel * self.context_parallel
+
+    @property
+    def expert_devices(self) -> int:
+        """Devices one expert layer's routed experts are split over: e x expert tensor."""
+        return self.expert_parallel * self.expert_tensor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,8 +164,22 @@ class SweepContext:
         """The workload of ``point``'s tensor parallelism and recomputation."""
         w = self.workload
         sp = point.sequence_parallel and point.tensor > 1
-        key = (point.tensor, sp, point.recompute, point.context_parallel)
-        if key == (w.tensor, w.sequence_parallel, w.recompute, w.context):
+        key = (
+            point.tensor,
+            sp,
+            point.recompute,
+            point.context_parallel,
+            point.expert_parallel,
+            point.expert_tensor,
+        )
+        if key == (
+            w.tensor,
+            w.sequence_parallel,
+            w.recompute,
+            w.context,
+            w.expert,
+            w.expert_tensor,
+        ):
             return w
         if w.spec is None:
             raise PlanError(
@@ -166,6 +192,8 @@ class SweepContext:
             sequence_parallel=sp,
             recompute=point.recompute,
             context=point.context_parallel,
+            expert=point.expert_parallel,
+            expert_tensor=point.expert_tensor,
         )
 
 
@@ -208,9 +236,9 @@ class Evaluation:
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
-_WORKLOADS: dict[tuple[int, bool, str, int], Workload] = {}
+_WORKLOADS: dict[tuple[int, bool, str, int, int, int], Workload] = {}
 _LAYER_TIMES: dict[tuple[Any, ...], dict[str, LayerTime]] = {}
-_PARTITIONS: dict[tuple[int, bool, str, int, int], tuple[int, ...]] = {}
+_PARTITIONS: dict[tuple[int, bool, str, int, int, int, int], tuple[int, ...]] = {}
 _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
@@ -227,6 +255,8 @@ class _StageTable:
     """Per stage: bytes re-created for one backward (full recomputation)."""
     tp_ns: list[int]
     """Per stage: tensor-parallel traffic of one micro-batch's F + backward."""
+    expert_params: list[int | Fraction] | None = None
+    """Per stage: the part of ``params`` that is routed experts (None: none)."""
 
 
 def _install(context: SweepContext) -> None:
@@ -298,6 +328,8 @@ def _workload(context: SweepContext, point: Point) -> Workload:
         point.sequence_parallel and point.tensor > 1,
         point.recompute,
         point.context_parallel,
+        point.expert_parallel,
+        point.expert_tensor,
     )
     found = _WORKLOADS.get(key)
     if found is None:
@@ -312,26 +344,37 @@ def _stage_costs(
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
+    partners: tuple[int, ...] | None = None,
 ) -> _StageTable:
     """Cost model of the stages (integer ns) and what the iteration needs per stage;
     ``n_copies`` copies of the model's stages one after the other; pipeline ranks
-    ``ranks_per_node`` to a node (None: the whole job in one node)."""
+    ``ranks_per_node`` to a node (None: the whole job in one node); ``partners``: per
+    stage, the stage whose backward an overlapped F&B pair runs its forward with
+    (:func:`pipesim.plan.overlap.overlap_partners`; None: no pairs priced apart)."""
     key = (
         workload.tensor,
         workload.sequence_parallel,
         workload.recompute,
         workload.context,
+        workload.expert,
+        workload.expert_tensor,
         sizes,
         microbatch_size,
         n_copies,
         ranks_per_node,
+        partners,
     )
     found = _COSTS.get(key)
     if found is None:
-        price = _model_costs if workload.measured is None else _measured_costs
-        found = _COSTS[key] = price(
-            context, workload, sizes, microbatch_size, ranks_per_node, n_copies
-        )
+        if workload.measured is None:
+            found = _model_costs(
+                context, workload, sizes, microbatch_size, ranks_per_node, n_copies, partners
+            )
+        else:
+            found = _measured_costs(
+                context, workload, sizes, microbatch_size, ranks_per_node, n_copies
+            )
+        _COSTS[key] = found
     return found
 
 
@@ -342,23 +385,36 @@ def _model_costs(
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
+    partners: tuple[int, ...] | None = None,
 ) -> _StageTable:
     """The stages of a model given by its shapes: its layers' work on this accelerator,
-    tensor-parallel traffic inside F and the backward, the accelerator's links."""
+    tensor-parallel traffic inside F and the backward, the accelerator's links, and
+    overlapped F&B pairs priced from their parts (:mod:`pipesim.plan.overlap`)."""
     message_bytes = math.ceil(workload.message_bytes * microbatch_size)
     stages, params, transient, tp_ns = _model_stages(
         context, workload, sizes, microbatch_size, message_bytes
     )
+    all_stages = tuple(stages) * n_copies
+    if partners is not None:
+        all_stages = _paired(context, workload, sizes, microbatch_size, all_stages, partners)
     intra, links = _stage_links(context.accelerator, message_bytes, ranks_per_node)
     costs = CostModel(
-        stages=tuple(stages) * n_copies,
+        stages=all_stages,
         link=intra,
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
         time_unit="ns",  # the planner's durations are whole nanoseconds
         overlap_comm=context.overlap_p2p,
     )
-    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies)
+    experts: list[int | Fraction] | None = None
+    if workload.spec is not None and workload.spec.moe is not None:
+        prefix = _prefix_sums(workload)["expert_params"]
+        bounds = [0, *itertools.accumulate(sizes)]
+        per_stage: list[int | Fraction] = [
+            prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)
+        ]
+        experts = per_stage * n_copies
+    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies, experts)
 
 
 def _model_stages(
@@ -416,6 +472,42 @@ def _model_stages(
     return stages, params, transient, tp_ns
 
 
+def _paired(
+    context: SweepContext,
+    workload: Workload,
+    sizes: tuple[int, ...],
+    b: int,
+    stages: tuple[StageCost, ...],
+    partners: tuple[int, ...],
+) -> tuple[StageCost, ...]:
+    """``stages`` with the duration of each overlapped F&B pair derived from its parts
+    (:func:`pipesim.plan.overlap.pair_seconds`): the forward of stage s with the backward
+    of ``partners[s]``; a pair without all-to-all keeps the sum of its parts."""
+    times = _layer_times(context, workload, b)
+    bounds = [0, *itertools.accumulate(sizes)]
+    kinds = [
+        [times[layer.name] for layer in workload.layers[lo:hi]]
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    forward = [pass_parts(x.forward for x in stage) for stage in kinds]
+    backward = [
+        pass_parts((x.input_grad for x in stage), deferrable=(x.weight_grad for x in stage))
+        for stage in kinds
+    ]
+    per_copy = len(sizes)
+    out = []
+    for s, stage in enumerate(stages):
+        partner = partners[s]
+        f, bw = forward[s % per_copy], backward[partner % per_copy]
+        if partner < 0 or f.all_to_all_s + bw.all_to_all_s == 0:
+            out.append(stage)
+            continue
+        parts_sum = stage.forward + stages[partner].backward
+        pair = pair_seconds(f, bw, sm_count=context.accelerator.sm_count)
+        out.append(replace(stage, overlap=min(_ns(pair), parts_sum)))
+    return tuple(out)
+
+
 def _ns(seconds: float) -> int:
     """Seconds as whole nanoseconds: the planner's cost models are integer."""
     return round(seconds * NS_PER_S)
@@ -425,7 +517,15 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
     """F, I and W of each layer kind of ``workload`` at micro-batch size ``b`` on the
     context's accelerator (:mod:`pipesim.plan.gpu`), priced once per variant."""
     assert workload.spec is not None
-    key = (workload.tensor, workload.sequence_parallel, workload.recompute, workload.context, b)
+    key = (
+        workload.tensor,
+        workload.sequence_parallel,
+        workload.recompute,
+        workload.context,
+        workload.expert,
+        workload.expert_tensor,
+        b,
+    )
     found = _LAYER_TIMES.get(key)
     if found is None:
         shard = Shard(
@@ -434,6 +534,8 @@ def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str,
             context=workload.context,
             sequence_parallel=workload.sequence_parallel,
             recompute=workload.recompute,
+            expert=workload.expert,
+            expert_tensor=workload.expert_tensor,
         )
         found = _LAYER_TIMES[key] = layer_times(
             workload.spec, shard, context.accelerator, tp_comm_overlap=context.tp_comm_overlap
@@ -503,6 +605,7 @@ _SUMMED = (
     "activation_bytes",
     "weight_grad_bytes",
     "params",
+    "expert_params",
 )
 _PREFIXES: dict[int, tuple[Workload, dict[str, list[Fraction]]]] = {}
 
@@ -528,6 +631,8 @@ def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tupl
         workload.sequence_parallel,
         workload.recompute,
         workload.context,
+        workload.expert,
+        workload.expert_tensor,
         per_copy,
     )
     sizes = _PARTITIONS.get(key)
@@ -586,6 +691,7 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         point.microbatch_size,
         _pipeline_ranks_per_node(context, point),
         n_copies,
+        _partners(workload, schedule, fingerprint),
     )
     if schedule is None:
         assert cost_aware is not None
@@ -596,7 +702,15 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     metrics = _simulate(context, schedule, table.costs)
     loads = _rank_loads(context, point, schedule, table, metrics)
     after = [
-        _rank_iteration(context, workload, point, loads.rank_params[r], table.costs, first)
+        _rank_iteration(
+            context,
+            workload,
+            point,
+            loads.rank_params[r],
+            table.costs,
+            first,
+            expert_params=loads.rank_experts[r],
+        )
         for r, first in enumerate(loads.first_stage)
     ]
     worst = max(range(len(after)), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
@@ -620,6 +734,26 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     )
 
 
+_PARTNERS: dict[str, tuple[int, ...] | None] = {}
+
+
+def _partners(
+    workload: Workload, schedule: Schedule | None, fingerprint: str
+) -> tuple[int, ...] | None:
+    """The overlapped pairs of ``schedule`` whose durations a model with expert layers
+    derives from their parts; None for a dense model (a pair is the sum of its parts,
+    as without this rule), a cost file, or a schedule made from the costs."""
+    spec = workload.spec
+    if schedule is None or spec is None or spec.moe is None or workload.measured is not None:
+        return None
+    found = _PARTNERS.get(fingerprint, ())
+    if found == ():
+        if len(_PARTNERS) >= _MAX_SCHEDULES:
+            _PARTNERS.clear()
+        found = _PARTNERS[fingerprint] = overlap_partners(schedule)
+    return found
+
+
 def _stage_sizes(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...] | str:
     """Layers per stage of one model copy cut into ``per_copy`` stages; the reason when
     the model has too few layers."""
@@ -638,6 +772,8 @@ class _RankLoads:
 
     rank_params: list[int | Fraction]
     """Per rank: parameters of its stages."""
+    rank_experts: list[int | Fraction]
+    """Per rank: the routed experts' part of ``rank_params``."""
     first_stage: list[int | None]
     """Per rank: its first stage (None: it holds none)."""
     tp_ns: int
@@ -657,30 +793,25 @@ def _rank_loads(
     that hold them, and find the rank with the most memory."""
     n_ranks = schedule.n_ranks
     rank_params: list[int | Fraction] = [0] * n_ranks
+    rank_experts: list[int | Fraction] = [0] * n_ranks
     rank_transient = [0] * n_ranks
     rank_tp = [0] * n_ranks
     first_stage: list[int | None] = [None] * n_ranks
     for stage, rank in enumerate(schedule.placement):
         rank_params[rank] += table.params[stage]
+        if table.expert_params is not None:
+            rank_experts[rank] += table.expert_params[stage]
         rank_transient[rank] = max(rank_transient[rank], table.transient[stage])
         rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
         if first_stage[rank] is None:
             first_stage[rank] = stage
-    static = [
-        static_bytes(
-            rank_params[r],
-            data_parallel=point.gradient_group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-        )
-        for r in range(n_ranks)
-    ]
+    static = [_static(context, point, rank_params[r], rank_experts[r]) for r in range(n_ranks)]
     activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
     peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
     peak_rank = -peak_rank
     return _RankLoads(
         rank_params=rank_params,
+        rank_experts=rank_experts,
         first_stage=first_stage,
         tp_ns=max(rank_tp),
         peak_bytes=peak,
@@ -689,21 +820,38 @@ def _rank_loads(
     )
 
 
+def _static(
+    context: SweepContext, point: Point, params: int | Fraction, expert_params: int | Fraction
+) -> int:
+    """Weights, gradients and optimizer state of ``params`` on one device: the
+    distributed optimizer shards them over the gradient group, and the routed experts'
+    part over the expert-data-parallel group, the ``t c d / e`` devices that hold the
+    same experts (Megatron-Core's expert data parallelism)."""
+
+    def sharded(n: int | Fraction, group: int) -> int:
+        return static_bytes(
+            n,
+            data_parallel=group,
+            distributed_optimizer=point.distributed_optimizer,
+            bytes_per_param=context.bytes_per_param,
+            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+        )
+
+    if not expert_params:
+        return sharded(params, point.gradient_group)
+    edp = max(1, point.gradient_group * point.tensor // point.expert_devices)
+    return sharded(params - expert_params, point.gradient_group) + sharded(expert_params, edp)
+
+
 def _build_cost_aware(
     context: SweepContext, point: Point, table: _StageTable, cost_aware: Any
 ) -> Schedule | str:
     """A schedule made from the costs (pipesim.plan.cost_aware), within the memory that
     weights, gradients, optimizer state and any recomputation transient leave."""
+    experts = table.expert_params or [0] * len(table.params)
     static = [
-        static_bytes(
-            params,
-            data_parallel=point.gradient_group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-        )
-        + transient
-        for params, transient in zip(table.params, table.transient, strict=True)
+        _static(context, point, params, expert) + transient
+        for params, expert, transient in zip(table.params, experts, table.transient, strict=True)
     ]
     # looped placement: rank r holds stages r, p + r, 2p + r, ...
     most_static = max(
@@ -755,11 +903,16 @@ def _rank_iteration(
     params: int | Fraction,
     costs: CostModel,
     first_stage: int | None,
+    *,
+    expert_params: int | Fraction = 0,
 ) -> RankIteration:
     stage = costs.stage(first_stage if first_stage is not None else 0)
     # ranks of equal stages (most of a pipeline's middle) give the same answer
     key = (
         params,
+        expert_params,
+        point.expert_parallel,
+        point.expert_tensor,
         point.tensor,
         point.gradient_group,
         point.distributed_optimizer,
@@ -783,6 +936,9 @@ def _rank_iteration(
         last_backward_ns=int(stage.backward),
         first_forward_ns=int(stage.forward),
         overlap=context.overlap_grad_reduce,
+        expert_params=expert_params,
+        expert_parallel=point.expert_parallel,
+        expert_tensor=point.expert_tensor,
     )
     return found
 
@@ -812,20 +968,13 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         point.microbatch_size,
         _pipeline_ranks_per_node(context, point),
         schedule.n_copies,
+        _partners(workload, schedule, _fingerprint(schedule)),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
+    experts = table.expert_params or [0] * len(table.params)
     stages = tuple(
-        replace(
-            cost,
-            param_bytes=static_bytes(
-                params,
-                data_parallel=point.gradient_group,
-                distributed_optimizer=point.distributed_optimizer,
-                bytes_per_param=context.bytes_per_param,
-                optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-            ),
-        )
-        for cost, params in zip(table.costs.stages, table.params, strict=True)
+        replace(cost, param_bytes=_static(context, point, params, expert))
+        for cost, params, expert in zip(table.costs.stages, table.params, experts, strict=True)
     )
     return schedule, replace(table.costs, stages=stages)
 

@@ -29,6 +29,7 @@ from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
 from pipesim.plan.model import DTYPE_BYTES, ModelSpec
+from pipesim.plan.moe import check_expert_parallel
 from pipesim.units import NS_PER_S, SECONDS_PER_UNIT
 
 __all__ = ["Layer", "Workload", "workload_from_costs", "workload_from_model"]
@@ -59,7 +60,10 @@ class Layer:
     params: Amount
     """Parameters on one device (static memory is ``params * bytes_per_param``)."""
     transient_bytes: Amount = 0
-    """Bytes re-created for the backward and freed by it (full recomputation)."""
+    """Bytes alive during one pass and freed by it (full recomputation's re-created
+    block, an expert layer's dispatch buffers)."""
+    expert_params: Amount = 0
+    """The part of ``params`` that is routed experts (sharded over expert data parallel)."""
 
     @property
     def work(self) -> Amount:
@@ -90,6 +94,11 @@ class Workload:
     context: int = 1
     """Context-parallel size c the layer costs are per device of (each holds s / c of
     every sequence)."""
+    expert: int = 1
+    """Expert-parallel size e the layer costs are per device of (each holds experts / e
+    of every expert layer's routed experts)."""
+    expert_tensor: int = 1
+    """Expert tensor parallelism: each routed expert's matrices split this many ways."""
     measured: MeasuredCosts | None = None
     """A cost file's own model: what the sweep prices each micro-batch size from."""
 
@@ -102,6 +111,8 @@ def workload_from_model(
     sequence_parallel: bool = False,
     recompute: str = "none",
     context: int = 1,
+    expert: int = 1,
+    expert_tensor: int = 1,
 ) -> Workload:
     """Embedding, blocks and head of ``spec`` with Narayanan / Korthikanti FLOPs and
     memory, per device of a ``tensor``-way tensor-parallel and ``context``-way
@@ -125,6 +136,7 @@ def workload_from_model(
         sequence_parallel = False  # nothing to split: the same configuration
     local = spec
     check_context_parallel(spec, context)
+    check_expert_parallel(spec, expert, expert_tensor=expert_tensor)
     if context > 1:
         local = replace(spec, seq_length=spec.seq_length // context)
     layers = tuple(
@@ -138,9 +150,15 @@ def workload_from_model(
             weight_grad_bytes=layer.weight_grad_bytes,
             params=layer.params,
             transient_bytes=layer.transient_bytes,
+            expert_params=layer.expert_params,
         )
         for layer in model_layers(
-            local, tensor=tensor, sequence_parallel=sequence_parallel, recompute=recompute
+            local,
+            tensor=tensor,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
+            expert=expert,
+            expert_tensor=expert_tensor,
         )
     )
     payload = local.seq_length * spec.hidden * spec.dtype_bytes
@@ -156,6 +174,8 @@ def workload_from_model(
         sequence_parallel=sequence_parallel,
         recompute=recompute,
         context=context,
+        expert=expert,
+        expert_tensor=expert_tensor,
     )
 
 
