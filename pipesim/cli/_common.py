@@ -737,9 +737,7 @@ def iterations_from_args(args: argparse.Namespace, schedule: Schedule, costs: Co
     steps, sync = getattr(args, "steps", None), getattr(args, "optimizer_sync", None)
     if steps is None and sync is None:
         return None
-    return simulate_iterations(
-        schedule, costs=costs, steps=steps or 1, sync=sync or DEFAULT_SYNC
-    )
+    return simulate_iterations(schedule, costs=costs, steps=steps or 1, sync=sync or DEFAULT_SYNC)
 
 
 def check_suffix(path: str, suffixes: tuple[str, ...], /, *, verb: str, what: str) -> str:
