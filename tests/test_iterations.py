@@ -287,3 +287,28 @@ def test_period_objective_with_a_global_sync_is_the_step_objective() -> None:
     assert by_period.iterations.period.period == by_step.metrics.makespan
     with pytest.raises(PipesimError, match="objective must be one of"):
         synthesize(**kwargs, objective="span")
+
+
+def test_cli_trace_and_plot_draw_the_optimizer_steps(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipesim.cli import main
+
+    out = tmp_path / "t.json"
+    argv = ["trace", "1f1b", "-p", "2", "-m", "2", "--steps", "2", "--optimizer-time", "1"]
+    assert main([*argv, "-o", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    steps = [(e["pid"], e["ts"], e["dur"]) for e in events if e.get("cat") == "optimizer"]
+    # global sync: both ranks step at 9 (the step's end) and at 19; 1 unit drawn as 1 s
+    assert sorted(steps) == [(1, 9e6, 1e6), (1, 19e6, 1e6), (2, 9e6, 1e6), (2, 19e6, 1e6)]
+    assert (
+        sum(
+            e.get("ph") == "X" and e.get("cat") != "optimizer" and e["pid"] <= 2 and e["tid"] <= 2
+            for e in events
+        )
+        == 16
+    )
+    page = tmp_path / "p.html"
+    argv[0] = "plot"
+    assert main([*argv, "--optimizer-sync", "none", "-o", str(page)]) == 0
+    text = page.read_text()
+    assert "optimizer step" in text and "2 iterations, optimizer sync none" in text
+    capsys.readouterr()
