@@ -65,8 +65,11 @@ __all__ = [
     "Iterations",
     "OptimizerRecord",
     "Period",
+    "check_sync",
+    "microbatch_of",
     "simulate_iterations",
     "steady_period",
+    "unrolled",
 ]
 
 #: The optimizer synchronization rules (module docstring).
@@ -436,7 +439,7 @@ def unrolled(schedule: Schedule, steps: int, /) -> Schedule:
         placement=schedule.placement,
         n_microbatches=schedule.n_microbatches * steps,
         name=schedule.name,
-        happens_before=before,  # type: ignore[arg-type]
+        happens_before=before,
         n_copies=schedule.n_copies,
     )
 
