@@ -66,8 +66,8 @@ def paper_costs(model: str) -> tuple[int, int, CostModel]:
     return p, m, costs
 
 
-def _period_bubble(busy: Fraction, n_ranks: int, period: Fraction) -> float:
-    return float(1 - busy / (n_ranks * period))
+def _period_bubble(busy: Fraction | int, n_ranks: int, period: Fraction | int) -> float:
+    return float(1 - Fraction(busy) / (n_ranks * period))
 
 
 def row(model: str) -> tuple[list[str], float]:

@@ -44,9 +44,6 @@ from pipesim.graph import (
     validate,
 )
 from pipesim.iterations import (
-    DEFAULT_SYNC,
-    MAX_PERIOD_ITERATIONS,
-    SYNCS,
     Iterations,
     OptimizerRecord,
     Period,
@@ -119,7 +116,6 @@ __all__ = [
     "CostError",
     "CostModel",
     "CriticalPath",
-    "DEFAULT_SYNC",
     "DataDependency",
     "DeadlockError",
     "Iterations",
@@ -127,7 +123,6 @@ __all__ = [
     "Link",
     "LinkPair",
     "Links",
-    "MAX_PERIOD_ITERATIONS",
     "MemoryRecord",
     "Metrics",
     "Op",
@@ -139,7 +134,6 @@ __all__ = [
     "PipesimError",
     "PlanError",
     "RankMetrics",
-    "SYNCS",
     "Schedule",
     "ScheduleError",
     "ScheduleSpec",

@@ -58,10 +58,8 @@ from pipesim.schedule import Schedule
 from pipesim.step import CompiledStep, compile_step
 from pipesim.trace import ActionRecord, MemoryRecord, Trace, TransferRecord
 
+# The constants (SYNCS, DEFAULT_SYNC, MAX_PERIOD_ITERATIONS) are imported from here.
 __all__ = [
-    "DEFAULT_SYNC",
-    "MAX_PERIOD_ITERATIONS",
-    "SYNCS",
     "Iterations",
     "OptimizerRecord",
     "Period",
