@@ -312,3 +312,39 @@ def test_cli_trace_and_plot_draw_the_optimizer_steps(tmp_path, capsys) -> None: 
     text = page.read_text()
     assert "optimizer step" in text and "2 iterations, optimizer sync none" in text
     capsys.readouterr()
+
+
+def test_cost_file_and_flags_carry_the_optimizer_and_sync_times(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipesim.cli import main
+    from pipesim.costs import costs_from_dict, costs_to_dict
+
+    data = {"stages": [{"optimizer": 0}, {"optimizer": 3}], "sync_time": 1}
+    costs = costs_from_dict(data)
+    assert [s.optimizer for s in costs.stages] == [0, 3] and costs.sync_time == 1
+    again = costs_to_dict(costs)
+    assert again["sync_time"] == 1 and [s.get("optimizer", 0) for s in again["stages"]] == [0, 3]
+    assert costs_from_dict(again) == costs
+    # a file without them writes as before (no optimizer, no sync_time keys)
+    plain = costs_to_dict(CostModel.uniform())
+    assert "sync_time" not in plain and "optimizer" not in plain["stages"][0]
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    base = ["simulate", "1f1b", "-p", "2", "-m", "2", "--json", "--steps", "2"]
+    assert main([*base, "--costs", str(path)]) == 0
+    from_file = json.loads(capsys.readouterr().out)["iterations"]
+    assert main([*base, "--optimizer-time", "0,3", "--sync-time", "1"]) == 0
+    from_flags = json.loads(capsys.readouterr().out)["iterations"]
+    assert from_file == from_flags
+    # global: 9 + 1 sync; rank 1 then steps 3, so it is released at 13 and iteration 1's
+    # rank 1 F0 starts at 13 (rank 0's F0 ran 10-11): rank 0's B0 waits for rank 1's
+    assert from_file["optimizer_steps"][1] == {
+        "rank": 1,
+        "iteration": 0,
+        "ready": 7,
+        "start": 10,
+        "end": 13,
+    }
+    assert from_file["iteration_starts"][1] == [10, 13]
+    with pytest.raises(SystemExit):
+        main(["simulate", "1f1b", "-p", "2", "-m", "2", "--optimizer-sync", "sometimes"])
+    capsys.readouterr()
