@@ -96,9 +96,14 @@ class StageCost:
     """Bytes of the activation sent to the next stage (the gradient sent back is as big)."""
     param_bytes: int = 0
     """Parameter bytes of this stage (reported, not simulated)."""
+    optimizer: Time = 0
+    """Duration of this stage's optimizer step, run once per training iteration after the
+    stage's last backward (and, with data parallelism, its gradient reduction: include
+    what of it is exposed). Only a run of several iterations steps the optimizer
+    (:mod:`pipesim.iterations`); a single step ends at its last backward."""
 
     def __post_init__(self) -> None:
-        for name in ("forward", "backward", "input_grad", "weight_grad"):
+        for name in ("forward", "backward", "input_grad", "weight_grad", "optimizer"):
             object.__setattr__(self, name, to_time(getattr(self, name), name=name))
         if self.overlap is not None:
             object.__setattr__(self, "overlap", to_time(self.overlap, name="overlap"))
@@ -269,9 +274,15 @@ class CostModel:
     answered it: at once if waiting (and not woken by the poster's own message), else at
     the end of its running node or ``Link.handshake`` later (gloo's transport:
     ``docs/results/gloo-transport.md``)."""
+    sync_time: Time = 0
+    """Time of the optimizer's synchronization between training iterations
+    (:mod:`pipesim.iterations`): the gradient-norm / inf-nan all-reduce across the
+    pipeline that ``global`` sync waits for, or one pipeline hop of the partial
+    reduction that ``post-validation`` passes from rank to rank."""
 
     def __post_init__(self) -> None:
         check_time_unit(self.time_unit)
+        object.__setattr__(self, "sync_time", to_time(self.sync_time, name="sync_time"))
         if self.send_mode not in SEND_MODES:
             raise CostError(
                 f"send_mode must be one of {', '.join(SEND_MODES)}, got {brief(self.send_mode)}"
@@ -297,7 +308,7 @@ class CostModel:
                 "send_mode rendezvous models posted (non-blocking) sends; it cannot be combined "
                 "with overlap_comm false: drop one of them"
             )
-        _check_denominator(stages, self.link, self.dispatch_overhead)
+        _check_denominator(stages, self.link, self.dispatch_overhead, self.sync_time)
         if self.links is not None:
             if not isinstance(self.links, Links):
                 raise CostError(f"links must be a Links value or None, got {brief(self.links)}")
@@ -367,16 +378,19 @@ class CostModel:
         return sum((self.stage(a.stage).duration(a.op) for a in work.parts), start=0)
 
 
-def _check_denominator(stages: tuple[StageCost, ...], link: Link, dispatch: Time) -> None:
+def _check_denominator(
+    stages: tuple[StageCost, ...], link: Link, dispatch: Time, sync: Time = 0
+) -> None:
     """Refuse times whose exact sums would need huge numbers: every time the engine adds
     is a multiple of one over the common denominator of the durations, the latency, the
     overheads and bytes / bandwidth (whose denominator divides the bandwidth's numerator)."""
-    denominators = {1, dispatch.denominator}
+    denominators = {1, dispatch.denominator, sync.denominator}
     denominators.update(t.denominator for t in (link.send_overhead, link.receive_overhead))
     denominators.update(t.denominator for t in (link.handshake, link.post_overhead))
     for stage in set(stages):  # broadcast models repeat one entry
         for time in (stage.forward, stage.backward, stage.input_grad, stage.weight_grad):
             denominators.add(time.denominator)
+        denominators.add(stage.optimizer.denominator)
         if stage.overlap is not None:
             denominators.add(stage.overlap.denominator)
     denominators.add(link.latency.denominator)
@@ -442,6 +456,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "dispatch_overhead",
         "time_unit",
         "send_mode",
+        "sync_time",
         "format",
         "meta",
     }
@@ -485,6 +500,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
             dispatch_overhead=data.get("dispatch_overhead", 0),
             time_unit=unit,
             send_mode=data.get("send_mode", "eager"),
+            sync_time=data.get("sync_time", 0),
         )
     except CostError as exc:
         raise CostError(f"{source}: {exc}") from None
@@ -558,6 +574,9 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
         return fields_of
 
     data: dict[str, Any] = {"stages": [as_dict(s, _STAGE_FIELDS) for s in costs.stages]}
+    for stage in data["stages"]:  # 0 left out: files stay as they were
+        if not stage["optimizer"]:
+            del stage["optimizer"]
     data["link"] = _link_dict(costs.link)
     if costs.links is not None:
         links: dict[str, Any] = {}
@@ -580,6 +599,8 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
     data["time_unit"] = costs.time_unit
     if costs.send_mode != "eager":
         data["send_mode"] = costs.send_mode
+    if costs.sync_time:
+        data["sync_time"] = value(costs.sync_time)
     return data
 
 

@@ -187,16 +187,21 @@ def run_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
         return _run(compile_step(schedule, costs))
 
 
-def run_compiled(step: CompiledStep, /) -> Trace:
+def run_compiled(step: CompiledStep, /, *, release: Sequence[Time] | None = None) -> Trace:
     """Run the SimPy model on an already compiled step (no validation): for callers that
-    set per-node durations themselves (:func:`pipesim.calibration.replay`)."""
+    set per-node durations themselves (:func:`pipesim.calibration.replay`). ``release``
+    gives per rank the time its first work may start (default 0 everywhere): one
+    training iteration after the previous one's optimizer step (:mod:`pipesim.iterations`)."""
     with paused_gc():
-        return _run(step)
+        return _run(step, release=release)
 
 
-def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
+def _run(
+    step: CompiledStep, *, name_blocked: bool = True, release: Sequence[Time] | None = None
+) -> Trace:
     """Run the step; a run that cannot finish is :func:`deadlock_error`, naming where each
-    stuck rank waits when ``name_blocked``."""
+    stuck rank waits when ``name_blocked``. Each rank's clock starts at its ``release``
+    time (0 without)."""
     env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
     structure = step.structure
     n_ranks = structure.schedule.n_ranks
@@ -243,7 +248,7 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
-        clock: Time = 0
+        clock: Time = 0 if release is None else release[rank]
         if posts is not None and -1 in posts:  # receives posted before the rank's first node
             mine = [m for m in posts[-1] if receivers[m] == rank]
             clock = yield from post_receives(mine, clock)
@@ -334,7 +339,7 @@ def _run(step: CompiledStep, *, name_blocked: bool = True) -> Trace:
         blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
         raise deadlock_error(structure, blocked=blocked)
     left = rendezvous.times if rendezvous is not None else None
-    return _trace(step, starts, ends, links, peaks, blocked_at, left)
+    return _trace(step, starts, ends, links, peaks, blocked_at, left, release)
 
 
 def _senders(structure: StepStructure) -> list[int]:
@@ -577,10 +582,15 @@ def _trace(
     peaks: Sequence[tuple[int, int]],
     blocked_at: Mapping[int, Time],
     left: tuple[dict[int, Time], dict[int, Time]] | None = None,
+    release: Sequence[Time] | None = None,
 ) -> Trace:
     structure = step.structure
     durations = step.durations
-    finish = [ends[program[-1]] if program else 0 for program in structure.programs]
+    idle_end = [0] * len(structure.programs) if release is None else release
+    finish = [
+        ends[program[-1]] if program else idle_end[rank]
+        for rank, program in enumerate(structure.programs)
+    ]
     if structure.comms:
         busy = tuple(sum([durations[n] for n in p], start=0) for p in structure.programs)
     else:  # a rank's nodes are consecutive

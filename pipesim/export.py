@@ -50,11 +50,11 @@ measured trace exports like a simulated one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipesim.actions import Action, Work
 from pipesim.costs import CostModel
@@ -65,6 +65,9 @@ from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, CommRecord, MemoryRecord, TransferRecord
 from pipesim.units import SECONDS_PER_UNIT
 from pipesim.views import Viewable, step_of
+
+if TYPE_CHECKING:
+    from pipesim.iterations import OptimizerRecord
 
 __all__ = [
     "US_PER_UNIT",
@@ -103,9 +106,12 @@ def chrome_trace(
     time_unit: str | None = None,
     schedule: Schedule | None = None,
     costs: CostModel | None = None,
+    optimizer: Sequence[OptimizerRecord] = (),
 ) -> dict[str, Any]:
     """The trace event JSON object of ``step`` (see the module docstring): a
-    Simulation, or a Trace with its ``schedule`` (and ``costs``).
+    Simulation, or a Trace with its ``schedule`` (and ``costs``); ``optimizer``: the
+    optimizer steps of a run of several iterations (:mod:`pipesim.iterations`), each a
+    slice ``optimizer`` on its rank's compute thread.
 
     Events come in a fixed order (metadata, then by time), so the same
     simulation always gives the same object.
@@ -124,6 +130,7 @@ def chrome_trace(
     events += _comm_events(trace.comms, us)
     events += _transfer_events(trace.transfers, trace.actions, lane_tids, us)
     events += _counter_events(trace.n_ranks, trace.memory, us)
+    events += _optimizer_events(optimizer, us)
     events.sort(key=lambda pair: pair[0])
     return {
         "traceEvents": meta + [event for _, event in events],
@@ -173,6 +180,27 @@ def _action_events(actions: tuple[ActionRecord, ...], us: _ToUs) -> list[_Keyed]
             "pid": rank_pid(record.rank),
             "tid": rank_pid(record.rank),
             "args": _work_args(record),
+        }
+        events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
+    return events
+
+
+def _optimizer_events(records: Sequence[OptimizerRecord], us: _ToUs) -> list[_Keyed]:
+    """A complete event per optimizer step, on its rank's compute thread."""
+    events: list[_Keyed] = []
+    for record in records:
+        event = {
+            "name": "optimizer",
+            "cat": "optimizer",
+            "ph": "X",
+            "ts": us(record.start),
+            "dur": us(record.end - record.start),
+            "pid": rank_pid(record.rank),
+            "tid": rank_pid(record.rank),
+            "args": {
+                "iteration": record.iteration,
+                "waited": as_number(record.start - record.ready),
+            },
         }
         events.append(((event["ts"], 0, event["pid"], event["tid"]), event))
     return events
@@ -265,6 +293,7 @@ def chrome_trace_json(
     time_unit: str | None = None,
     schedule: Schedule | None = None,
     costs: CostModel | None = None,
+    optimizer: Sequence[OptimizerRecord] = (),
 ) -> str:
     """:func:`chrome_trace` as text: compact, one event per line, deterministic.
 
@@ -274,7 +303,9 @@ def chrome_trace_json(
     >>> text.splitlines()[1]
     '{"name":"process_name","ph":"M","pid":1,"tid":1,"args":{"name":"rank 0"}},'
     """
-    data = chrome_trace(step, time_unit=time_unit, schedule=schedule, costs=costs)
+    data = chrome_trace(
+        step, time_unit=time_unit, schedule=schedule, costs=costs, optimizer=optimizer
+    )
     lines = [_dumps(event) for event in data["traceEvents"]]
     return (
         '{"traceEvents":[\n'
@@ -294,12 +325,15 @@ def write_chrome_trace(
     time_unit: str | None = None,
     schedule: Schedule | None = None,
     costs: CostModel | None = None,
+    optimizer: Sequence[OptimizerRecord] = (),
 ) -> Path:
     """Write :func:`chrome_trace_json` to ``path``; return the path.
 
     An unwritable path is a PipesimError naming the path and the reason.
     """
-    text = chrome_trace_json(step, time_unit=time_unit, schedule=schedule, costs=costs)
+    text = chrome_trace_json(
+        step, time_unit=time_unit, schedule=schedule, costs=costs, optimizer=optimizer
+    )
     return write_text(path, text)
 
 

@@ -42,11 +42,13 @@ __all__ = [
     "VIRTUAL",
     "WARMUP",
     "add_cost_arguments",
+    "add_iteration_arguments",
     "add_require_fit_argument",
     "add_schedule_arguments",
     "check_suffix",
     "costs_for_stages",
     "costs_from_args",
+    "iterations_from_args",
     "positive_int",
     "print_json",
     "read_value",
@@ -209,6 +211,8 @@ VALUE_READERS: dict[str, Reader] = {
     "input_grad_time": _per_stage(_time),
     "weight_grad_time": _per_stage(_time),
     "overlap_time": _per_stage(_time),
+    "optimizer_time": _per_stage(_time),
+    "sync_time": _time,
     "activation_bytes": _per_stage(_size),
     "weight_grad_bytes": _per_stage(_size),
     "message_bytes": _per_stage(_size),
@@ -513,6 +517,11 @@ _STAGE_FLAGS = {
     ),
     "message_bytes": ("output_bytes", "bytes sent to the next stage per micro-batch"),
     "param_bytes": ("param_bytes", "parameter bytes per stage (reported, not simulated)"),
+    "optimizer_time": (
+        "optimizer",
+        "duration of a stage's optimizer step, run between training iterations (--steps; "
+        "default 0)",
+    ),
 }
 
 
@@ -531,6 +540,14 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         # Every size goes through one parser, pipesim.units.parse_bytes.
         metavar = "SIZE[,SIZE...]" if flag.endswith("_bytes") else "T[,T...]"
         value_argument(group, "--" + flag.replace("_", "-"), metavar=metavar, help=text)
+    value_argument(
+        group,
+        "--sync-time",
+        metavar="T",
+        help="time of the optimizer's synchronization between iterations (--steps): the "
+        "gradient-norm all-reduce of --optimizer-sync global, one rank-to-rank hop of "
+        "post-validation (default 0)",
+    )
     value_argument(
         group, "--link-latency", metavar="T", help="link latency, in time units (default 0)"
     )
@@ -628,6 +645,7 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         "inter_node_latency",
         "inter_node_bandwidth",
         "memory_capacity",
+        "sync_time",
     ]
     given = [n for n in flag_names if getattr(args, n, None) is not None]
     if args.no_overlap_comm:
@@ -681,7 +699,45 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         memory_capacity_bytes=args.memory_capacity,
         overlap_comm=not args.no_overlap_comm,
         time_unit=unit or "unit",
+        sync_time=getattr(args, "sync_time", None) or 0,
     )
+
+
+def add_iteration_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--steps K`` and ``--optimizer-sync`` (:mod:`pipesim.iterations`)."""
+    from pipesim.iterations import DEFAULT_SYNC, SYNCS
+
+    group = parser.add_argument_group(
+        "training iterations",
+        "run K iterations back to back, each a step of the schedule and then every rank's "
+        "optimizer step (--optimizer-time, --sync-time); also reports the steady-state "
+        "iteration period (docs/steady-state.md)",
+    )
+    group.add_argument(
+        "--steps",
+        type=whole_number(maximum=10_000),
+        metavar="K",
+        help="training iterations to simulate (default: one step, no optimizer)",
+    )
+    group.add_argument(
+        "--optimizer-sync",
+        choices=SYNCS,
+        help=f"when a rank steps its optimizer: global (default, Megatron-LM's: after every "
+        "rank's backward and the gradient-norm all-reduce), post-validation (the zero-bubble "
+        "paper's: the partial norm passed rank to rank, checked during the next warm-up), "
+        f"none (each rank on its own); default {DEFAULT_SYNC}",
+    )
+
+
+def iterations_from_args(args: argparse.Namespace, schedule: Schedule, costs: CostModel) -> Any:
+    """The :class:`pipesim.iterations.Iterations` the flags ask for, or None when neither
+    ``--steps`` nor ``--optimizer-sync`` is given (one step, as before)."""
+    from pipesim.iterations import DEFAULT_SYNC, simulate_iterations
+
+    steps, sync = getattr(args, "steps", None), getattr(args, "optimizer_sync", None)
+    if steps is None and sync is None:
+        return None
+    return simulate_iterations(schedule, costs=costs, steps=steps or 1, sync=sync or DEFAULT_SYNC)
 
 
 def check_suffix(path: str, suffixes: tuple[str, ...], /, *, verb: str, what: str) -> str:

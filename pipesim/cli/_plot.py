@@ -30,11 +30,13 @@ from pipesim.cli._common import (
     COUNT_TYPES,
     add_comms_arguments,
     add_cost_arguments,
+    add_iteration_arguments,
     add_schedule_arguments,
     check_suffix,
     comms_from_args,
     costs_from_args,
     describe_comms,
+    iterations_from_args,
     read_value,
     receive_mode,
     schedule_from_args,
@@ -70,6 +72,8 @@ _COST_KEYS = {
     "weight_grad_bytes": "value",
     "message_bytes": "value",
     "param_bytes": "value",
+    "optimizer_time": "value",
+    "sync_time": "value",
     "link_latency": "value",
     "link_bandwidth": "value",
     "link_concurrency": "count",
@@ -146,6 +150,7 @@ def register(subparsers: Any) -> None:
     out.add_argument("--no-memory", action="store_true", help="leave out the memory panel")
     out.add_argument("--title", help="the figure's title (default: schedule and sizes)")
     add_comms_arguments(parser)
+    add_iteration_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -171,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
             f"got {len(sources)} schedules ({', '.join(sources)}); add --compare to stack "
             "them on one time axis, or give one"
         )
-    simulations, labels, note = _simulate_sources(args, sources)
-    fig = _figure(args, simulations, labels, note)
+    simulations, labels, note, runs = _simulate_sources(args, sources)
+    fig = _figure(args, simulations, labels, note, runs)
     path = write_figure(fig, args.output, suffix=suffix, cdn=args.cdn)
     size = path.stat().st_size
     print(f"wrote {path} ({size:,} bytes{', plotly.js from the CDN' if args.cdn else ''})")
@@ -189,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _simulate_sources(
     args: argparse.Namespace, sources: list[str]
-) -> tuple[list[Any], list[str], str]:
-    """Simulate each source; the labels, and a note when chunk costs were split."""
+) -> tuple[list[Any], list[str], str, list[Any]]:
+    """Simulate each source; the labels, a note when chunk costs were split, and with
+    ``--steps`` each source's iterations (pipesim.iterations)."""
     from pipesim.engine import simulate
     from pipesim.fair import per_chunk_costs
     from pipesim.plot.timeline import default_label
@@ -208,12 +214,22 @@ def _simulate_sources(
     split = args.compare and (
         args.chunk_costs == "split" or (args.chunk_costs == "auto" and len(virtuals) > 1)
     )
-    simulations, labels = [], []
+    simulations, labels, runs = [], [], []
     for name, settings, schedule, comms, costs in prepared:
         virtual = schedule.n_stages // schedule.n_ranks
         if split:
             costs = per_chunk_costs(costs, virtual=virtual)
-        simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
+        if comms is not None and (args.steps is not None or args.optimizer_sync is not None):
+            raise PipesimError(
+                "--steps and --optimizer-sync draw a compute schedule's iterations; plot the "
+                "compute schedule the comms CSV was lowered from"
+            )
+        iterations = iterations_from_args(args, schedule, costs)
+        if iterations is not None:  # K iterations drawn as one run, optimizer steps apart
+            simulation = iterations.simulation
+            runs.append(iterations)
+        else:
+            simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
         simulations.append(simulation)
         label = default_label(simulation)
         if name not in schedule_names():
@@ -226,11 +242,21 @@ def _simulate_sources(
             "same model: the costs describe one rank's layer block; a schedule with V stages "
             "per rank gets 1/V of its time and activation bytes per stage (--chunk-costs)"
         )
-    return simulations, _unique(labels), note
+    return simulations, _unique(labels), note, runs
 
 
-def _figure(args: argparse.Namespace, simulations: list[Any], labels: list[str], note: str) -> Any:
+def _figure(
+    args: argparse.Namespace,
+    simulations: list[Any],
+    labels: list[str],
+    note: str,
+    runs: list[Any],
+) -> Any:
     from pipesim.plot import compare_figure, timeline_figure
+    from pipesim.plot.iterations import iterations_figure
+
+    if runs and not args.compare:
+        return iterations_figure(runs[0], memory=not args.no_memory, title=args.title)
 
     if args.compare:
         title = args.title or f"{len(simulations)} schedules on one time axis"

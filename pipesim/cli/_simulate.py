@@ -12,12 +12,14 @@ from pipesim.calibration import predict
 from pipesim.cli._common import (
     add_comms_arguments,
     add_cost_arguments,
+    add_iteration_arguments,
     add_require_fit_argument,
     add_schedule_arguments,
     comms_counts,
     comms_from_args,
     costs_from_args,
     describe_comms,
+    iterations_from_args,
     print_json,
     receive_mode,
     require_fit,
@@ -60,6 +62,7 @@ def register(subparsers: Any) -> None:
         "(or the cost file's memory_capacity_bytes)",
     )
     add_comms_arguments(parser)
+    add_iteration_arguments(parser)
     _add_band_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -104,10 +107,18 @@ def run(args: argparse.Namespace) -> int:
     comms = comms_from_args(args)
     costs = costs_from_args(args, schedule)
     blocking = receive_mode(args, [comms])
+    if comms is not None and (args.steps is not None or args.optimizer_sync is not None):
+        raise PipesimError(
+            "--steps and --optimizer-sync run a compute schedule's iterations; simulate the "
+            "compute schedule the comms CSV was lowered from"
+        )
     simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
+    iterations = iterations_from_args(args, schedule, costs)
     band = _band(args, schedule, costs, comms=comms is not None)
     if args.json:
         result = simulation.metrics.to_dict() | span_metrics(simulation.trace).to_dict()
+        if iterations is not None:
+            result["iterations"] = iterations.to_dict()
         if comms is not None:
             sends, receives = comms_counts(comms)
             result["comms"] = {"sends": sends, "receives": receives, "blocking_receives": blocking}
@@ -128,9 +139,26 @@ def run(args: argparse.Namespace) -> int:
             f"bubble against it {float(spans.bubble_ratio):.1%} (the zero-bubble paper's "
             "metric: a rank's first start to its last end)"
         )
+    if iterations is not None:
+        print(format_iterations(iterations))
     if band is not None:
         print(format_band(*band, time_unit=costs.time_unit, source=args.costs))
     return _checked_fit(args, simulation)
+
+
+def format_iterations(iterations: Any, /) -> str:
+    """The K-iteration run in three lines: its makespan and each step's, and the
+    steady-state period with its bubble (docs/steady-state.md)."""
+    unit = iterations.costs.time_unit
+    steps = [_fmt(iterations.step_makespan(k)) for k in range(iterations.steps)]
+    shown = ", ".join(steps[:8]) + (", ..." if len(steps) > 8 else "")
+    period = iterations.period
+    return (
+        f"{iterations.steps} iteration{'s' if iterations.steps != 1 else ''}, optimizer sync "
+        f"{iterations.sync}: makespan {_time(iterations.makespan, unit)} (steps {shown})\n"
+        f"steady-state iteration period {_time(period.period, unit)}, bubble against it "
+        f"{float(iterations.period_bubble_ratio()):.1%}\n  {period.describe()}"
+    )
 
 
 def _band(

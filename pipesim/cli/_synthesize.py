@@ -18,8 +18,10 @@ from pipesim.cli._progress import Progress, wanted
 from pipesim.costs import CostModel
 from pipesim.errors import PipesimError
 from pipesim.exact import as_number
+from pipesim.iterations import DEFAULT_SYNC, SYNCS
 from pipesim.schedule_io import save_schedule
 from pipesim.synth import PLACEMENTS, SynthesisResult, synthesize
+from pipesim.synth.synthesize import OBJECTIVES
 from pipesim.text_table import format_table
 from pipesim.units import unit_suffix
 
@@ -77,6 +79,21 @@ def register(subparsers: Any) -> None:
         "--quick",
         action="store_true",
         help="try only the greedy policies that win most often (faster for large p and m)",
+    )
+    search.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="step",
+        help="minimize one step's makespan (step, default) or the steady-state iteration "
+        "period under --optimizer-sync (period; with post-validation the longest per-rank "
+        "span, the zero-bubble paper's cost)",
+    )
+    search.add_argument(
+        "--optimizer-sync",
+        choices=SYNCS,
+        default=DEFAULT_SYNC,
+        help=f"the optimizer synchronization the period objective assumes (default "
+        f"{DEFAULT_SYNC}, Megatron-LM's; docs/steady-state.md)",
     )
     search.add_argument(
         "--time-limit",
@@ -146,6 +163,8 @@ def _synthesize(
         quick=args.quick,
         overlap_fb=args.overlap_fb,
         progress=progress,
+        objective=args.objective,
+        sync=args.optimizer_sync,
     )
 
 
@@ -184,6 +203,13 @@ def format_result(result: SynthesisResult) -> str:
     lines.append(
         f"lower bound {_fmt(result.lower_bound)}{unit}: gap {float(result.gap):.1%}{proof}"
     )
+    if result.iterations is not None:
+        it = result.iterations
+        lines.append(
+            f"chosen by the steady-state iteration period ({it.sync} sync): "
+            f"{_fmt(it.period.period)}{unit}, bubble against it "
+            f"{float(it.period_bubble_ratio()):.1%} (the bound is one step's)"
+        )
     return "\n".join(lines)
 
 

@@ -8,14 +8,17 @@ from typing import Any
 from pipesim.cli._common import (
     add_comms_arguments,
     add_cost_arguments,
+    add_iteration_arguments,
     add_schedule_arguments,
     check_suffix,
     comms_from_args,
     costs_from_args,
     describe_comms,
+    iterations_from_args,
     receive_mode,
     schedule_from_args,
 )
+from pipesim.exact import as_number
 
 
 def register(subparsers: Any) -> None:
@@ -42,11 +45,13 @@ def register(subparsers: Any) -> None:
         "microseconds, converted from --time-unit (abstract units are drawn as seconds)",
     )
     add_comms_arguments(parser)
+    add_iteration_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipesim.engine import simulate
+    from pipesim.errors import PipesimError
     from pipesim.export import write_chrome_trace
 
     check_suffix(args.output, (".json",), verb="trace", what="Chrome trace event JSON")
@@ -54,9 +59,19 @@ def run(args: argparse.Namespace) -> int:
     comms = comms_from_args(args)
     blocking = receive_mode(args, [comms])
     costs = costs_from_args(args, schedule)
-    simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
+    if comms is not None and (args.steps is not None or args.optimizer_sync is not None):
+        raise PipesimError(
+            "--steps and --optimizer-sync trace a compute schedule's iterations; trace the "
+            "compute schedule the comms CSV was lowered from"
+        )
+    iterations = iterations_from_args(args, schedule, costs)
+    if iterations is not None:  # K iterations as one run, with an optimizer slice each
+        simulation = iterations.simulation
+        path = write_chrome_trace(simulation, args.output, optimizer=iterations.optimizer)
+    else:
+        simulation = simulate(comms or schedule, costs=costs, blocking_receives=blocking)
+        path = write_chrome_trace(simulation, args.output)
     unit = simulation.costs.time_unit
-    path = write_chrome_trace(simulation, args.output)
     trace = simulation.trace
     scale = "abstract units drawn as 1 s each" if unit == "unit" else f"times in {unit}"
     print(
@@ -66,4 +81,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if comms is not None:
         print(f"  {describe_comms(comms, blocking_receives=blocking)}")
+    if iterations is not None:
+        print(
+            f"  {iterations.steps} iterations, optimizer sync {iterations.sync}: "
+            f"{len(iterations.optimizer)} optimizer steps; steady-state period "
+            f"{as_number(iterations.period.period)} {unit}"
+        )
     return 0

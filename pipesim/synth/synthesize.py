@@ -33,6 +33,13 @@ from pipesim.costs import CostModel
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.exact import Time, as_number
 from pipesim.graph import validate
+from pipesim.iterations import (
+    DEFAULT_SYNC,
+    Iterations,
+    check_sync,
+    simulate_iterations,
+    steady_period,
+)
 from pipesim.memory import stage_effects, work_effect
 from pipesim.metrics import Metrics
 from pipesim.plan.fastsim import StepResult, compile_schedule, evaluate, metrics_of
@@ -65,6 +72,14 @@ class Candidate:
     peak_activation_bytes: tuple[int, ...]
     fits: bool
     """Whether every rank's peak is within the limit."""
+    period: Time | None = None
+    """The steady-state iteration period (:mod:`pipesim.iterations`), when the objective
+    is ``period``."""
+
+
+#: What synthesis minimizes: one step's makespan, or the steady-state iteration period
+#: under an optimizer synchronization (:mod:`pipesim.iterations`).
+OBJECTIVES = ("step", "period")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +104,11 @@ class SynthesisResult:
     """The fastest built-in schedule that fits the limit (None if none does)."""
     best_builtin_metrics: Metrics | None
     """Its metrics under the problem's costs."""
+    objective: str = "step"
+    """What was minimized (:data:`OBJECTIVES`)."""
+    iterations: Iterations | None = None
+    """With the ``period`` objective: the winner's iterations re-simulated by the engine
+    under the synchronization asked for (its period and the bubble against it)."""
 
     @property
     def gap(self) -> Fraction:
@@ -117,10 +137,16 @@ class SynthesisResult:
                 else self.best_builtin_metrics.to_dict(),
                 "candidates": [
                     {"name": c.name, "makespan": as_number(c.makespan), "fits": c.fits}
+                    | ({} if c.period is None else {"period": as_number(c.period)})
                     for c in self.candidates
                 ],
+                "objective": self.objective,
             }
         )
+        if self.iterations is not None:
+            data["optimizer_sync"] = self.iterations.sync
+            data["period"] = as_number(self.iterations.period.period)
+            data["period_bubble_ratio"] = float(self.iterations.period_bubble_ratio())
         return data
 
 
@@ -138,6 +164,8 @@ def synthesize(
     quick: bool = False,
     overlap_fb: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    objective: str = "step",
+    sync: str = DEFAULT_SYNC,
 ) -> SynthesisResult:
     """Make a schedule for these costs that holds at most ``memory_limit`` per rank.
 
@@ -150,8 +178,18 @@ def synthesize(
     full backward as one overlapped unit (DualPipe's F&B pair, priced by
     ``StageCost.overlap``); the candidates without pairs stay, so it is never slower.
     ``progress(done, total)`` is called as each candidate (greedy policy, registered
-    schedule, the exact solver) is done, e.g. for the CLI's progress bar.
+    schedule, the exact solver) is done, e.g. for the CLI's progress bar. ``objective``
+    ``period`` ranks the candidates by their steady-state iteration period under the
+    optimizer synchronization ``sync`` (:mod:`pipesim.iterations`) instead of one step's
+    makespan: with ``post-validation`` the next iteration's work fills a step's fill and
+    drain, so the longest per-rank span counts, as the zero-bubble paper's scheduler does.
     """
+    if objective not in OBJECTIVES:
+        raise PipesimError(
+            f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}: step (one "
+            "step's makespan) or period (the steady-state iteration period)"
+        )
+    check_sync(sync)
     problem = make_problem(
         n_ranks=n_ranks,
         n_microbatches=n_microbatches,
@@ -169,7 +207,25 @@ def synthesize(
         quick=quick,
         progress=progress,
     )
-    return _result(problem, pool, _choose(problem, pool.candidates))
+    if objective == "period":
+        pool = replace(pool, candidates=_with_periods(problem, pool.candidates, sync))
+    result = _result(problem, pool, _choose(problem, pool.candidates))
+    if objective == "step":
+        return result
+    iterations = simulate_iterations(result.schedule, costs=problem.costs, sync=sync)
+    return replace(result, objective=objective, iterations=iterations)
+
+
+def _with_periods(problem: Problem, candidates: list[Candidate], sync: str) -> list[Candidate]:
+    """The fitting candidates with their steady-state periods (the others are dropped)."""
+    return [
+        replace(
+            c,
+            period=steady_period(c.schedule, costs=problem.costs, sync=sync, check=False).period,
+        )
+        for c in candidates
+        if c.fits
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,7 +309,7 @@ def _choose(problem: Problem, candidates: list[Candidate]) -> _Choice:
         candidates = [
             c
             if c.builtin or c.name == "exact"
-            else evaluate_candidate(problem, c.schedule, name=c.name)
+            else replace(evaluate_candidate(problem, c.schedule, name=c.name), period=c.period)
             for c in candidates
         ]
         fitting = [c for c in candidates if c.fits]
@@ -401,8 +457,11 @@ def _fits(problem: Problem, peaks: tuple[int, ...]) -> bool:
     return all(b <= limit for b, limit in zip(peaks, problem.limit_bytes, strict=True))
 
 
-def _rank(candidate: Candidate) -> tuple[Time, int, bool]:
-    return (candidate.makespan, max(candidate.peak_activation_bytes), candidate.builtin)
+def _rank(candidate: Candidate) -> tuple[Time, Time, int, bool]:
+    """Period first where known (the ``period`` objective), then makespan, memory, and a
+    synthesized schedule before a built-in."""
+    period = candidate.makespan if candidate.period is None else candidate.period
+    return (period, candidate.makespan, max(candidate.peak_activation_bytes), candidate.builtin)
 
 
 def evaluate_candidate(problem: Problem, schedule: Schedule, *, name: str) -> Candidate:

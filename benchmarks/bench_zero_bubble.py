@@ -1,0 +1,125 @@
+"""The zero-bubble paper's Table 5 bubble rates beside pipesim's.
+
+Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv 2401.10241): Table 6
+profiles T_F, T_B (the input-gradient half), T_W and T_comm per model; Table 5 gives the
+bubble rate ``(cost - m (T_F + T_B + T_W)) / cost`` where ``cost`` is the longest
+per-stage span (first start to last end of one stage), for 1F1B, ZB-H1, ZB-H2 and the
+automatic ZB-1p / ZB-2p (memory of 1F1B, twice 1F1B's). This benchmark uses the rows
+m = 3p with each model's profiled times (the times the paper lists for that model), as
+pipesim costs: F = T_F, I = T_B, W = T_W, B = T_B + T_W, every message T_comm of latency.
+
+Printed per row: the paper's figure and pipesim's for each schedule, by the paper's
+metric (``pipesim.metrics.span_metrics``); for ZB-1p and ZB-2p pipesim's own
+``synthesize --objective period --optimizer-sync post-validation`` at memory limits p and
+2p, whose figure is the bubble against its steady-state iteration period (with
+post-validation the next iteration's work starts as each rank ends, so the period is the
+span the paper counts: pipesim.iterations), its winner, and the bubble against the
+period of the hand-made schedules under post-validation and under a global sync
+(Megatron-LM's default, which waits for the whole step). Machine load and the wall time
+of each row come first and last.
+
+Run: ``python benchmarks/bench_zero_bubble.py [--quick]`` (``--quick``: the 8-stage rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from fractions import Fraction
+
+from pipesim.costs import CostModel, Link
+from pipesim.engine import simulate
+from pipesim.iterations import steady_period
+from pipesim.metrics import span_metrics
+from pipesim.schedules import generate
+from pipesim.synth import synthesize
+
+#: Table 6 (profiled milliseconds): model -> (p, m, T_F, T_B, T_W, T_comm), at m = 3p.
+TABLE_6 = {
+    "1.5B": (8, 24, "18.522", "18.086", "9.337", "0.601"),
+    "6.2B": (8, 24, "29.718", "29.444", "19.927", "0.527"),
+    "14.6B": (16, 48, "11.347", "11.248", "8.132", "0.377"),
+    "28.3B": (32, 96, "10.419", "10.207", "7.715", "0.408"),
+}
+#: Table 5's bubble rates at those rows: 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p.
+TABLE_5 = {
+    "1.5B": (0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
+    "6.2B": (0.2347, 0.1323, 0.0698, 0.1323, 0.0029),
+    "14.6B": (0.2552, 0.1397, 0.0672, 0.1397, 0.0066),
+    "28.3B": (0.2646, 0.1421, 0.0641, 0.1421, 0.0038),
+}
+SCHEDULES = ("1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+
+
+def paper_costs(model: str) -> tuple[int, int, CostModel]:
+    """``(p, m, costs)`` of a Table 6 row."""
+    p, m, f, b, w, comm = TABLE_6[model]
+    costs = CostModel.uniform(
+        forward=Fraction(f),
+        input_grad=Fraction(b),
+        weight_grad=Fraction(w),
+        backward=Fraction(b) + Fraction(w),
+        link=Link(latency=Fraction(comm)),
+        time_unit="ms",
+    )
+    return p, m, costs
+
+
+def _period_bubble(busy: Fraction | int, n_ranks: int, period: Fraction | int) -> float:
+    return float(1 - Fraction(busy) / (n_ranks * period))
+
+
+def row(model: str) -> tuple[list[str], float]:
+    """One printed row per schedule of ``model``, and its wall seconds."""
+    started = time.perf_counter()
+    p, m, costs = paper_costs(model)
+    busy = m * p * (costs.stage(0).forward + costs.stage(0).input_grad + costs.stage(0).weight_grad)
+    lines = []
+    for label, name, paper in zip(
+        SCHEDULES[:3], ("1f1b", "zb-h1", "zb-h2"), TABLE_5[model], strict=False
+    ):
+        schedule = generate(name, n_ranks=p, n_microbatches=m)
+        sim = simulate(schedule, costs=costs)
+        span = float(span_metrics(sim.trace).bubble_ratio)
+        post = steady_period(schedule, costs=costs, sync="post-validation", check=False)
+        lines.append(
+            f"  {label:6} paper {paper:.4f}  pipesim {span:.4f} ({span - paper:+.4f})  "
+            f"period bubble: post-validation {_period_bubble(busy, p, post.period):.4f}, "
+            f"global {float(sim.metrics.bubble_ratio):.4f}"
+        )
+    for label, limit, paper in zip(SCHEDULES[3:], (p, 2 * p), TABLE_5[model][3:], strict=True):
+        result = synthesize(
+            n_ranks=p,
+            n_microbatches=m,
+            memory_limit=limit,
+            costs=costs,
+            objective="period",
+            sync="post-validation",
+        )
+        assert result.iterations is not None
+        ours = float(result.iterations.period_bubble_ratio())
+        lines.append(
+            f"  {label:6} paper {paper:.4f}  pipesim {ours:.4f} ({ours - paper:+.4f})  "
+            f"synthesize --objective period at {limit} micro-batches: {result.winner}; "
+            f"one-step bubble {float(result.metrics.bubble_ratio):.4f}"
+        )
+    return lines, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the 8-stage rows")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
+    print("zero-bubble paper Table 5 (bubble against the longest per-stage span) vs pipesim")
+    models = [m for m in TABLE_6 if not args.quick or TABLE_6[m][0] == 8]
+    for model in models:
+        p, m, *_ = TABLE_6[model]
+        lines, seconds = row(model)
+        print(f"{model} p={p} m={m} ({seconds:.1f} s)")
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
