@@ -52,6 +52,7 @@ import heapq
 import io
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -60,7 +61,7 @@ import networkx as nx
 from pipesim.actions import Action, Comm, CommOp, Op, Work, parse_action
 from pipesim.csv_rows import check_last_row, read_rows
 from pipesim.errors import DeadlockError, ParseError, ScheduleError, summarise
-from pipesim.graph import validate
+from pipesim.graph import check_structure, validate
 from pipesim.schedule import Schedule
 from pipesim.structure import StepStructure, step_structure
 
@@ -157,8 +158,14 @@ def global_order(schedule: Schedule, /) -> tuple[Work, ...]:
     >>> [str(w) for w in global_order(generate("gpipe", n_ranks=2, n_microbatches=2))]
     ['0F0', '1F0', '0F1', '1F1', '1B0', '0B0', '1B1', '0B1']
     """
-    validate(schedule)
     structure = step_structure(schedule)
+    check_structure(schedule, structure)
+    return _global_order(structure)
+
+
+def _global_order(structure: StepStructure) -> tuple[Work, ...]:
+    """:func:`global_order` of a validated structure: ready work by (position in its
+    rank's order, rank), a heap-ordered topological sort."""
     succ = structure.successors()
     indegree = [0] * structure.n_nodes
     for targets in succ:
@@ -185,13 +192,22 @@ def messages(schedule: Schedule, /) -> tuple[Message, ...]:
     >>> [str(m) for m in messages(generate("gpipe", n_ranks=2, n_microbatches=1))]
     ['0F0 -> 1F0 (rank 0 -> 1)', '1B0 -> 0B0 (rank 1 -> 0)']
     """
+    structure = step_structure(schedule)
+    check_structure(schedule, structure)
+    return _messages(schedule, structure, _global_order(structure))
+
+
+def _messages(
+    schedule: Schedule, structure: StepStructure, order: Sequence[Work]
+) -> tuple[Message, ...]:
+    """:func:`messages` from a validated structure and its global order."""
     by_producer: dict[Action, list[Action]] = defaultdict(list)
     # The dependency rules are pipesim.dependencies'; a hand-over is a data edge between two stages.
-    for _, _, producer, consumer in step_structure(schedule).data_edges():
+    for _, _, producer, consumer in structure.data_edges():
         if producer.stage != consumer.stage:
             by_producer[producer].append(consumer)
     found: list[Message] = []
-    for work in global_order(schedule):
+    for work in order:
         for part in work.parts:
             for consumer in by_producer.get(part, ()):
                 found.append(
@@ -224,12 +240,15 @@ class CommSchedule:
 def lower_comms(schedule: Schedule, /) -> CommSchedule:
     """Place a SEND after each producer and its RECV at the same point of the global order
     (torch's ``_add_send_recv``); see the module docstring for why this cannot deadlock."""
+    structure = step_structure(schedule)  # built and validated once for the whole lowering
+    check_structure(schedule, structure)
+    order = _global_order(structure)
     produced: dict[Action, list[Message]] = defaultdict(list)
-    for message in messages(schedule):
+    for message in _messages(schedule, structure, order):
         if message.crosses_ranks:
             produced[message.producer].append(message)
     programs: list[list[Step]] = [[] for _ in range(schedule.n_ranks)]
-    for work in global_order(schedule):
+    for work in order:
         programs[schedule.rank_of(work.parts[0].stage)].append(work)
         for part in work.parts:
             for message in produced.get(part, ()):

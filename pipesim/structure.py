@@ -37,7 +37,7 @@ from pipesim.numbering import (
     part_keys,
 )
 from pipesim.schedule import Schedule
-from pipesim.wiring import Message, message_row, place_comms, wire
+from pipesim.wiring import Edges, Message, message_row, place_comms, wire
 
 __all__ = ["StepStructure", "step_structure"]
 
@@ -116,6 +116,7 @@ class StepStructure:
     _order: list[Sequence[int] | None] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
+    _edges: list[Edges] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def topological(self) -> Sequence[int] | None:
@@ -201,18 +202,28 @@ class StepStructure:
     def data_edges(self) -> Iterator[tuple[int, int, Action, Action]]:
         """Every data dependency present, same rank or not, as (producer node, consumer
         node, producer, consumer); cross-rank ones are the messages, in the same order."""
-        numbering = _numbering_of(self)
-        wiring = wire(
-            self.schedule, self.works, self.orders, self.ranks, numbering, keep_edges=True
-        )
-        edges, works = wiring.edges, self.works
-        assert edges is not None
+        edges, works = self._edge_list(), self.works
         for e, (source, node) in enumerate(zip(edges.sources, edges.consumers, strict=True)):
             parts = edges.parts.get(e)
             if parts is None:
                 yield source, node, works[source], works[node]  # type: ignore[misc]
             else:
                 yield source, node, parts[0], parts[1]
+
+    def _edge_list(self) -> Edges:
+        """The wiring's data edges, wired when first asked for and kept."""
+        if not self._edges:
+            wiring = wire(
+                self.schedule,
+                self.works,
+                self.orders,
+                self.ranks,
+                _numbering_of(self),
+                keep_edges=True,
+            )
+            assert wiring.edges is not None
+            self._edges.append(wiring.edges)
+        return self._edges[0]
 
     def successors(self) -> list[list[int]]:
         """Adjacency lists over order, data and extra edges (may repeat an edge)."""
