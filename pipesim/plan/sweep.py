@@ -494,11 +494,12 @@ def _paired(
         pass_parts((x.input_grad for x in stage), deferrable=(x.weight_grad for x in stage))
         for stage in kinds
     ]
-    per_copy = len(sizes)
+    copies = len(stages) // len(sizes)  # every copy's stages cut the layers alike
+    forward, backward = forward * copies, backward * copies
     out = []
     for s, stage in enumerate(stages):
         partner = partners[s]
-        f, bw = forward[s % per_copy], backward[partner % per_copy]
+        f, bw = forward[s], backward[partner]
         if partner < 0 or f.all_to_all_s + bw.all_to_all_s == 0:
             out.append(stage)
             continue
