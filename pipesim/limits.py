@@ -32,7 +32,7 @@ limit                         value              what it bounds
 Traceback (most recent call last):
 ...
 pipesim.errors.LimitError: stage 10000000000000000000000000 is above pipesim's limit of \
-65535 (MAX_STAGES in pipesim.limits); see the README's "Limits"
+65535 (MAX_STAGES in pipesim.limits); see docs/guide/limits.md
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 #: Nesting of JSON arrays and objects (pipesim's own files nest 3 deep).
 MAX_JSON_DEPTH = 64
 
-_SEE = 'see the README\'s "Limits"'
+_SEE = "see docs/guide/limits.md"
 
 
 def as_int(value: object) -> int | None:

@@ -191,7 +191,8 @@ def test_help_and_readme_state_the_exit_statuses(capsys: pytest.CaptureFixture[s
     text = " ".join(capsys.readouterr().out.split())
     assert "0 the sweep finished: a recommendation, or why there is none" in text
     assert "1 with --require-fit (for CI): no configuration is recommended" in text
-    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    page = Path(__file__).parent.parent / "docs" / "guide" / "plan.md"
+    readme = " ".join(page.read_text().split())
     assert "`plan` exits 0 when the sweep finished, whatever it found" in readme
     assert "with `--require-fit`, 1 when no configuration is recommended" in readme
 

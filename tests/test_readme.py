@@ -1,7 +1,8 @@
-"""The README's commands run as printed: every ``pipesim`` line of its ``sh`` blocks, in
-order, in one folder (a later line may read what an earlier one wrote, as a reader's
-would); the transcript of its ``text`` block is what ``pipesim`` prints; its cost file
-example loads; its Python example gives the values its comments state.
+"""The manual's commands run as printed: every ``pipesim`` line of the ``sh`` blocks of the
+README and of docs/guide/, in reading order, in one folder (a later line may read what
+an earlier one wrote, as a reader's would); the transcript of the README's ``text`` block
+is what ``pipesim`` prints; the cost file examples of docs/guide/costs.md load; the
+README's Python example gives the values its comments state.
 
 A few lines are left to the tests that already run them (GPUs, several processes,
 minutes of measuring); :data:`ELSEWHERE` names each with its reason, and a line listed
@@ -22,7 +23,26 @@ import pytest
 
 from pipesim.cli import main
 
-README = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The guide's pages in the order the README's table of verbs sends a reader through them.
+GUIDE = [
+    ROOT / "docs" / "guide" / f"{name}.md"
+    for name in (
+        "simulate",
+        "schedules",
+        "costs",
+        "schedule-files",
+        "plot",
+        "verify",
+        "synthesize",
+        "calibrate",
+        "plan",
+        "limits",
+        "development",
+    )
+]
+MANUAL = "\n".join([README, *(page.read_text(encoding="utf-8") for page in GUIDE)])
 
 #: README lines run elsewhere, by the start of the line, with where and why.
 ELSEWHERE = {
@@ -44,10 +64,10 @@ ELSEWHERE = {
 
 
 def _commands(kind: str) -> list[str]:
-    """The command lines of the README's ``kind`` blocks, continuations joined, comments
+    """The command lines of the manual's ``kind`` blocks, continuations joined, comments
     dropped, ``a && b`` split."""
     lines = []
-    for body in re.findall(rf"```{kind}\n(.*?)```", README, re.S):
+    for body in re.findall(rf"```{kind}\n(.*?)```", MANUAL, re.S):
         for line in body.replace("\\\n", " ").splitlines():
             command = re.sub(r"\s+#.*$", "", line).strip()
             lines += [part.strip() for part in command.split(" && ") if part.strip()]
@@ -75,9 +95,9 @@ def test_every_sh_command_runs_as_printed(tmp_path: Path, monkeypatch: pytest.Mo
             skipped.add(reason)
             continue
         status, _, err = _run(shlex.split(command)[1:])
-        assert status == 0, f"README: `{command}` exits {status}: {err}"
+        assert status == 0, f"manual: `{command}` exits {status}: {err}"
         ran.append(command)
-    assert skipped == set(ELSEWHERE), f"no longer in the README: {set(ELSEWHERE) - skipped}"
+    assert skipped == set(ELSEWHERE), f"no longer in the manual: {set(ELSEWHERE) - skipped}"
     verbs = {c.split()[1] for c in ran}
     assert {"schedules", "simulate", "schedule", "validate", "plot", "trace"} <= verbs
     assert {"verify", "synthesize", "plan"} <= verbs and len(ran) >= 20
@@ -95,7 +115,8 @@ def test_the_transcript_is_what_pipesim_prints() -> None:
 
 
 def test_the_cost_file_examples_load(tmp_path: Path) -> None:
-    whole, links = re.findall(r"```json\n(.*?)```", README, re.S)
+    costs_page = (ROOT / "docs" / "guide" / "costs.md").read_text(encoding="utf-8")
+    whole, links = re.findall(r"```json\n(.*?)```", costs_page, re.S)
     path = tmp_path / "costs.json"
     path.write_text(whole)
     status, out, err = _run(["simulate", "1f1b", "-p", "2", "-m", "4", "--costs", str(path)])

@@ -111,13 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         return _fail(
             "pipesim: error: out of memory: the input is larger than this machine can hold; "
-            'use fewer ranks, stages or micro-batches (see the README\'s "Limits")',
+            "use fewer ranks, stages or micro-batches (see docs/guide/limits.md)",
             debug=debug,
         )
     except RecursionError:
         return _fail(
             "pipesim: error: the input nests too deeply to process (Python's recursion limit); "
-            'flatten it (see the README\'s "Limits")',
+            "flatten it (see docs/guide/limits.md)",
             debug=debug,
         )
     except Exception as exc:  # a bug in pipesim, not in the input
