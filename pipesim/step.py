@@ -56,12 +56,12 @@ from pipesim.exact import Time
 from pipesim.memory import NO_EFFECT, Effect
 from pipesim.schedule import Schedule
 from pipesim.structure import StepStructure, step_structure
-from pipesim.wiring import Message
+from pipesim.wiring import MessageRow
 
 __all__ = [
     "CompiledStep",
     "CostTables",
-    "Message",
+    "MessageRow",
     "StepRow",
     "StepStructure",
     "comm_durations",

@@ -37,7 +37,7 @@ from pipesim.numbering import (
     part_keys,
 )
 from pipesim.schedule import Schedule
-from pipesim.wiring import Edges, Message, message_row, place_comms, wire
+from pipesim.wiring import Edges, MessageRow, message_row, place_comms, wire
 
 __all__ = ["StepStructure", "step_structure"]
 
@@ -162,8 +162,8 @@ class StepStructure:
         return len(self.producers) + len(self.signals)
 
     @property
-    def messages(self) -> Sequence[Message]:
-        """The messages as :class:`Message` rows, made when read (the step keeps columns)."""
+    def messages(self) -> Sequence[MessageRow]:
+        """Every message as a :class:`MessageRow`, made when read (the step keeps columns)."""
         return _Messages(self)
 
     @property
@@ -239,7 +239,7 @@ class StepStructure:
         return succ
 
 
-class _Messages(Sequence[Message]):
+class _Messages(Sequence[MessageRow]):
     """``StepStructure.messages``: rows made from the message columns when read."""
 
     __slots__ = ("_s",)
@@ -251,19 +251,19 @@ class _Messages(Sequence[Message]):
         return len(self._s.producers)
 
     @overload
-    def __getitem__(self, index: int) -> Message: ...
+    def __getitem__(self, index: int) -> MessageRow: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: slice) -> Sequence[MessageRow]: ...
 
-    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+    def __getitem__(self, index: int | slice) -> MessageRow | Sequence[MessageRow]:
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         s = self._s
         source, node = s.producers[index], s.consumers[index]
         return message_row(s.works, s.ranks, s.message_parts, index % len(self), source, node)
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[MessageRow]:
         return (self[i] for i in range(len(self)))
 
 

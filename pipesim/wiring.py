@@ -31,12 +31,14 @@ from pipesim.dependencies import prerequisites
 from pipesim.numbering import Numbering, part_of
 from pipesim.schedule import Schedule
 
-__all__ = ["Edges", "Message", "Wiring", "message_row", "place_comms", "wire"]
+__all__ = ["Edges", "MessageRow", "Wiring", "message_row", "place_comms", "wire"]
 
 
-class Message(NamedTuple):
-    """A cross-rank data message: ``consumer`` (on ``dst_rank``) needs ``producer``'s
-    output (on ``src_rank``). Its id is its index in ``StepStructure.messages``."""
+class MessageRow(NamedTuple):
+    """A cross-rank data message as the compiled step numbers it: ``consumer`` (on
+    ``dst_rank``) needs ``producer``'s output (on ``src_rank``), with both nodes. Its id is
+    its index in ``StepStructure.messages``. (:class:`pipesim.comms.Message` is the same
+    hand-over as a schedule names it, with its SEND and RECV.)"""
 
     producer: Action
     consumer: Action
@@ -53,11 +55,11 @@ def message_row(
     message: int,
     source: int,
     node: int,
-) -> Message:
+) -> MessageRow:
     """Message ``message`` from node ``source`` to node ``node`` as a row."""
     parts = message_parts.get(message)
     producer, consumer = (works[source], works[node]) if parts is None else parts
-    return Message(producer, consumer, source, node, ranks[source], ranks[node])  # type: ignore[arg-type]
+    return MessageRow(producer, consumer, source, node, ranks[source], ranks[node])  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +187,7 @@ def _need_offsets(schedule: Schedule, numbering: Numbering) -> list[tuple[int, .
 def place_comms(
     programs: Sequence[Sequence[Work | Comm]],
     orders: Sequence[range],
-    messages: Sequence[Message],
+    messages: Sequence[MessageRow],
     inputs: list[tuple[int, ...]],
     outputs: list[tuple[int, ...]],
     *,
