@@ -37,7 +37,7 @@ from pipesim.numbering import (
     part_keys,
 )
 from pipesim.schedule import Schedule
-from pipesim.wiring import Edges, MessageRow, message_row, place_comms, wire
+from pipesim.wiring import Edges, MessageRow, Wiring, message_row, place_comms, wire
 
 __all__ = ["StepStructure", "step_structure"]
 
@@ -318,32 +318,10 @@ def step_structure(
     >>> s.inputs[s.node_of(Action(stage=1, op=Op.F, microbatch=0))]  # its RECV waits instead
     ()
     """
-    works = tuple(itertools.chain.from_iterable(schedule.orders))
-    ranks: list[int] = []
-    positions = array("l")
-    orders: list[range] = []
-    for rank, order in enumerate(schedule.orders):
-        first = len(ranks)
-        ranks += [rank] * len(order)
-        positions.extend(range(len(order)))
-        orders.append(range(first, len(ranks)))
+    works, ranks, positions, orders = _rank_layout(schedule)
     numbering = number_works(schedule, works)
     wiring = wire(schedule, works, orders, ranks, numbering)
-    back_edge = wiring.back_edge
-    extra_edges: list[tuple[int, int]] = []
-    signals: list[tuple[int, int]] = []
-    for a, b in schedule.happens_before:
-        a_node, b_node = node_of_action(numbering, a), node_of_action(numbering, b)
-        if a_node is None or b_node is None:
-            continue
-        extra_edges.append((a_node, b_node))
-        if ranks[a_node] == ranks[b_node]:
-            back_edge = back_edge or positions[a_node] > positions[b_node]
-            continue
-        arrival = len(wiring.producers) + len(signals)
-        signals.append((a_node, b_node))
-        wiring.outputs[a_node] += (arrival,)
-        wiring.inputs[b_node] += (arrival,)
+    extra_edges, signals, back_edge = _happens_before(schedule, numbering, wiring, ranks, positions)
     programs_of: tuple[Sequence[int], ...] = tuple(orders)
     comms: tuple[Comm, ...] = ()
     comm_ranks: tuple[int, ...] = ()
@@ -382,7 +360,7 @@ def step_structure(
         overlaps=numbering.overlaps,
         pairs=wiring.pairs,
         pair_of=wiring.pair_of,
-        back_edge=back_edge,
+        back_edge=back_edge or wiring.back_edge,
         programs=programs_of,
         comms=comms,
         comm_ranks=comm_ranks,
@@ -390,6 +368,51 @@ def step_structure(
         explicit_comms=programs is not None,
         blocking_receives=programs is not None and blocking_receives,
     )
+
+
+def _rank_layout(
+    schedule: Schedule,
+) -> tuple[tuple[Work, ...], list[int], array[int], list[range]]:
+    """Every unit of work in rank order, with its rank and position, and each rank's run
+    of nodes."""
+    works = tuple(itertools.chain.from_iterable(schedule.orders))
+    ranks: list[int] = []
+    positions = array("l")
+    orders: list[range] = []
+    for rank, order in enumerate(schedule.orders):
+        first = len(ranks)
+        ranks += [rank] * len(order)
+        positions.extend(range(len(order)))
+        orders.append(range(first, len(ranks)))
+    return works, ranks, positions, orders
+
+
+def _happens_before(
+    schedule: Schedule,
+    numbering: Numbering,
+    wiring: Wiring,
+    ranks: Sequence[int],
+    positions: Sequence[int],
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bool]:
+    """The schedule's ``happens_before`` pairs as edges; a cross-rank one is also a signal
+    (an arrival its target waits for, added to the wiring's inputs and outputs). Returns
+    the edges, the signals, and whether one orders a rank's work against its order."""
+    extra_edges: list[tuple[int, int]] = []
+    signals: list[tuple[int, int]] = []
+    back_edge = False
+    for a, b in schedule.happens_before:
+        a_node, b_node = node_of_action(numbering, a), node_of_action(numbering, b)
+        if a_node is None or b_node is None:
+            continue
+        extra_edges.append((a_node, b_node))
+        if ranks[a_node] == ranks[b_node]:
+            back_edge = back_edge or positions[a_node] > positions[b_node]
+            continue
+        arrival = len(wiring.producers) + len(signals)
+        signals.append((a_node, b_node))
+        wiring.outputs[a_node] += (arrival,)
+        wiring.inputs[b_node] += (arrival,)
+    return extra_edges, signals, back_edge
 
 
 def _topological_order(
