@@ -98,7 +98,9 @@ def row(model: str) -> tuple[list[str], float]:
             sync="post-validation",
         )
         assert result.iterations is not None
-        ours = float(result.iterations.period_bubble_ratio())
+        ratio = result.iterations.period_bubble_ratio()
+        assert ratio is not None
+        ours = float(ratio)
         lines.append(
             f"  {label:6} paper {paper:.4f}  pipesim {ours:.4f} ({ours - paper:+.4f})  "
             f"synthesize --objective period at {limit} micro-batches: {result.winner}; "

@@ -129,7 +129,9 @@ class Iterations:
     simulation: Simulation
     """All K steps as one: the schedule unrolled (:func:`unrolled`), its trace and metrics
     (the optimizer steps are in ``optimizer``, not in the trace)."""
-    period: Period
+    period: Period | None
+    """The steady-state period; None when it did not repeat (``no_period`` says why)."""
+    no_period: str = ""
 
     @property
     def steps(self) -> int:
@@ -151,13 +153,25 @@ class Iterations:
         trace = self.traces[iteration]
         return trace.makespan - min(self.starts(iteration))
 
-    def period_bubble_ratio(self) -> Fraction:
+    def period_bubble_ratio(self) -> Fraction | None:
         """Idle share of ranks x the period: ``1 - busy / (n_ranks * period)``, busy one
-        iteration's work and optimizer steps on every rank."""
+        iteration's work and optimizer steps on every rank (None without a period)."""
+        if self.period is None:
+            return None
         busy = sum(self.traces[0].totals().busy, start=0)
         busy += sum((o.end - o.start for o in self.optimizer if o.iteration == 0), start=0)
         capacity = self.schedule.n_ranks * self.period.period
         return Fraction(0) if not capacity else 1 - Fraction(busy) / Fraction(capacity)
+
+    def _period_dict(self) -> dict[str, Any]:
+        period = self.period
+        return {
+            "period": None if period is None else as_number(period.period),
+            "period_first_iteration": None if period is None else period.first,
+            "period_cycle": None if period is None else period.cycle,
+            "period_found": self.no_period if period is None else period.describe(),
+            "period_bubble_ratio": _no_none(self.period_bubble_ratio()),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The ``iterations`` object of ``simulate --json`` (docs/steady-state.md)."""
@@ -166,11 +180,7 @@ class Iterations:
             "optimizer_sync": self.sync,
             "step_makespans": [as_number(self.step_makespan(k)) for k in range(self.steps)],
             "iteration_starts": [[as_number(t) for t in self.starts(k)] for k in range(self.steps)],
-            "period": as_number(self.period.period),
-            "period_first_iteration": self.period.first,
-            "period_cycle": self.period.cycle,
-            "period_found": self.period.describe(),
-            "period_bubble_ratio": float(self.period_bubble_ratio()),
+            **self._period_dict(),
             "makespan": as_number(self.makespan),
             "optimizer_steps": [
                 {
@@ -183,6 +193,10 @@ class Iterations:
                 for o in self.optimizer
             ],
         }
+
+
+def _no_none(value: Fraction | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def check_sync(sync: str, /) -> str:
@@ -223,7 +237,7 @@ def simulate_iterations(
     if check:
         validate(schedule)
     with paused_gc():
-        runs, period = _run(compile_step(schedule, costs), sync, steps, MAX_PERIOD_ITERATIONS)
+        runs, period, why = _run(compile_step(schedule, costs), sync, steps, MAX_PERIOD_ITERATIONS)
     traces = tuple(trace for trace, _ in runs)
     optimizer = tuple(o for _, steps_of in runs for o in steps_of)
     _check_links(traces, costs)
@@ -243,6 +257,7 @@ def simulate_iterations(
         optimizer=optimizer,
         simulation=simulation,
         period=period,
+        no_period=why,
     )
 
 
@@ -258,7 +273,7 @@ def steady_period(
     """The steady-state iteration period of ``schedule`` under ``costs`` and ``sync``:
     iterations are simulated until some iteration's release times are an earlier one's
     shifted by one time on every rank (module docstring); a :class:`PipesimError` if
-    that takes more than ``max_iterations``.
+    that takes more than ``max_iterations`` (the error says each rank's last iteration).
 
     >>> from pipesim.schedules import generate
     >>> steady_period(generate("1f1b", n_ranks=2, n_microbatches=2)).period
@@ -269,22 +284,26 @@ def steady_period(
     if check:
         validate(schedule)
     with paused_gc():
-        return _run(compile_step(schedule, costs), sync, 0, max_iterations)[1]
+        _, period, why = _run(compile_step(schedule, costs), sync, 0, max_iterations)
+    if period is None:
+        raise PipesimError(why)
+    return period
 
 
 def _run(
     step: CompiledStep, sync: str, keep: int, max_iterations: int
-) -> tuple[list[tuple[Trace, tuple[OptimizerRecord, ...]]], Period]:
-    """The first ``keep`` iterations and the period: iterations are run until both are
-    known (at most ``max_iterations`` for the period)."""
+) -> tuple[list[tuple[Trace, tuple[OptimizerRecord, ...]]], Period | None, str]:
+    """The first ``keep`` iterations, the period (None if it did not repeat within
+    ``max_iterations``) and, then, why: iterations are run until both are known."""
     schedule = step.structure.schedule
     releases: list[tuple[Time, ...]] = [(0,) * schedule.n_ranks]
     kept: list[tuple[Trace, tuple[OptimizerRecord, ...]]] = []
     period: Period | None = None
+    why = ""
     for count, (trace, optimizer) in enumerate(_iterate(step, sync), start=1):
         if len(kept) < keep:
             kept.append((trace, optimizer))
-        if period is None:
+        if period is None and not why:
             releases.append(tuple(o.end for o in optimizer))
             found = _repeat(releases)
             if found is not None:
@@ -293,13 +312,16 @@ def _run(
                 value: Time = exact.numerator if exact.denominator == 1 else exact
                 period = Period(period=value, first=first, cycle=cycle, iterations=count)
             elif count >= max_iterations:
-                raise PipesimError(
+                last = [as_number(a - b) for a, b in zip(releases[-1], releases[-2], strict=True)]
+                why = (
                     f"the iterations of {schedule.name!r} did not repeat within "
-                    f"{max_iterations} iterations (every rank's start shifted by one time); "
-                    "the period is not known"
+                    f"{max_iterations} iterations (every rank's start shifted by one time): "
+                    f"the last iteration took {last} per rank, so some ranks run at a rate of "
+                    "their own (a rank no later one waits for, as in a forward-only "
+                    "pipeline without a sync); the period is not known"
                 )
-        if period is not None and len(kept) >= keep:
-            return kept, period
+        if (period is not None or why) and len(kept) >= keep:
+            return kept, period, why
     raise AssertionError("unreachable: _iterate never ends")
 
 

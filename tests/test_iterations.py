@@ -195,7 +195,7 @@ def test_zb_h2_parallelogram_reaches_its_span_bubble_with_post_validation() -> N
     spans = span_metrics(sim.trace)
     post = simulate_iterations(schedule, costs=costs, steps=2, sync="post-validation")
     assert post.period.period == spans.longest
-    assert round(float(post.period_bubble_ratio()), 4) == 0.0698
+    assert round(float(post.period_bubble_ratio() or 0), 4) == 0.0698
     synced = simulate_iterations(schedule, costs=costs, steps=2, sync="global")
     assert synced.period.period == sim.metrics.makespan
     assert synced.period_bubble_ratio() == sim.metrics.bubble_ratio
@@ -264,7 +264,7 @@ def test_synthesize_period_objective_reaches_zb_1p_and_keeps_the_limit() -> None
     # the engine, and every rank within 1F1B's p micro-batches
     again = simulate_iterations(result.schedule, costs=costs, steps=2, sync="post-validation")
     assert again.period.period == result.iterations.period.period
-    assert abs(float(again.period_bubble_ratio()) - 0.1323) <= 0.005
+    assert abs(float(again.period_bubble_ratio() or 0) - 0.1323) <= 0.005
     assert all(
         b <= limit
         for b, limit in zip(result.peak_activation_bytes, result.problem.limit_bytes, strict=True)
@@ -348,3 +348,19 @@ def test_cost_file_and_flags_carry_the_optimizer_and_sync_times(tmp_path, capsys
     with pytest.raises(SystemExit):
         main(["simulate", "1f1b", "-p", "2", "-m", "2", "--optimizer-sync", "sometimes"])
     capsys.readouterr()
+
+
+def test_ranks_at_rates_of_their_own_have_no_period() -> None:
+    # Forward only, stage 1 twice as slow: without a sync rank 0 runs ahead every
+    # iteration (2 per iteration against rank 1's 4), so no shift repeats on every rank;
+    # with the global sync each iteration is the step again: F0 of stage 1 ends at 3,
+    # its F1 at 5.
+    schedule = generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True)
+    costs = CostModel(stages=(StageCost(forward=1), StageCost(forward=2)))
+    run = simulate_iterations(schedule, costs=costs, steps=3, sync="none")
+    assert run.period is None and "run at a rate of their own" in run.no_period
+    assert run.to_dict()["period"] is None
+    assert [run.starts(k) for k in range(3)] == [(0, 1), (2, 5), (4, 9)]
+    with pytest.raises(PipesimError, match="did not repeat within 256"):
+        steady_period(schedule, costs=costs, sync="none")
+    assert steady_period(schedule, costs=costs).period == 5

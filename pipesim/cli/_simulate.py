@@ -152,12 +152,16 @@ def format_iterations(iterations: Any, /) -> str:
     unit = iterations.costs.time_unit
     steps = [_fmt(iterations.step_makespan(k)) for k in range(iterations.steps)]
     shown = ", ".join(steps[:8]) + (", ..." if len(steps) > 8 else "")
-    period = iterations.period
-    return (
+    period, ratio = iterations.period, iterations.period_bubble_ratio()
+    head = (
         f"{iterations.steps} iteration{'s' if iterations.steps != 1 else ''}, optimizer sync "
         f"{iterations.sync}: makespan {_time(iterations.makespan, unit)} (steps {shown})\n"
+    )
+    if period is None or ratio is None:
+        return head + f"no steady-state iteration period: {iterations.no_period}"
+    return head + (
         f"steady-state iteration period {_time(period.period, unit)}, bubble against it "
-        f"{float(iterations.period_bubble_ratio()):.1%}\n  {period.describe()}"
+        f"{float(ratio):.1%}\n  {period.describe()}"
     )
 
 

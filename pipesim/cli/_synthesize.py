@@ -203,12 +203,14 @@ def format_result(result: SynthesisResult) -> str:
     lines.append(
         f"lower bound {_fmt(result.lower_bound)}{unit}: gap {float(result.gap):.1%}{proof}"
     )
-    if result.iterations is not None:
+    if result.iterations is not None and result.iterations.period is not None:
         it = result.iterations
+        ratio = it.period_bubble_ratio()
+        assert it.period is not None and ratio is not None
         lines.append(
             f"chosen by the steady-state iteration period ({it.sync} sync): "
             f"{_fmt(it.period.period)}{unit}, bubble against it "
-            f"{float(it.period_bubble_ratio()):.1%} (the bound is one step's)"
+            f"{float(ratio):.1%} (the bound is one step's)"
         )
     return "\n".join(lines)
 

@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  {iterations.steps} iterations, optimizer sync {iterations.sync}: "
             f"{len(iterations.optimizer)} optimizer steps; steady-state period "
-            f"{as_number(iterations.period.period)} {unit}"
+            + (
+                "not known (it did not repeat)"
+                if iterations.period is None
+                else f"{as_number(iterations.period.period)} {unit}"
+            )
         )
     return 0

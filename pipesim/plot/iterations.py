@@ -34,11 +34,16 @@ def iterations_figure(
 ) -> go.Figure:
     """K iterations on one time axis, the optimizer steps and their waits drawn."""
     sim = iterations.simulation
-    period = iterations.period
+    period, ratio = iterations.period, iterations.period_bubble_ratio()
     heading = title or (
         f"{iterations.schedule.name}: {iterations.steps} iterations, optimizer sync "
-        f"{iterations.sync}; steady-state period {scaled(period.period, Fraction(1))} "
-        f"{sim.costs.time_unit} (bubble {float(iterations.period_bubble_ratio()):.1%})"
+        f"{iterations.sync}; "
+        + (
+            "no steady-state period (it did not repeat)"
+            if period is None or ratio is None
+            else f"steady-state period {scaled(period.period, Fraction(1))} "
+            f"{sim.costs.time_unit} (bubble {float(ratio):.1%})"
+        )
     )
     fig = timeline_figure(sim, memory=memory, title=heading)
     factor, _ = time_scale([sim])

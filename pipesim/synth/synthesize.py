@@ -144,9 +144,10 @@ class SynthesisResult:
             }
         )
         if self.iterations is not None:
+            periods = self.iterations.to_dict()
             data["optimizer_sync"] = self.iterations.sync
-            data["period"] = as_number(self.iterations.period.period)
-            data["period_bubble_ratio"] = float(self.iterations.period_bubble_ratio())
+            data["period"] = periods["period"]
+            data["period_bubble_ratio"] = periods["period_bubble_ratio"]
         return data
 
 
