@@ -38,7 +38,7 @@ from typing import TypeAlias
 from pipesim.errors import CostError, brief
 from pipesim.limits import MAX_NUMBER_DIGITS, as_int
 
-__all__ = ["Time", "as_number", "to_count", "to_fraction", "to_time"]
+__all__ = ["Time", "as_number", "to_count", "to_fraction", "to_time"]  # and whole_or_fraction
 
 _NON_FINITE = {"nan", "inf", "infinity", "snan"}
 _BOUND = 10**MAX_NUMBER_DIGITS  # numerators and denominators stay below this
@@ -152,6 +152,16 @@ def _too_big(value: object, name: str) -> CostError:
         f"its exact value needs more than {MAX_NUMBER_DIGITS} digits (MAX_NUMBER_DIGITS in "
         "pipesim.limits); round it, or change the time or byte unit"
     )
+
+
+def whole_or_fraction(value: Fraction, /) -> Time:
+    """An exact result as a :data:`Time`: an int when it is whole, else the Fraction, so
+    integer inputs give integer outputs.
+
+    >>> whole_or_fraction(Fraction(6, 2)), whole_or_fraction(Fraction(3, 2))
+    (3, Fraction(3, 2))
+    """
+    return value.numerator if value.denominator == 1 else value
 
 
 def as_number(value: Time) -> int | float:

@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 from pipesim.costs import CostModel
-from pipesim.exact import Time, as_number
+from pipesim.exact import Time, as_number, whole_or_fraction
 from pipesim.schedule import Schedule
 from pipesim.trace import ActionRecord, CommRecord, Trace
 
@@ -220,7 +220,7 @@ def metrics_from_totals(
     total_busy = sum(busy, start=0)
     total_idle = n_ranks * makespan - total_busy
     capacity = Fraction(n_ranks * makespan)
-    slot = _exact(
+    slot = whole_or_fraction(
         Fraction(sum(costs.stage(s).forward for s in range(schedule.n_stages)), schedule.n_stages)
     )
     return Metrics(
@@ -233,7 +233,7 @@ def metrics_from_totals(
         idle=total_idle,
         bubble_ratio=Fraction(total_idle) / capacity if capacity else Fraction(0),
         slot=slot,
-        idle_slots=_exact(Fraction(total_idle) / slot) if slot else None,
+        idle_slots=whole_or_fraction(Fraction(total_idle) / slot) if slot else None,
         ranks=ranks,
         memory_capacity_bytes=costs.memory_capacity_bytes,
         time_unit=costs.time_unit,
@@ -285,7 +285,3 @@ def _gaps(
     if makespan > cursor:
         gaps.append((cursor, makespan))
     return tuple(gaps)
-
-
-def _exact(value: Fraction) -> Time:
-    return value.numerator if value.denominator == 1 else value

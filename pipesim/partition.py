@@ -87,7 +87,7 @@ def stage_sums(
     >>> stage_sums([1, 2, 3, 4], (1, 3))
     (1, 9)
     """
-    exact = _exact(costs)
+    exact = _layer_costs(costs)
     bounds = [0, *accumulate(sizes)]
     return tuple(sum(exact[a:b], start=0) for a, b in pairwise(bounds))
 
@@ -104,7 +104,7 @@ def partition(costs: Sequence[int | Fraction | float], /, *, n_stages: int) -> t
     >>> partition([0, 0, 0, 0, 0], n_stages=2)
     (2, 3)
     """
-    exact = _exact(costs)
+    exact = _layer_costs(costs)
     _check_fit(len(exact), n_stages)
     prefix: list[Time] = [0, *accumulate(exact)]
     return _most_even(prefix, n_stages, _bottleneck(prefix, n_stages))
@@ -132,7 +132,7 @@ def _check_fit(n_layers: int, n_stages: int) -> None:
         )
 
 
-def _exact(costs: Sequence[int | Fraction | float]) -> list[Time]:
+def _layer_costs(costs: Sequence[int | Fraction | float]) -> list[Time]:
     return [to_time(c, name=f"the cost of layer {i}") for i, c in enumerate(costs)]
 
 

@@ -32,17 +32,13 @@ from typing import Any
 
 from pipesim.costs import CostModel, Link, costs_from_dict, costs_to_dict
 from pipesim.errors import CostError
-from pipesim.exact import Time
+from pipesim.exact import Time, whole_or_fraction
 
 __all__ = ["AffineCosts", "costs_at_microbatch_size", "scaling_meta"]
 
 _STAGE_TIMES = ("forward", "backward", "input_grad", "weight_grad")
 _ROW_BYTES = ("activation_bytes", "weight_grad_bytes", "output_bytes")
 _LINK_TIMES = ("latency", "send_overhead", "receive_overhead", "handshake")
-
-
-def _exact(value: Fraction) -> Time:
-    return value.numerator if value.denominator == 1 else value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +71,8 @@ class AffineCosts:
         b1, b2 = self.sizes
         per_row = Fraction(t2 - t1) / (b2 - b1)  # fixed overhead: t1 - per_row * b1
         value = t1 + per_row * (b - b1)
-        return _exact(max(Fraction(value), Fraction(0)))  # never negative below the sizes
+        # never negative below the sizes measured
+        return whole_or_fraction(max(Fraction(value), Fraction(0)))
 
     def at(self, microbatch_size: int, /) -> CostModel:
         """The cost model at ``microbatch_size`` rows per micro-batch."""

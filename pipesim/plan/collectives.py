@@ -35,7 +35,7 @@ __all__ = ["all_gather_s", "all_to_all_s", "allreduce_s", "reduce_scatter_s"]
 Amount = int | Fraction
 
 
-def _exact(value: float) -> Fraction:
+def _fraction(value: float) -> Fraction:
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
 
 
@@ -46,9 +46,9 @@ def reduce_scatter_s(n_bytes: Amount, /, *, n_devices: int, link: Interconnect) 
         return Fraction(0)
     steps = n - 1
     # the bus bandwidth NCCL reaches for a buffer of this size (nccl-tests' busbw)
-    return Fraction(steps, n) * Fraction(n_bytes) / _exact(
+    return Fraction(steps, n) * Fraction(n_bytes) / _fraction(
         link.bandwidth_at(float(n_bytes))
-    ) + steps * _exact(link.latency_s)
+    ) + steps * _fraction(link.latency_s)
 
 
 def all_gather_s(n_bytes: Amount, /, *, n_devices: int, link: Interconnect) -> Fraction:
@@ -96,7 +96,7 @@ def all_to_all_s(
     nodes = -(-n // g)
     size = Fraction(n_bytes)
     if nodes == 1:
-        return Fraction(n - 1, n) * size / _exact(intra.bandwidth_at(float(size))) + _exact(
+        return Fraction(n - 1, n) * size / _fraction(intra.bandwidth_at(float(size))) + _fraction(
             intra.latency_s
         )
     if node_limit is None:
@@ -106,6 +106,6 @@ def all_to_all_s(
         reached = min(node_limit, nodes, fanout)
         across = size / fanout * reached * Fraction(nodes - 1, nodes)
         inside = size * Fraction(g - 1, g)
-    nvlink = inside / _exact(intra.bandwidth_at(float(inside))) if inside else Fraction(0)
-    network = across / _exact(inter.bandwidth_at(float(across)))
-    return max(nvlink, network) + _exact(max(intra.latency_s, inter.latency_s))
+    nvlink = inside / _fraction(intra.bandwidth_at(float(inside))) if inside else Fraction(0)
+    network = across / _fraction(inter.bandwidth_at(float(across)))
+    return max(nvlink, network) + _fraction(max(intra.latency_s, inter.latency_s))

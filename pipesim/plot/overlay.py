@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 
 from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
-from pipesim.exact import Time
+from pipesim.exact import whole_or_fraction
 from pipesim.plot.memory import scaled
 from pipesim.plot.style import BAR_KINDS, headline, kind_of
 from pipesim.plot.timeline import bar_traces, time_scale
@@ -62,16 +62,15 @@ class KindErrors:
         out = []
         for kind, error in self.percent.items():
             out.append(
-                f"{kind}: predicted {format_duration(_exact(self.predicted[kind]), self.time_unit)}"
-                f", measured {format_duration(_exact(self.measured[kind]), self.time_unit)}"
+                f"{kind}: predicted {self._duration(self.predicted[kind])}"
+                f", measured {self._duration(self.measured[kind])}"
                 f" ({error:+.1f}%)"
             )
         out.append(f"makespan error {self.makespan_percent:+.1f}%")
         return out
 
-
-def _exact(value: Fraction) -> Time:
-    return value.numerator if value.denominator == 1 else value
+    def _duration(self, value: Fraction) -> str:
+        return format_duration(whole_or_fraction(value), self.time_unit)
 
 
 def _percent(predicted: Fraction, measured: Fraction) -> float:

@@ -35,7 +35,7 @@ from typing import Any
 from pipesim.actions import Action, Op, action_code
 from pipesim.cost_tables import message_bytes
 from pipesim.errors import PipesimError
-from pipesim.exact import Time
+from pipesim.exact import Time, whole_or_fraction
 from pipesim.graph import validate
 from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
@@ -155,7 +155,7 @@ class _ScaledTimes:
         return _scaled(t, self.scale)
 
     def to_time(self, value: int) -> Time:
-        return _exact(Fraction(value, self.scale))
+        return whole_or_fraction(Fraction(value, self.scale))
 
     def serial_total(self, problem: Problem) -> int:
         """Every action and message one after another: no schedule needs a longer horizon."""
@@ -321,7 +321,3 @@ def _orders(
     except PipesimError:  # zero-length actions tied in a way the orders cannot say
         return None
     return schedule
-
-
-def _exact(value: Fraction) -> Time:
-    return value.numerator if value.denominator == 1 else value
