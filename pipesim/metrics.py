@@ -240,6 +240,19 @@ def metrics_from_totals(
     )
 
 
+def error_percent(predicted: Time | float, measured: Time | float, /) -> float:
+    """A prediction's error against a measurement, ``(predicted - measured) / measured``
+    in percent: positive when the prediction is too slow; 0 when both are 0, infinite
+    when only the measurement is.
+
+    >>> error_percent(110, 100), error_percent(Fraction(9, 2), 5)
+    (10.0, -10.0)
+    """
+    if measured == 0:
+        return 0.0 if predicted == 0 else float("inf")
+    return float((Fraction(predicted) - Fraction(measured)) / Fraction(measured) * 100)
+
+
 def idle_intervals(trace: Trace, rank: int, /) -> tuple[tuple[Time, Time], ...]:
     """The ``(start, end)`` gaps in which ``rank`` runs nothing, within the makespan.
 

@@ -42,6 +42,7 @@ from pipesim.costs import CostModel
 from pipesim.engine import simulate
 from pipesim.exact import Time
 from pipesim.graph import data_dependencies, validate
+from pipesim.metrics import error_percent
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 from pipesim.trace import Trace
@@ -508,8 +509,7 @@ class _Timing:
     @property
     def error_percent(self) -> float:
         """``(predicted - measured) / measured * 100``; 0 when nothing was measured."""
-        predicted, measured = self.predicted, self.measured
-        return (float(predicted) - float(measured)) / float(measured) * 100 if measured else 0.0
+        return error_percent(self.predicted, self.measured) if self.measured else 0.0
 
 
 def _calibrate_timing(

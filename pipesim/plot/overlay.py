@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 from pipesim.engine import Simulation
 from pipesim.errors import PipesimError
 from pipesim.exact import whole_or_fraction
+from pipesim.metrics import error_percent
 from pipesim.plot.memory import scaled
 from pipesim.plot.style import BAR_KINDS, headline, kind_of
 from pipesim.plot.timeline import bar_traces, time_scale
@@ -73,12 +74,6 @@ class KindErrors:
         return format_duration(whole_or_fraction(value), self.time_unit)
 
 
-def _percent(predicted: Fraction, measured: Fraction) -> float:
-    if measured == 0:
-        return 0.0 if predicted == 0 else float("inf")
-    return float((predicted - measured) / measured * 100)
-
-
 def _means(sim: Simulation) -> dict[str, Fraction]:
     total: dict[str, Fraction] = defaultdict(Fraction)
     count: dict[str, int] = defaultdict(int)
@@ -102,8 +97,8 @@ def kind_errors(predicted: Viewable, measured: Viewable) -> KindErrors:
     return KindErrors(
         predicted={k: p_means[k] for k in kinds},
         measured={k: m_means[k] for k in kinds},
-        percent={k: _percent(p_means[k], m_means[k]) for k in kinds},
-        makespan_percent=_percent(Fraction(pred.trace.makespan), Fraction(meas.trace.makespan)),
+        percent={k: error_percent(p_means[k], m_means[k]) for k in kinds},
+        makespan_percent=error_percent(pred.trace.makespan, meas.trace.makespan),
         time_unit=pred.costs.time_unit,
     )
 
