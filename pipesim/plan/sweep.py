@@ -498,8 +498,11 @@ def _paired(
     out = []
     for s, stage in enumerate(stages):
         partner = partners[s]
+        if partner < 0:  # its forward is never overlapped
+            out.append(stage)
+            continue
         f, bw = forward[s % per_copy], backward[partner % per_copy]
-        if partner < 0 or f.all_to_all_s + bw.all_to_all_s == 0:
+        if f.all_to_all_s + bw.all_to_all_s == 0:  # nothing to hide: the sum of the parts
             out.append(stage)
             continue
         parts_sum = stage.forward + stages[partner].backward
