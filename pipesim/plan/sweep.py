@@ -494,13 +494,16 @@ def _paired(
         pass_parts((x.input_grad for x in stage), deferrable=(x.weight_grad for x in stage))
         for stage in kinds
     ]
-    copies = len(stages) // len(sizes)  # every copy's stages cut the layers alike
+    copies = len(stages) // len(sizes)  # DualPipe's stages are the model's, twice
     forward, backward = forward * copies, backward * copies
     out = []
     for s, stage in enumerate(stages):
         partner = partners[s]
+        if partner < 0:  # its forward is never overlapped
+            out.append(stage)
+            continue
         f, bw = forward[s], backward[partner]
-        if partner < 0 or f.all_to_all_s + bw.all_to_all_s == 0:
+        if f.all_to_all_s + bw.all_to_all_s == 0:  # nothing to hide: the sum of the parts
             out.append(stage)
             continue
         parts_sum = stage.forward + stages[partner].backward
