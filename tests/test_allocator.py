@@ -48,6 +48,7 @@ def test_unknown_mode_is_refused_naming_the_value(monkeypatch: pytest.MonkeyPatc
         allocator_mode()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_retain_keeps_freed_memory_in_a_fresh_process() -> None:
     # Oracle: the process's resident memory. With glibc's defaults freeing a 16 MiB

@@ -59,6 +59,7 @@ def test_no_dispersion_is_the_prediction_exactly(name: str, n_stages_per_copy: i
     assert (band.low, band.median, band.high) == (want, want, want)
 
 
+@pytest.mark.slow
 def test_a_chain_sums_independent_draws_in_closed_form() -> None:
     # 1F1B with one micro-batch is the chain 0F0 -> 1F0 -> 1B0 -> 0B0, so the step is the
     # deterministic one plus the two forwards' excess over 400: each forward is 400 or 500

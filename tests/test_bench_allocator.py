@@ -32,6 +32,7 @@ def test_a_run_past_the_timeout_names_the_case_and_the_fix() -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
 def test_a_bad_timeout_is_a_usage_error(value: str) -> None:
     done = subprocess.run(

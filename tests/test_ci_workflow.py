@@ -208,6 +208,7 @@ def _fake_python(tmp_path: Path, probe: str) -> str:
     return str(fake)
 
 
+@pytest.mark.slow
 def test_gpu_check_says_why_the_environment_cannot_run_it_and_exits_3(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import torch

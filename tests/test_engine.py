@@ -590,6 +590,7 @@ def check_against_oracles(case: Case) -> None:
     assert rebuilt == t
 
 
+@pytest.mark.slow
 @settings(max_examples=80)
 @given(random_cases())
 def test_random_schedules_free_links(case: Case) -> None:
@@ -607,6 +608,7 @@ def test_random_schedules_free_links(case: Case) -> None:
         max_concurrent=st.just(10_000),  # never contended: the critical path is exact
     ).flatmap(lambda link: random_cases(link=link, overlap_comm=True)),
 )
+@pytest.mark.slow
 def test_random_schedules_uncontended_links(case: Case) -> None:
     check_against_oracles(case)
 
@@ -620,6 +622,7 @@ def test_random_schedules_uncontended_links(case: Case) -> None:
         max_concurrent=st.just(10_000),
     ).flatmap(lambda link: random_cases(link=link, overlap_comm=False)),
 )
+@pytest.mark.slow
 def test_random_schedules_blocking_sends(case: Case) -> None:
     check_against_oracles(case)
 
@@ -656,6 +659,7 @@ def is_cyclic(schedule: Schedule, *, same_rank_waits: bool = True) -> bool:
     return random_topological_order(present, waits_on, random.Random(0)) is None
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(random_cases(), st.randoms(use_true_random=False))
 def test_random_reorderings_deadlock_with_a_real_cycle(case: Case, rng: random.Random) -> None:

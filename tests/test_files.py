@@ -139,6 +139,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_write_past_the_file_size_limit_leaves_the_old_file(tmp_path: Path) -> None:
     # A file-size limit (RLIMIT_FSIZE) makes the write fail part way, as a full disk would.
     path = tmp_path / "order.json"

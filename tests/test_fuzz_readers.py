@@ -115,6 +115,7 @@ _ACCELERATOR = get_accelerator("h100-sxm").to_dict()
 
 
 # -- Python API ------------------------------------------------------------------------
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(JSON_VALUES, _mutations(_SCHEDULE)))
 def test_schedule_from_dict(data: Any) -> None:

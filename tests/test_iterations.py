@@ -177,6 +177,7 @@ def _paper_costs(model: str) -> tuple[int, int, CostModel]:
     return p, m, costs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(TABLE_6))
 def test_table_5_span_bubbles(model: str) -> None:
     p, m, costs = _paper_costs(model)

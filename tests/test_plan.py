@@ -97,6 +97,7 @@ def test_gpipe_is_never_recommended_when_only_1f1b_memory_fits() -> None:
     assert alone.best is None and alone.fitting == ()
 
 
+@pytest.mark.slow
 def test_more_memory_never_makes_the_best_step_time_worse() -> None:
     kwargs = dict(
         devices=8,
@@ -119,6 +120,7 @@ def test_more_memory_never_makes_the_best_step_time_worse() -> None:
     assert best < math.inf
 
 
+@pytest.mark.slow
 def test_ranking_and_pareto_front() -> None:
     result = plan(
         SMALL,
@@ -188,6 +190,7 @@ def test_metrics_of_a_point_by_hand() -> None:
     assert point.static_memory_bytes in {18 * n for n in per_stage}
 
 
+@pytest.mark.slow
 def test_mfu_never_exceeds_efficiency_for_any_schedule() -> None:
     # DualPipe keeps two copies of the model: each copy is the whole model, not half of it
     result = plan(SMALL, devices=8, accelerator="h100-sxm", global_batch=64, workers=1)
@@ -216,6 +219,7 @@ def test_simpy_engine_gives_the_same_plan() -> None:
     assert fast.points == reference.points
 
 
+@pytest.mark.slow
 def test_workers_give_the_same_plan() -> None:
     kwargs = dict(devices=8, accelerator="h100-sxm", global_batch=64, microbatch_sizes=[1, 2])
     alone = plan(SMALL, workers=1, **kwargs).points  # type: ignore[arg-type]

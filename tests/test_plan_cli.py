@@ -35,6 +35,7 @@ BASE = [
 ]
 
 
+@pytest.mark.slow
 def test_table_names_the_winner_and_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(BASE) == 0
     out = capsys.readouterr().out
@@ -44,6 +45,7 @@ def test_table_names_the_winner_and_why(capsys: pytest.CaptureFixture[str]) -> N
     assert "is the fastest configuration that fits" in winner
 
 
+@pytest.mark.slow
 def test_json_and_csv_agree(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*BASE, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -56,6 +58,7 @@ def test_json_and_csv_agree(capsys: pytest.CaptureFixture[str]) -> None:
     assert float(rows[0]["step_time_s"]) == pytest.approx(data["best"]["step_time_s"])
 
 
+@pytest.mark.slow
 def test_html_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.html"
     assert main([*BASE, "--cdn", "-o", str(out)]) == 0
@@ -169,6 +172,7 @@ def test_list_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpt3-175b" in out and "h100-sxm" in out
 
 
+@pytest.mark.slow
 def test_require_fit(capsys: pytest.CaptureFixture[str]) -> None:
     """Exit 1 when no configuration fits (the table is printed first), 0 when one does."""
     assert main([*BASE, "--require-fit"]) == 0

@@ -160,6 +160,7 @@ def _random_schedule(seed: int) -> Schedule:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**9), data=st.data())
 def test_random_schedules_give_the_engines_trace_and_metrics(
@@ -191,6 +192,7 @@ def registered_steps(draw: st.DrawFn) -> tuple[Schedule, CostModel]:
     return schedule, draw(cost_models(schedule.n_stages))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(step=registered_steps())
 def test_registered_schedules_give_the_engines_metrics(step: tuple[Schedule, CostModel]) -> None:
@@ -222,6 +224,7 @@ def test_deadlock_is_reported_like_the_engine() -> None:
     assert fast.value.cycle == reference.value.cycle
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(step=registered_steps())
 def test_one_pass_evaluator_matches_the_engine(step: tuple[Schedule, CostModel]) -> None:
@@ -235,6 +238,7 @@ def test_one_pass_evaluator_matches_the_engine(step: tuple[Schedule, CostModel])
     assert metrics_of(schedule, costs, quick) == simulate(schedule, costs=costs).metrics
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**9), data=st.data())
 def test_one_pass_evaluator_on_random_schedules(seed: int, data: st.DataObject) -> None:

@@ -310,6 +310,7 @@ def test_no_accelerator_number_comes_from_a_published_run_it_is_checked_against(
                 assert not found, f"{name}.{key} cites a checked run: {found}"
 
 
+@pytest.mark.slow
 def test_every_published_run_fits_pipesim_memory_model() -> None:
     # The runs of benchmarks/bench_published.py trained on their GPUs as configured:
     # pipesim must find each configuration fits (no headroom: the run did fit), and

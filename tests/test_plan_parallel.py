@@ -186,6 +186,7 @@ def test_a_pinned_configuration_by_hand() -> None:
     )
 
 
+@pytest.mark.slow
 def test_llama2_70b_on_64_h100_is_sensible() -> None:
     # the acceptance case, on a narrowed sweep: tensor parallelism inside a node
     # and pipelining, not a sequential pipeline at a few percent MFU
@@ -361,6 +362,7 @@ def _start(extra: list[str], marker: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 def test_timeout_stops_every_worker_and_prints_the_partial_ranking() -> None:
     marker = uuid.uuid4().hex
@@ -374,6 +376,7 @@ def test_timeout_stops_every_worker_and_prints_the_partial_ranking() -> None:
     assert processes_with(marker) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     marker = uuid.uuid4().hex

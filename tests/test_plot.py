@@ -282,6 +282,7 @@ def test_unwritable_path_is_a_clear_error(tmp_path: Path) -> None:
         write_html(timeline_figure(sim_of("gpipe", 2, 2)), target)
 
 
+@pytest.mark.slow
 def test_large_schedule_stays_small() -> None:
     p, m = 32, 256
     sim = sim_of("1f1b", p, m, activation_bytes=1)
@@ -300,6 +301,7 @@ def test_large_schedule_stays_small() -> None:
     p=st.integers(1, 5),
     m=st.integers(1, 9),
 )
+@pytest.mark.slow
 def test_every_rank_row_is_covered_exactly(name: str, p: int, m: int) -> None:
     try:
         sim = sim_of(name, p, m)
@@ -320,6 +322,7 @@ def test_every_rank_row_is_covered_exactly(name: str, p: int, m: int) -> None:
 
 
 # -- CLI -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_plot_writes_identical_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -473,6 +476,7 @@ def test_views_take_a_trace() -> None:
     assert not [t for t in fig.data if t.type == "scatter"] and "xaxis2" not in fig.layout
 
 
+@pytest.mark.slow
 def test_large_schedule_is_binned_and_small() -> None:
     from pipesim.plot.binned import LARGE_BARS, bar_count, bin_colors
 
@@ -623,6 +627,7 @@ def test_binned_timeline_draws_sends_and_receives_per_bin(
     assert not [t for t in plain.data if t.type == "scatter" and t.meta]
 
 
+@pytest.mark.slow
 def test_binned_marks_stay_few_on_a_large_comms_schedule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

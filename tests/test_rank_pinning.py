@@ -42,6 +42,7 @@ def _affinities(tmp_path: Path, n_threads: int) -> list[set[int]]:
     return [{int(c) for c in (tmp_path / f"affinity{r}").read_text().split()} for r in range(2)]
 
 
+@pytest.mark.slow
 def test_two_single_thread_ranks_each_keep_to_one_cpu_of_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -50,6 +51,7 @@ def test_two_single_thread_ranks_each_keep_to_one_cpu_of_their_own(
     assert _affinities(tmp_path, 1) == [{cpus[0]}, {cpus[1]}]
 
 
+@pytest.mark.slow
 def test_pinning_is_off_with_the_variable_at_0_or_when_the_ranks_do_not_fit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -84,6 +84,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_every_sh_command_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")  # the verify lines; `make test` installs it
     monkeypatch.chdir(tmp_path)

@@ -117,6 +117,7 @@ def _quantile(distribution: Counter[int], q: float) -> int:
     raise AssertionError("unreachable")
 
 
+@pytest.mark.slow
 def test_a_one_rank_step_sums_its_draws_as_worked_by_hand(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -103,6 +103,7 @@ def test_limit_2p_never_loses_to_zb_h2(data: st.DataObject, p: int, m: int) -> N
     assert result.metrics.makespan <= _baseline("zb-h1", p, m, costs)
 
 
+@pytest.mark.slow
 @given(data=st.data(), p=st.integers(2, 4), m=st.integers(1, 8))
 def test_v_placement_at_limit_p_never_loses_to_zbv(data: st.DataObject, p: int, m: int) -> None:
     costs = data.draw(stage_costs(2 * p))
@@ -125,6 +126,7 @@ def test_v_placement_at_limit_p_never_loses_to_zbv(data: st.DataObject, p: int, 
     latency=st.booleans(),
     limit=st.sampled_from(["(p+2)//2", "p/2", "(p+4)//3", "p/3"]),
 )
+@pytest.mark.slow
 def test_v_placement_at_tight_limits_never_loses_to_v_half_or_v_min(
     data: st.DataObject, p: int, m: int, latency: bool, limit: str
 ) -> None:
@@ -253,6 +255,7 @@ def test_quick_tries_fewer_policies_and_keeps_the_guarantee() -> None:
     queue=st.booleans(),
     overlap=st.booleans(),
 )
+@pytest.mark.slow
 def test_greedy_run_predicts_the_evaluator_where_no_message_queues(
     data: st.DataObject, p: int, m: int, v: bool, queue: bool, overlap: bool
 ) -> None:

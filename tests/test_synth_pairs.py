@@ -80,6 +80,7 @@ def paired_costs(draw: st.DrawFn, n_stages: int, *, latency: bool) -> CostModel:
     latency=st.booleans(),
     limit=st.sampled_from(["1", "p/2", "p", "2p"]),
 )
+@pytest.mark.slow
 def test_pairs_validate_fit_follow_the_critical_path_and_never_lose(
     data: st.DataObject, p: int, m: int, latency: bool, limit: str
 ) -> None:
