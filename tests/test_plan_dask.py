@@ -13,11 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import distributed
 import pytest
 from helpers import FREE_ACCELERATOR as FREE
+from helpers import processes_with
 
 from pipesim.cli import main
 from pipesim.errors import PlanError
@@ -293,6 +296,57 @@ def test_the_cli_sends_the_sweep_to_a_scheduler_address(
     assert main([*TINY, "--cluster", cluster.scheduler_address, "--workers", "2"]) == 1
     err = capsys.readouterr().err
     assert "drop --workers" in err and f"dask worker {cluster.scheduler_address}" in err
+
+
+_MAIN = "import sys; from pipesim.cli import main; sys.exit(main(sys.argv[1:]))"
+BIG = [
+    "plan",
+    "--model",
+    "llama2-70b",
+    "--devices",
+    "512",
+    "--accelerator",
+    "h100-sxm",
+    "--global-batch",
+    "4096",
+    "--cluster",
+    "local",
+    "--workers",
+    "2",
+]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_ctrl_c_on_a_terminal_stops_the_local_cluster_and_prints_the_partial_plan() -> None:
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MAIN, *BIG],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PIPESIM_TEST_MARKER=marker),
+        start_new_session=True,  # a process group of its own, as a terminal's job
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_with(marker)) < 3 and time.monotonic() < deadline:  # + 2 workers
+            time.sleep(0.1)
+        assert len(processes_with(marker)) >= 3
+        time.sleep(1.0)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - sent < 10.0  # a few seconds; slack for a loaded CI machine
+    assert proc.returncode == 130, err
+    assert "partial plan (the sweep was interrupted" in out
+    assert "Traceback" not in err  # the workers ignore SIGINT: this process stops them
+    deadline = time.monotonic() + 5
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []
 
 
 def _unused_port() -> int:

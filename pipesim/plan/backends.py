@@ -24,6 +24,8 @@ down).
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import multiprocessing
 import signal
 import threading
@@ -34,6 +36,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipesim.errors import PlanError
@@ -218,13 +221,13 @@ def _drop_context(sweep: str) -> None:
 
 
 def _plugins(distributed: Any) -> tuple[type[Any], type[Any]]:
-    """The worker plugins of a sweep (defined here, where distributed is imported; a
+    """The worker plugins of a sweep, defined here, where distributed is imported (a
     plugin reaches every worker, those that join or restart later too):
     ``HoldContext(sweep, context)`` gives each worker the sweep's context once (scattered
     data would be lost with the last worker holding it), and its removal stops the
     sweep's running chunks; ``IgnoreInterrupts()`` makes a LocalCluster's workers ignore
-    SIGINT, as this process stops them (its ``setup`` runs in the worker's event loop,
-    in its main thread)."""
+    SIGINT, as this process stops them (its ``setup`` runs in the worker's event loop, in
+    its main thread)."""
 
     class HoldContext(distributed.WorkerPlugin):  # type: ignore[misc]
         def __init__(self, sweep: str, context: SweepContext) -> None:
@@ -244,10 +247,15 @@ def _plugins(distributed: Any) -> tuple[type[Any], type[Any]]:
     return HoldContext, IgnoreInterrupts
 
 
-def _pipesim_version() -> str:
-    from pipesim import __version__
-
-    return __version__
+@functools.cache
+def _pipesim_digest() -> str:
+    """A digest of this pipesim's code and data (its modules and preset files)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted([*root.rglob("*.py"), *root.glob("data/*.json")]):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _import_distributed() -> Any:
@@ -291,8 +299,6 @@ class DaskCluster:
             self._client = _connect(distributed, address, wait_s)
             hold_context, ignore_interrupts = _plugins(distributed)
             if self._cluster is not None:
-                # Ctrl-C reaches the whole process group, the LocalCluster's workers too:
-                # this process stops them, they must not die with tracebacks of their own.
                 _within(
                     wait_s, self._client.register_plugin, ignore_interrupts(), name="pipesim-sigint"
                 )
@@ -414,6 +420,9 @@ def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exc
                 threads_per_worker=1,  # the sweep is pure Python: one thread per process
                 processes=True,
                 dashboard_address=None,
+                # its HTTP server (health checks) on a free local port, not on 8787,
+                # which another cluster may hold (Dask then warns on stderr)
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                 silence_logs=logging.ERROR,
             )
         except BaseException as exc:  # reported by the caller
@@ -426,10 +435,23 @@ def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exc
         _quietly(cluster.close, timeout=STOP_TIMEOUT_S)  # too late: the sweep gave up on it
 
     thread = threading.Thread(target=start, name="pipesim-local-cluster", daemon=True)
-    thread.start()
+    # Ctrl-C reaches the whole process group, the cluster's workers too: this process
+    # stops them, they must not die with tracebacks of their own. A process started while
+    # SIGINT is ignored ignores it from its first instruction (Python keeps an ignored
+    # SIGINT ignored), so SIGINT is ignored here until the workers' processes exist (a
+    # Ctrl-C in those tenths of a second is lost); IgnoreInterrupts covers workers
+    # restarted later.
+    restore = _ignore_interrupts_here()
+    children = len(multiprocessing.active_children())
+    limit = time.monotonic() + wait_s
     try:
-        thread.join(wait_s)
-    finally:  # a timeout, or Ctrl-C while it starts
+        thread.start()
+        while thread.is_alive() and time.monotonic() < limit:
+            thread.join(min(0.02, max(limit - time.monotonic(), 0)))
+            if len(multiprocessing.active_children()) >= children + workers:
+                restore()
+    finally:
+        restore()
         with handover:
             if not started:
                 abandoned.set()
@@ -442,6 +464,20 @@ def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exc
     if failed:
         raise PlanError(f"a Dask LocalCluster of {workers} workers failed to start: {failed[0]}")
     return started[0]
+
+
+def _ignore_interrupts_here() -> Callable[[], None]:
+    """Ignore SIGINT in this process (from the main thread only, where Python takes
+    signals); the returned function restores its handler (once)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = [signal.signal(signal.SIGINT, signal.SIG_IGN)]
+
+    def restore() -> None:
+        if previous:
+            signal.signal(signal.SIGINT, previous.pop())
+
+    return restore
 
 
 def _connect(distributed: Any, address: str, wait_s: float) -> Any:
@@ -466,12 +502,20 @@ def _cluster_workers(client: Any, address: str, wait_s: float, late: type[Except
             f"the Dask scheduler at {address} has no workers ({exc}); start some with "
             f"`dask worker {address} --nthreads 1`"
         ) from None
-    versions = client.run(_pipesim_version, on_error="return", callback_timeout=wait_s)
-    ours = _pipesim_version()
-    wrong = {w: v for w, v in versions.items() if v != ours}
+    # Tasks name pipesim's functions, which the scheduler and the workers import: a
+    # different pipesim there would fail to load them, or price points differently.
+    ours = _pipesim_digest()
+    try:
+        theirs = {"scheduler": client.run_on_scheduler(_pipesim_digest, callback_timeout=wait_s)}
+    except Exception as exc:  # the scheduler could not load the function: no such pipesim
+        theirs = {"scheduler": f"{type(exc).__name__}: {exc}"}
+    versions = client.run(_pipesim_digest, on_error="return", callback_timeout=wait_s)
+    theirs.update(versions)
+    wrong = {where: str(digest) for where, digest in theirs.items() if digest != ours}
     if wrong:
         raise PlanError(
-            f"Dask workers cannot run this pipesim {ours}: {wrong}; install the same "
-            "pipesim on every worker (pip install 'pipesim[dask]')"
+            f"the Dask cluster at {address} runs another pipesim than this one (source "
+            f"digest {ours}): {wrong}; install this same pipesim where the scheduler and "
+            "every worker run (pip install 'pipesim[dask]' from the same source)"
         )
     return len(versions)
