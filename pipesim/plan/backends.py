@@ -62,8 +62,8 @@ CONNECT_TIMEOUT_S = 30.0
 """The longest a backend waits to start (a LocalCluster), reach a scheduler or see a
 worker, within the sweep's own deadline."""
 STOP_TIMEOUT_S = 5.0
-"""The longest each step of stopping a Dask sweep (tell the workers, cancel, close)
-waits for the scheduler."""
+"""The longest each step of stopping a Dask sweep (cancel the tasks, take the sweep's
+plugin off the workers, disconnect, shut a LocalCluster down) waits."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
