@@ -22,7 +22,8 @@ from pipesim.plan import (
     workload_from_costs,
     workload_from_model,
 )
-from pipesim.plan.sweep import Point, SweepContext, _start_method, evaluate_points
+from pipesim.plan.backends import _start_method
+from pipesim.plan.sweep import Point, SweepContext, evaluate_points
 
 SMALL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
 

@@ -57,6 +57,9 @@ ELSEWHERE = {
     "pipesim calibrate --model gpt": "minutes of measuring: tests/test_calibrate_cli.py",
     "pipesim simulate zb-h1 -p 2 -m 16 --costs gpt-2stages.json": "reads calibrate's file",
     "pipesim calibrate ... ": "an elided command line",
+    "pipesim plan --model llama2-70b --devices 4096": (
+        "a Dask scheduler at tcp://HOST:8786: tests/test_plan_dask.py starts one"
+    ),
     "pipesim plan --model llama2-70b --devices 64": (
         "minutes on a busy machine: notebooks/04_plan.ipynb plans the same step"
     ),

@@ -218,7 +218,15 @@ def register(subparsers: Any) -> None:
         "--workers",
         type=whole_number(maximum=256),
         metavar="N",
-        help="processes (default: every core)",
+        help="processes, here or in --cluster local (default: every core)",
+    )
+    sweep.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="evaluate on a Dask cluster: a scheduler's address (tcp://HOST:8786, started "
+        "with `dask scheduler`, workers with `dask worker tcp://HOST:8786 --nthreads 1`) or "
+        "local (a LocalCluster of --workers processes); the same plan (pip install "
+        "'pipesim[dask]')",
     )
     sweep.add_argument(
         "--timeout",
@@ -436,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             progress=progress,
             partial=True,
+            cluster=args.cluster,
         )
     except LimitError as exc:  # a sweep past MAX_SWEEP_ACTIONS: too large a request
         raise usage_error(str(exc)) from None

@@ -518,6 +518,7 @@ def plan(
     timeout_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
     partial: bool = False,
+    cluster: str | None = None,
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
@@ -546,7 +547,9 @@ def plan(
     eighth of the accelerator's achievable matmul share). ``engine``: ``fast`` or ``simpy``
     (the reference; identical results, slower). ``partial``: on a deadline or
     Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
-    raising.
+    raising. ``cluster``: evaluate on a Dask cluster instead of local processes, a
+    scheduler's address (``tcp://HOST:8786``) or ``local`` (a LocalCluster of ``workers``
+    processes); the same results (``pip install 'pipesim[dask]'``).
     """
     workload = _with_dtype(_as_workload(model), dtype)
     if isinstance(accelerator, str):
@@ -596,7 +599,13 @@ def plan(
         overlap_grad_reduce=overlap_grad_reduce,
     )
     evaluations = evaluate_points(
-        context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
+        context,
+        points,
+        workers=workers,
+        timeout_s=timeout_s,
+        progress=progress,
+        partial=partial,
+        cluster=cluster,
     )
     return _plan_result(context, settings, global_batch, points, evaluations, refused)
 

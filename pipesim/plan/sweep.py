@@ -30,9 +30,9 @@ Hardware model (documented assumptions):
 - Full recomputation re-creates one block's activations at a time in the
   backward: the largest such transient on a rank is added to its peak.
 
-Workers: a process pool (fork from a single-threaded process, else
-forkserver) evaluates chunks of points; every wait has a deadline, and a sweep
-stopped by its deadline or by Ctrl-C terminates its workers at once and
+Workers: a backend (:mod:`pipesim.plan.backends`: a local process pool, or a Dask
+cluster) evaluates chunks of points; every wait has a deadline, and a sweep
+stopped by its deadline or by Ctrl-C stops its workers at once and
 returns what was evaluated (unevaluated points carry ``stopped=True``).
 """
 
@@ -41,16 +41,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import multiprocessing
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures import TimeoutError as FuturesTimeout
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
@@ -59,6 +53,7 @@ from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.gpu import LayerTime, layer_times
@@ -75,6 +70,7 @@ from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
 from pipesim.plan.partition import partition
+from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
@@ -270,13 +266,6 @@ def _install(context: SweepContext) -> None:
     _SIMULATED.clear()
     _PREFIXES.clear()
     _ITERATIONS.clear()
-
-
-def _worker_init(context: SweepContext) -> None:
-    # Ctrl-C on a terminal reaches the whole process group: the parent stops the
-    # workers itself, so they must not die with a traceback of their own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _install(context)
 
 
 _OPCODES = {op: i for i, op in enumerate(Op)}
@@ -1019,8 +1008,12 @@ def evaluate_points(
     timeout_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
     partial: bool = False,
+    cluster: str | None = None,
 ) -> list[Evaluation]:
-    """Evaluate ``points`` (in order) on ``workers`` processes (default: every core).
+    """Evaluate ``points`` (in order) on ``workers`` processes (default: every core), or on
+    a Dask ``cluster``: a scheduler's address (``tcp://HOST:8786``, its own workers) or
+    ``local`` (a ``distributed.LocalCluster`` of ``workers`` processes); the results are
+    the same (:mod:`pipesim.plan.backends`).
 
     ``progress(done, total)`` is called as results come in. A sweep that is not
     done after ``timeout_s`` seconds, or is interrupted (KeyboardInterrupt),
@@ -1040,6 +1033,12 @@ def evaluate_points(
     [(3, 3)]
     """
     total = len(points)
+    if cluster not in (None, "local") and workers is not None:
+        raise PlanError(
+            f"workers={workers} (--workers) sizes --cluster local; the workers of the "
+            f"scheduler at {cluster} are those started there (`dask worker {cluster}`): "
+            "drop --workers"
+        )
     workers = _check_workers(workers, timeout_s)
     stop = _Stopping(
         deadline=time.monotonic() + timeout_s,
@@ -1053,10 +1052,11 @@ def evaluate_points(
     results: list[Evaluation | None] = [None] * total
     if progress is not None:
         progress(0, total)  # the bar shows from the first moment
-    workers = min(workers, max(1, total // 8))
-    if workers == 1:
-        return _evaluate_here(context, indexed, results, stop)
-    return _evaluate_in_workers(context, indexed, results, stop, workers)
+    if cluster is None:
+        workers = min(workers, max(1, total // 8))
+        if workers == 1:
+            return _evaluate_here(context, indexed, results, stop)
+    return _evaluate_in_workers(context, indexed, results, stop, workers, cluster)
 
 
 def _check_workers(workers: int | None, timeout_s: float) -> int:
@@ -1125,86 +1125,62 @@ def _evaluate_in_workers(
     results: list[Evaluation | None],
     stop: _Stopping,
     workers: int,
+    cluster: str | None,
 ) -> list[Evaluation]:
-    """Evaluate the points in chunks on ``workers`` processes, into ``results``."""
+    """Evaluate the points in chunks on a backend (:mod:`pipesim.plan.backends`): a pool
+    of ``workers`` processes, or the Dask ``cluster``; into ``results``."""
     total = len(results)
     done = 0
-    chunk_size = max(1, min(16, total // (workers * 32)))
-    chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
-    executor = _executor(context, workers)
+    backend: Backend | None = None
     try:
-        futures = [executor.submit(_evaluate_chunk, chunk) for chunk in chunks]
-        try:
-            timeout = max(stop.deadline - time.monotonic(), 0)
-            for future in as_completed(futures, timeout=timeout):
-                chunk_results = future.result()
-                for index, evaluation in chunk_results:
-                    results[index] = evaluation
-                done += len(chunk_results)
-                if stop.progress is not None:
-                    stop.progress(done, total)
-        except FuturesTimeout:
-            _terminate(executor)
-            if stop.partial:
-                return _stopped_early(
-                    results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
-                )
-            raise _timed_out(stop.timeout_s, done, total) from None
-        except KeyboardInterrupt:
-            _terminate(executor)
-            if not stop.partial:
-                raise
-            return _stopped_early(results, "the sweep was interrupted")
-        except BrokenProcessPool:
-            raise PlanError(
-                f"a sweep worker process died (killed, or out of memory?) after {done} of "
-                f"{total} configurations; rerun with --workers 1 to evaluate in this "
-                "process and see the cause"
-            ) from None
-    finally:
-        _terminate(executor)
+        backend = open_backend(
+            context,
+            evaluate=_evaluate_chunk,
+            workers=workers,
+            cluster=cluster,
+            deadline=stop.deadline,
+        )
+        chunk_size = max(1, min(16, total // (backend.workers * 32)))
+        chunks = [indexed[k : k + chunk_size] for k in range(0, total, chunk_size)]
+        lost: list[str] = []
+        for chunk_results in backend.results(chunks, deadline=stop.deadline):
+            if isinstance(chunk_results, LostChunk):
+                chunk_results = _lost(chunk_results)
+                lost.append(chunk_results[0][1].reason or "")
+            for index, evaluation in chunk_results:
+                results[index] = evaluation
+            done += len(chunk_results)
+            if stop.progress is not None:
+                stop.progress(done, total)
+        if lost and not stop.partial:
+            raise PlanError("; ".join(r.removeprefix("not evaluated: ") for r in lost))
+    except TimeoutError:
+        if stop.partial:
+            return _stopped_early(
+                results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
+            )
+        raise _timed_out(stop.timeout_s, done, total) from None
+    except KeyboardInterrupt:
+        if not stop.partial:
+            raise
+        return _stopped_early(results, "the sweep was interrupted")
+    finally:  # before any result is returned: nothing keeps running
+        if backend is not None:
+            backend.close()
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 
 
-def _executor(context: SweepContext, workers: int) -> ProcessPoolExecutor:
-    """A pool of ``workers`` processes, each holding ``context`` and ignoring Ctrl-C."""
-    # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of
-    # memory) the executor fails every pending future at once, where a Pool would
-    # silently wait for the lost chunk until the deadline.
-    return ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context(_start_method()),
-        initializer=_worker_init,
-        initargs=(context,),
-    )
+def _lost(lost: LostChunk) -> list[tuple[int, Evaluation]]:
+    """The points of a chunk that kept killing its workers, marked not evaluated, by name."""
+    names = ", ".join(_name(point) for _, point in lost.chunk)
+    note = Evaluation(stopped=True, reason=f"not evaluated: {names}: {lost.why}")
+    return [(index, note) for index, _ in lost.chunk]
 
 
-def _terminate(executor: ProcessPoolExecutor) -> None:
-    """Stop every worker now: ``shutdown`` alone lets running chunks finish."""
-    # The executor keeps its processes in a private dict; there is no public way to
-    # kill a running task (cpython issue 84009), so reach for it, defensively.
-    processes = list((getattr(executor, "_processes", None) or {}).values())
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    executor.shutdown(wait=False, cancel_futures=True)
-    limit = time.monotonic() + 1.0
-    for process in processes:
-        process.join(max(limit - time.monotonic(), 0))
-        if process.is_alive():
-            process.kill()
-            process.join(0.5)
-
-
-def _start_method() -> str:
-    """``fork`` (workers start at once) from a single-threaded process; otherwise
-    (a Jupyter kernel runs threads, and forking them can deadlock a child)
-    ``forkserver``, or ``spawn`` where neither exists."""
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
-        return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+def _name(point: Point) -> str:
+    """``point`` as the plan's tables name it (``1f1b t=8 p=4 v=1 d=2 b=1 m=8``)."""
+    return PlanPoint(**{f.name: getattr(point, f.name) for f in fields(point)}).label()
 
 
 def _timed_out(timeout_s: float, done: int, total: int) -> PlanError:
