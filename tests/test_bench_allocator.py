@@ -45,6 +45,7 @@ def test_a_bad_timeout_is_a_usage_error(value: str) -> None:
     assert f"argument --timeout: {value!r} is not a positive number of seconds" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_timeout_kills_the_processes_the_run_started(tmp_path: Path) -> None:
     """The launcher's children (the ranks) die with it: the whole group is killed."""
     pid_file = tmp_path / "child.pid"

@@ -229,6 +229,7 @@ def test_gpu_check_says_why_the_environment_cannot_run_it_and_exits_3(tmp_path: 
     ]
 
 
+@pytest.mark.slow
 def test_gpu_check_on_two_gpus_runs_every_check_and_writes_junit(tmp_path: Path) -> None:
     done = _gpu_check(tmp_path, _fake_python(tmp_path, "2 12.4 2.5.1+cu124"))
     out = tmp_path / "out"

@@ -351,6 +351,7 @@ def test_saving_sequential_forward_only_as_csv_is_refused(
 
 
 # -- the installed console script -----------------------------------------------------------
+@pytest.mark.slow
 def test_console_script(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("pipesim")
     assert script.exists(), f"console script not installed next to {sys.executable}"

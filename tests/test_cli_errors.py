@@ -71,6 +71,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], status: int, *
         assert fragment in lines[0], (fragment, lines[0])
 
 
+@pytest.mark.slow
 def test_a_normal_run_fits_the_memory_cap(tmp_path: Path) -> None:
     # The oracle for the cap: without this the refusals below could be the cap's doing.
     done = run_capped("simulate", "1f1b", "-p", "4", "-m", "8", "--json", cwd=tmp_path)
@@ -132,6 +133,7 @@ def _write_hostile_files(folder: Path) -> None:
         (folder / name).write_bytes(data)
 
 
+@pytest.mark.slow
 def test_hostile_input_is_refused_in_one_line(tmp_path: Path) -> None:
     _write_hostile_files(tmp_path)
     cases = json.dumps([list(argv) for argv, _, _ in CASES])
@@ -157,6 +159,7 @@ ISSUE_EXAMPLES = [CASES[0], CASES[9], CASES[10]]
 @pytest.mark.parametrize(
     ("argv", "status", "fragments"), ISSUE_EXAMPLES, ids=[" ".join(c[0]) for c in ISSUE_EXAMPLES]
 )
+@pytest.mark.slow
 def test_the_issue_examples_exit_cleanly(
     tmp_path: Path, argv: tuple[str, ...], status: int, fragments: tuple[str, ...]
 ) -> None:

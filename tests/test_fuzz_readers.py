@@ -126,6 +126,7 @@ def test_schedule_from_dict(data: Any) -> None:
     _clean(read)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(JSON_VALUES, _mutations(_COSTS)))
 def test_costs_from_dict(data: Any) -> None:
@@ -183,6 +184,7 @@ def test_exact_numbers(value: Any) -> None:
     JSON_VALUES,
     JSON_VALUES,
 )
+@pytest.mark.slow
 def test_schedule_constructor(orders: Any, placement: Any, n_microbatches: Any) -> None:
     def build() -> None:
         schedule = Schedule.from_orders(orders, placement=placement, n_microbatches=n_microbatches)
@@ -219,6 +221,7 @@ _READERS: dict[str, Callable[[Path], object]] = {
     ),
     st.sampled_from(sorted(_READERS)),
 )
+@pytest.mark.slow
 def test_file_readers_take_random_bytes(tmp_path: Path, data: bytes, name: str) -> None:
     path = tmp_path / name
     path.write_bytes(data)

@@ -248,6 +248,7 @@ def test_cli_steps_json_and_default_unchanged(capsys: pytest.CaptureFixture[str]
     assert it["step_makespans"] == [9, 9, 9]
 
 
+@pytest.mark.slow
 def test_synthesize_period_objective_reaches_zb_1p_and_keeps_the_limit() -> None:
     from pipesim.synth import synthesize
 

@@ -86,6 +86,7 @@ def test_limit_p_validates_fits_and_never_loses_to_zb_h1(
     assert result.metrics.makespan <= _baseline("1f1b", p, m, costs)
 
 
+@pytest.mark.slow
 @given(data=st.data(), p=st.integers(2, 4), m=st.integers(1, 9))
 def test_limit_2p_never_loses_to_zb_h2(data: st.DataObject, p: int, m: int) -> None:
     costs = data.draw(stage_costs(p, latency=True))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pipesim import simulate, validate
 from pipesim.cli import main
 from pipesim.plan import configuration, plan
@@ -50,6 +52,7 @@ def test_a_synthesized_point_rebuilds_for_the_simpy_engine() -> None:
     assert simulate(schedule, costs=costs).metrics.makespan == point.pipeline_time_ns
 
 
+@pytest.mark.slow
 def test_cli_auto(capsys) -> None:  # type: ignore[no-untyped-def]
     argv = ["plan", "--model", "llama2-7b", "--devices", "8", "--accelerator", "h100-sxm"]
     argv += ["--global-batch", "64", "--stages", "2", "--microbatch-sizes", "1", "--virtual", "1"]

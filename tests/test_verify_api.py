@@ -19,7 +19,10 @@ MODULES = sorted(
 )
 
 
-@pytest.mark.parametrize("name", MODULES)
+# verify.dist's examples start rank processes: seconds, so slow
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.slow) if m == "verify.dist" else m for m in MODULES]
+)
 def test_doctests(name: str) -> None:
     run_doctests(name)
 

@@ -107,6 +107,7 @@ def _check_against_oracle(model: VerifyModel, schedule: Schedule, batch_size: in
         assert all(torch.equal(a, b) for a, b in zip(actual, expected_grads, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "p", "m", "v", "fwd"), CASES)
 def test_builtin_schedules_are_bit_identical(
     name: str, p: int, m: int, v: int | None, fwd: bool
@@ -124,6 +125,7 @@ def test_builtin_schedules_are_bit_identical(
     _check_against_oracle(mlp(), schedule, report.batch_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", schedule_names())
 def test_every_registered_schedule_is_bit_identical(name: str) -> None:
     """Whatever generators are registered (zero-bubble I/W, DualPipe overlaps and copies)."""
@@ -192,6 +194,7 @@ def test_gpt_pipeline_is_bit_identical() -> None:
     _check_against_oracle(gpt(n_layers=2, width=32), schedule, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "p", "v"), [("zb-h1", 3, None), ("zbv", 2, 2)])
 def test_gpt_split_backward_is_bit_identical(name: str, p: int, v: int | None) -> None:
     """I and W on transformer stages (residuals, layer norms, attention): W starts from

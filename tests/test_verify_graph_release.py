@@ -28,6 +28,7 @@ from verify.partition import partition
 from verify.runtime import SavedBytes
 
 
+@pytest.mark.slow
 def test_a_saved_output_dies_with_its_graph_after_a_retained_backward() -> None:
     x = torch.randn(5, requires_grad=True)
     hook = SavedBytes(set())
@@ -59,6 +60,7 @@ def _outputs_of_every_module(stages: list[nn.Module]) -> Iterator[list[weakref.r
             h.remove()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["zb-h1", "1f1b", "gpipe"])
 def test_no_tensor_of_a_step_outlives_it(name: str) -> None:
     model = gpt(n_layers=2, width=32)  # attention softmax saves its own output

@@ -50,6 +50,7 @@ def test_device_list_is_not_spelled_like_plans_count(capsys: pytest.CaptureFixtu
     assert "[--devices" not in text and not re.search(r"^\s+--devices", text, re.M)  # unlisted
 
 
+@pytest.mark.slow
 def test_plot_measured_reads_the_verify_json_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
