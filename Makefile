@@ -45,7 +45,7 @@ test: browser-deps $(VENV)/.installed-dev
 # `make test` stays the CI command.
 FAST := not slow and not dist and not browser and not notebook
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -m "$(FAST)"
+	$(BIN)/python -m pytest -q -n auto -m "$(FAST)"
 
 # The browser tests (pytest -m browser) open plots in Chrome or Chromium and fail without it:
 # BROWSER_PATH when it names one (CI: the runner's Google Chrome), else Debian's chromium,
