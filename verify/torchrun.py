@@ -25,7 +25,7 @@ import torch.distributed as dist
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from verify.allocator import configure_allocator
-from verify.compare import build_stages, split_microbatches
+from verify.compare import build_stages, split_microbatches, step_rows
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings
 from verify.models import load_model
@@ -77,7 +77,7 @@ def verify_torchrun(
     /,
     *,
     model: str = "mlp",
-    model_options: Mapping[str, int] | None = None,
+    model_options: Mapping[str, Any] | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
     timeout_s: float = 120.0,
@@ -104,9 +104,7 @@ def verify_torchrun(
         model=model,
         model_options=dict(model_options or {}),
         seed=seed,
-        batch_size=-(-32 // schedule.n_microbatches) * schedule.n_microbatches
-        if batch_size is None
-        else batch_size,
+        batch_size=step_rows(schedule.n_microbatches, batch_size=batch_size),
         timeout_s=timeout_s,
         warmup=max(warmup, 0),
         n_threads=torch.get_num_threads(),
