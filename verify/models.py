@@ -51,8 +51,10 @@ __all__ = [
     "from_factory",
     "gpt",
     "llama",
+    "llama_ffn_width",
     "load_model",
     "mlp",
+    "next_token_loss",
     "with_precision",
 ]
 
