@@ -124,12 +124,12 @@ def format_report(report: VerifyReport, /) -> str:
     r = report
     verdict = "BIT-IDENTICAL" if r.bit_identical else "NOT bit-identical"
     grads = "n/a (forward-only)" if r.grads_equal is None else str(r.grads_equal)
-    sizes = sorted(set(r.microbatch_sizes), reverse=True)
+    row_counts = sorted(set(r.microbatch_sizes), reverse=True)
     lines = [
         f"{r.schedule}: {r.n_ranks} ranks, {r.n_stages} stages, {r.n_microbatches} micro-batches; "
         f"model {r.model} ({r.precision}) cut {list(r.layer_counts)} on {','.join(r.devices)}",
         f"rows: {r.batch_size} per step (global batch), "
-        + " or ".join(str(n) for n in sizes)
+        + " or ".join(str(n) for n in row_counts)
         + " per micro-batch (micro-batch size)",
         f"{verdict}: outputs {r.outputs_equal}, losses {r.losses_equal}, gradients {grads}, "
         f"order followed {r.order_followed}",
