@@ -9,6 +9,10 @@ schedule (no gradients to compare). ``measured_trace`` is the measured step as a
 pipesim trace file's object (times in ns, :mod:`verify.measured`), which
 ``pipesim plot --measured REPORT.json`` draws against its prediction. ``page_faults``
 is, per rank process, the minor page faults of the measured step (null in process).
+``precision`` names the model's dtypes (``bf16``, ``fp32, autocast bf16``); ``batch_size``
+is rows per step and ``microbatch_sizes`` rows per micro-batch; ``wire_bytes`` /
+``wire_dtypes`` what each rank process sent to the others (payload bytes, their dtypes;
+null / empty in process).
 """
 
 from __future__ import annotations
