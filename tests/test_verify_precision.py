@@ -262,3 +262,62 @@ def test_dist_messages_travel_in_the_dtype(dtype: str, schedule: str) -> None:
     assert report.wire_bytes == (m * one, m * one)
     assert report.wire_dtypes == (str(parse_dtype(dtype)).removeprefix("torch."),)
     assert sum(report.wire_bytes) == 2 * sum(map(sum, report.transfer_bytes))
+
+
+def _kernels_rank(rank: int, rendezvous: str, threads: int, out: str) -> None:
+    """One rank of a two-process gloo group with its own thread count: what
+    ``verify.torchrun``'s check says (run in a spawned process)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from verify.errors import ExactnessError
+    from verify.torchrun import _same_kernels
+
+    torch.set_num_threads(threads)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        _same_kernels(torch.device("cpu"), 2)
+        Path(out).write_text("accepted")
+    except ExactnessError as exc:
+        Path(out).write_text(str(exc))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("threads", "refused"), [((1, 1), False), ((1, 2), True)])
+def test_torchrun_refuses_cpu_ranks_with_different_thread_counts(
+    tmp_path, threads: tuple[int, int], refused: bool
+) -> None:  # type: ignore[no-untyped-def]
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    outs = [tmp_path / f"rank{r}.txt" for r in range(2)]
+    procs = [
+        context.Process(
+            target=_kernels_rank, args=(r, str(tmp_path / "rdv"), threads[r], str(outs[r]))
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+        if p.is_alive():
+            p.kill()
+    said = [o.read_text() for o in outs]
+    if not refused:
+        assert said == ["accepted", "accepted"]
+    else:
+        assert said[0] == said[1] and said[0].startswith(
+            "the CPU ranks run different torch thread counts (rank 0 = 1, rank 1 = 2)"
+        )

@@ -116,7 +116,7 @@ def verify_torchrun(
         backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **options
     )
     try:
-        _same_gpu_model(device, place.world_size)
+        _same_kernels(device, place.world_size)
         result = run_rank(place.rank, spec, device=device)
         gathered: list[Any] | None = [None] * place.world_size if place.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
@@ -155,14 +155,25 @@ def _device(device_type: str | None, place: TorchrunPlace) -> torch.device:
     return device
 
 
-def _same_gpu_model(device: torch.device, world_size: int) -> None:
-    """Every rank on the same GPU model (different models pick different kernels)."""
+def _same_kernels(device: torch.device, world_size: int) -> None:
+    """Every rank on the same GPU model (different models pick different kernels), and on
+    the CPU with the same intra-op thread count as rank 0, which runs the reference: CPU
+    reductions (a LayerNorm's, a bias gradient's) split their sums by thread count, so
+    the GPT's gradients differ in their last bits between 1 and 2 threads."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    names: list[Any] = [None] * world_size
-    dist.all_gather_object(names, name)
-    if len(set(names)) > 1:
-        listed = ", ".join(f"rank {r} = {n}" for r, n in enumerate(names))
+    threads = None if device.type == "cuda" else torch.get_num_threads()
+    seen: list[Any] = [None] * world_size
+    dist.all_gather_object(seen, (name, threads))
+    if len({n for n, _ in seen}) > 1:
+        listed = ", ".join(f"rank {r} = {n}" for r, (n, _) in enumerate(seen))
         raise ExactnessError(f"the ranks run on different devices ({listed}); use one GPU model")
+    if len({t for _, t in seen}) > 1:
+        listed = ", ".join(f"rank {r} = {t}" for r, (_, t) in enumerate(seen))
+        raise ExactnessError(
+            f"the CPU ranks run different torch thread counts ({listed}): CPU kernels split "
+            "their sums by thread count, so the bits cannot match the reference's; start "
+            "every rank with the same OMP_NUM_THREADS (torchrun's default is 1)"
+        )
 
 
 def _rank0_report(
