@@ -91,6 +91,7 @@ fi
 
 # The summary line, and gpu-check.xml: one JUnit test case per check (a failed one carries
 # the end of its output), so that CI shows every check, not only the pytest ones.
+rm -f "$OUT/summary-failures.txt"  # an earlier run's must not count
 summary=$("$PY" - "$OUT" "${checks[*]}" "${failed[*]:-}" <<'PYEOF'
 import glob, json, os, sys
 from xml.etree import ElementTree as ET
@@ -138,7 +139,7 @@ ET.ElementTree(suite).write(
     os.path.join(out, "gpu-check.xml"), encoding="utf-8", xml_declaration=True)
 print("; ".join(parts) or "no reports")
 PYEOF
-)
+) || failed+=("summary(exit-$?)")
 # Failures only the reports show (a skipped CUDA test, a bf16 message sent as another dtype).
 read -r -a extra <<< "$(cat "$OUT/summary-failures.txt" 2> /dev/null)"
 failed+=("${extra[@]}")
