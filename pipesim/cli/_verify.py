@@ -47,7 +47,8 @@ exit status:
      tensor, its max abs difference and the action it came from)
   2  bad usage or input (schedule, model, devices, batch size, split)
   3  the environment cannot be exact (TF32 on, non-deterministic algorithms, dropout or
-     batch-norm in training mode, mixed GPU models, a GPU asked for and missing, no torch)
+     batch-norm in training mode, mixed GPU models, torchrun CPU ranks with different
+     thread counts, a GPU asked for and missing, no torch)
   4  the run failed: a rank raised, died or missed its deadline (the error names the rank,
      the action it ran or waited for, and the peer)
 """
