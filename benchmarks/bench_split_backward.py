@@ -31,7 +31,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from verify.models import Block
+from verify.blocks import Block
 from verify.split_backward import input_backward, weight_backward
 
 Run = Callable[[nn.Module, Tensor, Tensor], list[Tensor]]

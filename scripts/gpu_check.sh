@@ -67,6 +67,14 @@ run verify-mlp-cuda0 180 "$PY" -m verify 1f1b --stages 2 --microbatches 4 --devi
 run verify-gpt-cuda0 180 "$PY" -m verify interleaved-1f1b --stages 2 --virtual 2 \
     --microbatches 8 --model gpt --gpt-layers 6 --device cuda:0 --json \
     --costs-out "$OUT/verify-gpt-cuda0-costs.json" --output "$OUT/verify-gpt-cuda0.json"
+# bf16, as models train on GPUs: every tensor bf16 (the messages too), split backward
+# (zero bubble's I and W) on the Llama; and float32 weights under autocast on the GPT.
+run verify-llama-bf16-cuda0 180 "$PY" -m verify zb-h1 --stages 2 --microbatches 4 \
+    --model llama --llama-layers 4 --dtype bf16 --device cuda:0 --json \
+    --output "$OUT/verify-llama-bf16-cuda0.json"
+run verify-gpt-autocast-cuda0 180 "$PY" -m verify interleaved-1f1b --stages 2 --virtual 2 \
+    --microbatches 4 --model gpt --gpt-layers 6 --autocast bf16 --device cuda:0 --json \
+    --output "$OUT/verify-gpt-autocast-cuda0.json"
 if [ "$N" -ge 2 ]; then
     # One process per GPU under torchrun, NCCL between them; rank 0 writes the report.
     run verify-mlp-nccl 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
@@ -75,10 +83,15 @@ if [ "$N" -ge 2 ]; then
     run verify-zbv-nccl 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
         -m verify zbv --stages 2 --microbatches 8 --model gpt --gpt-layers 6 --timeout 240 \
         --json --output "$OUT/verify-zbv-nccl.json"
+    # bf16 messages over NCCL: the report's wire_dtypes must say bfloat16 (checked below).
+    run verify-llama-bf16-nccl 300 "$PY" -m torch.distributed.run --standalone \
+        --nproc-per-node 2 -m verify 1f1b --stages 2 --microbatches 8 --model llama \
+        --dtype bf16 --timeout 240 --json --output "$OUT/verify-llama-bf16-nccl.json"
 fi
 
 # The summary line, and gpu-check.xml: one JUnit test case per check (a failed one carries
 # the end of its output), so that CI shows every check, not only the pytest ones.
+rm -f "$OUT/summary-failures.txt"  # an earlier run's must not count
 summary=$("$PY" - "$OUT" "${checks[*]}" "${failed[*]:-}" <<'PYEOF'
 import glob, json, os, sys
 from xml.etree import ElementTree as ET
@@ -91,10 +104,26 @@ for path in sorted(glob.glob(os.path.join(out, "verify-*.json"))):
         r = json.load(open(path))
         name = os.path.basename(path)[len("verify-"):-len(".json")]
         verdict = "bit-identical" if r["bit_identical"] else "DIFFERS"
-        parts.append(f"{name} {verdict} {r['measured_makespan'] * 1e3:.1f}ms"
+        # A bf16 model's messages between processes must travel as bf16.
+        if r.get("precision") == "bf16" and r.get("wire_bytes") is not None \
+                and r.get("wire_dtypes") != ["bfloat16"]:
+            verdict += f" WIRE-NOT-BF16({r.get('wire_dtypes')})"
+            failed.append(f"verify-{name}(wire-not-bf16)")
+        parts.append(f"{name} {r.get('precision', '?')} {verdict} "
+                     f"{r['measured_makespan'] * 1e3:.1f}ms"
                      f"(pred {r['makespan_error_percent']:+.0f}%)")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         parts.append(f"{os.path.basename(path)} unreadable ({type(exc).__name__})")
+# A CUDA test that skipped here did not run on the GPU: a failure, never a silent pass.
+try:
+    tests = ET.parse(os.path.join(out, "cuda-tests.xml")).getroot()
+    skipped = sum(int(t.get("skipped", 0)) for t in tests.iter("testsuite"))
+except (OSError, ET.ParseError):
+    skipped = 0  # no XML: cuda-tests failed already, its exit status says so
+if skipped and not any(f.startswith("cuda-tests(") for f in failed):
+    failed.append(f"cuda-tests({skipped}-skipped)")
+with open(os.path.join(out, "summary-failures.txt"), "w") as extra:
+    extra.write(" ".join(f for f in failed if f not in sys.argv[3].split()))
 suite = ET.Element("testsuite", name="gpu_check", tests=str(len(checks)),
                    failures=str(len(failed)))
 for name in checks:
@@ -110,7 +139,10 @@ ET.ElementTree(suite).write(
     os.path.join(out, "gpu-check.xml"), encoding="utf-8", xml_declaration=True)
 print("; ".join(parts) or "no reports")
 PYEOF
-)
+) || failed+=("summary(exit-$?)")
+# Failures only the reports show (a skipped CUDA test, a bf16 message sent as another dtype).
+read -r -a extra <<< "$(cat "$OUT/summary-failures.txt" 2> /dev/null)"
+failed+=("${extra[@]}")
 if [ ${#failed[@]} -eq 0 ]; then
     echo "gpu_check: PASS on ${N}x ${GPU} (torch ${TORCH}, CUDA ${CUDA}): ${summary}; outputs in ${OUT}/"
     exit 0

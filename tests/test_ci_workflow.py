@@ -173,10 +173,11 @@ def _gpu_check(tmp_path: Path, python: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _fake_python(tmp_path: Path, probe: str) -> str:
+def _fake_python(tmp_path: Path, probe: str, *, broken: bool = False) -> str:
     """A stand-in for the runner's Python: answers the torch probes as a machine with CUDA
     torch would, records and fakes the checks (zbv's report differs), and runs the script's
-    summary with the real Python."""
+    summary with the real Python. ``broken``: the CUDA tests skip and a bf16 model's
+    messages go over NCCL as float32."""
     fake = tmp_path / "fake-python"
     fake.write_text(
         f"#!{sys.executable}\n"
@@ -193,12 +194,19 @@ def _fake_python(tmp_path: Path, probe: str) -> str:
         elif args[:2] == ["-m", "pytest"]:
             for a in args:
                 if a.startswith("--junitxml="):
-                    open(a.split("=", 1)[1], "w").write("<testsuite/>")
+                    skipped = 3 if {broken!r} else 0
+                    open(a.split("=", 1)[1], "w").write(f'<testsuite skipped="{{skipped}}"/>')
         elif "verify" in args:
             out = args[args.index("--output") + 1]
             same = "zbv" not in args
+            bf16 = "bf16" in args and "--dtype" in args
+            amp = "fp32, autocast bf16" if "--autocast" in args else "fp32"
+            precision = "bf16" if bf16 else amp
+            wire = ["float32" if {broken!r} or not bf16 else "bfloat16"]
             json.dump({{"bit_identical": same, "measured_makespan": 0.0021,
-                       "makespan_error_percent": 4.4}}, open(out, "w"))
+                       "makespan_error_percent": 4.4, "precision": precision,
+                       "wire_bytes": [8, 8] if "torch.distributed.run" in args else None,
+                       "wire_dtypes": wire}}, open(out, "w"))
             sys.exit(0 if same else 1)
         else:
             os.execv({sys.executable!r}, [{sys.executable!r}, *args])
@@ -236,22 +244,44 @@ def test_gpu_check_on_two_gpus_runs_every_check_and_writes_junit(tmp_path: Path)
     assert done.returncode == 1, done.stderr  # zbv's report differs
     assert done.stdout.splitlines() == [
         "gpu_check: FAIL verify-zbv-nccl(exit-1) on 2x Fake GPU (torch 2.5.1+cu124, CUDA "
-        "12.4): gpt-cuda0 bit-identical 2.1ms(pred +4%); mlp-cuda0 bit-identical 2.1ms(pred "
-        "+4%); mlp-nccl bit-identical 2.1ms(pred +4%); zbv-nccl DIFFERS 2.1ms(pred +4%); see "
-        f"{out}/*.log.txt"
+        "12.4): gpt-autocast-cuda0 fp32, autocast bf16 bit-identical 2.1ms(pred +4%); "
+        "gpt-cuda0 fp32 bit-identical 2.1ms(pred +4%); llama-bf16-cuda0 bf16 bit-identical "
+        "2.1ms(pred +4%); llama-bf16-nccl bf16 bit-identical 2.1ms(pred +4%); mlp-cuda0 fp32 "
+        "bit-identical 2.1ms(pred +4%); mlp-nccl fp32 bit-identical 2.1ms(pred +4%); zbv-nccl "
+        f"fp32 DIFFERS 2.1ms(pred +4%); see {out}/*.log.txt"
     ]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert sum("--device cuda:0" in c for c in calls) == 2  # the one-process executor
+    assert sum("--device cuda:0" in c for c in calls) == 4  # the one-process executor
+    assert sum("--dtype bf16" in c for c in calls) == 2 and sum("--autocast" in c for c in calls)
     torchrun = [c for c in calls if c.startswith("-m torch.distributed.run")]
-    assert len(torchrun) == 2 and all("--nproc-per-node 2 -m verify" in c for c in torchrun)
+    assert len(torchrun) == 3 and all("--nproc-per-node 2 -m verify" in c for c in torchrun)
     suite = ElementTree.parse(out / "gpu-check.xml").getroot()
     cases = {c.get("name"): c.find("failure") for c in suite.iter("testcase")}
     assert set(cases) == {
         "cuda-tests",
         "verify-mlp-cuda0",
         "verify-gpt-cuda0",
+        "verify-llama-bf16-cuda0",
+        "verify-gpt-autocast-cuda0",
         "verify-mlp-nccl",
         "verify-zbv-nccl",
+        "verify-llama-bf16-nccl",
     }
     assert [n for n, f in cases.items() if f is not None] == ["verify-zbv-nccl"]
     assert (out / "cuda-tests.xml").exists() and (out / "verify-mlp-cuda0.json").exists()
+
+
+def test_gpu_check_fails_when_cuda_tests_skip_or_bf16_travels_as_float32(tmp_path: Path) -> None:
+    # A CUDA test that skipped did not run on the GPU; a bf16 model's messages sent as
+    # float32 are not what the check is for: both fail the run, never a silent pass.
+    done = _gpu_check(tmp_path, _fake_python(tmp_path, "2 12.4 2.5.1+cu124", broken=True))
+    assert done.returncode == 1
+    line = done.stdout.splitlines()[-1]
+    assert line.startswith(
+        "gpu_check: FAIL verify-zbv-nccl(exit-1) verify-llama-bf16-nccl(wire-not-bf16) "
+        "cuda-tests(3-skipped) on 2x Fake GPU"
+    )
+    assert "llama-bf16-nccl bf16 bit-identical WIRE-NOT-BF16(['float32'])" in line
+    suite = ElementTree.parse(tmp_path / "out" / "gpu-check.xml").getroot()
+    failing = {c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None}
+    assert failing == {"cuda-tests", "verify-llama-bf16-nccl", "verify-zbv-nccl"}

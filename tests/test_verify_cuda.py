@@ -15,7 +15,7 @@ from pipesim.schedules import generate  # noqa: E402
 from verify.compare import verify  # noqa: E402
 from verify.errors import ExactnessError  # noqa: E402
 from verify.exactness import exact_settings  # noqa: E402
-from verify.models import gpt, mlp  # noqa: E402
+from verify.models import gpt, load_model, mlp  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,
@@ -68,6 +68,27 @@ def test_split_backward_on_gpus() -> None:
     assert verify(
         schedule, model=gpt(n_layers=2, width=64), devices=_devices(2), batch_size=12
     ).bit_identical
+
+
+@pytest.mark.parametrize(
+    ("precision", "name", "v"),
+    [
+        ({"dtype": "bf16"}, "1f1b", None),
+        ({"dtype": "bf16"}, "zb-h1", None),  # I and W split
+        ({"dtype": "fp16"}, "interleaved-1f1b", 2),
+        ({"autocast": "bf16"}, "1f1b", None),
+    ],
+)
+def test_llama_and_gpt_in_low_precision_on_gpus(
+    precision: dict[str, str], name: str, v: int | None
+) -> None:
+    schedule = generate(name, n_ranks=2, n_microbatches=4, virtual=v)
+    for model in ("llama", "gpt"):
+        built = load_model(model, n_layers=4, width=64, **precision)
+        report = verify(schedule, model=built, devices=_devices(2), microbatch_size=4)
+        assert report.bit_identical, (model, precision, report.mismatches)
+        if "dtype" in precision:  # 4 rows x 16 positions x 64 features x 2 bytes
+            assert set(report.transfer_bytes[0]) == {4 * 16 * 64 * 2}
 
 
 def test_settings_are_set_then_restored() -> None:

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from torch import Tensor, nn  # noqa: E402
 
-from verify.models import Block  # noqa: E402
+from verify.blocks import Block  # noqa: E402
 from verify.split_backward import input_backward, weight_backward  # noqa: E402
 
 pytestmark = pytest.mark.torch

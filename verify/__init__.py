@@ -2,7 +2,10 @@
 
 This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 
-- :mod:`verify.models`: the chapter's MLP, a small GPT, ``package.module:factory`` models;
+- :mod:`verify.models`: the chapter's MLP, a small GPT, a small Llama,
+  ``package.module:factory`` models, in bf16 / fp16 or under autocast;
+- :mod:`verify.blocks`: the GPT's and the Llama's layers;
+- :mod:`verify.precision`: dtype names, autocast inside a model's layers;
 - :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules
   (the cut is :mod:`pipesim.partition`'s, the planner's);
 - :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
@@ -40,6 +43,7 @@ from verify.allocator import (
     configure_allocator,
     minor_page_faults,
 )
+from verify.blocks import Block, Embedding, Head, LlamaBlock, LlamaHead
 from verify.calibrate import (
     as_run_schedule,
     calibrate,
@@ -58,6 +62,7 @@ from verify.compare import (
     reference_run,
     schedule_accumulation_orders,
     split_microbatches,
+    step_rows,
     verify,
 )
 from verify.crosscheck import CrossCheck, crosscheck, crosscheck_all
@@ -86,8 +91,20 @@ from verify.local import (
 )
 from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.measured import as_run_trace, measured_step_dict, write_measured_trace
-from verify.models import MODEL_NAMES, VerifyModel, from_factory, gpt, load_model, mlp
+from verify.models import (
+    MODEL_NAMES,
+    VerifyModel,
+    from_factory,
+    gpt,
+    llama,
+    llama_ffn_width,
+    load_model,
+    mlp,
+    next_token_loss,
+    with_precision,
+)
 from verify.partition import param_bytes, partition
+from verify.precision import DTYPES, Autocast, dtype_name, parse_dtype
 from verify.rank import (
     RankRunner,
     RankSpec,
@@ -128,6 +145,7 @@ __all__ = [
     "BURN_IN",
     "COMPUTING",
     "DEFAULT_ALLOCATOR_MODE",
+    "DTYPES",
     "FINISHED",
     "HEADER_LENGTH",
     "MODEL_NAMES",
@@ -136,9 +154,15 @@ __all__ = [
     "STARTING",
     "WAITING",
     "ActionTiming",
+    "Autocast",
+    "Block",
     "CrossCheck",
     "DeviceEvent",
+    "Embedding",
     "ExactnessError",
+    "Head",
+    "LlamaBlock",
+    "LlamaHead",
     "LocalRun",
     "Measurement",
     "OrderedTransport",
@@ -178,6 +202,7 @@ __all__ = [
     "decode_header",
     "describe_failure",
     "describe_states",
+    "dtype_name",
     "encode_header",
     "exact_settings",
     "exactness_problems",
@@ -189,6 +214,8 @@ __all__ = [
     "gpt",
     "input_backward",
     "launch",
+    "llama",
+    "llama_ffn_width",
     "load_model",
     "locate_from_results",
     "locate_gradient_mismatch",
@@ -200,9 +227,11 @@ __all__ = [
     "message_shapes",
     "minor_page_faults",
     "mlp",
+    "next_token_loss",
     "page_faults_line",
     "param_bytes",
     "parse_devices",
+    "parse_dtype",
     "partition",
     "pin_ranks",
     "prepare_spec",
@@ -220,6 +249,7 @@ __all__ = [
     "split_microbatches",
     "stage_bytes",
     "status_length",
+    "step_rows",
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",
@@ -229,5 +259,6 @@ __all__ = [
     "verify_distributed_all",
     "verify_torchrun",
     "weight_backward",
+    "with_precision",
     "write_measured_trace",
 ]

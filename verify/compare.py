@@ -63,6 +63,7 @@ __all__ = [
     "reference_run",
     "schedule_accumulation_orders",
     "split_microbatches",
+    "step_rows",
     "verify",
 ]
 
@@ -80,6 +81,32 @@ def split_microbatches(batch: Tensor, n_microbatches: int, /) -> tuple[Tensor, .
             f"least one row); use a batch size of at least {n_microbatches}"
         )
     return tuple(torch.tensor_split(batch, n_microbatches, dim=0))
+
+
+def step_rows(
+    n_microbatches: int, /, *, batch_size: int | None = None, microbatch_size: int | None = None
+) -> int:
+    """Rows per step from rows per step (``batch_size``, ``--global-batch``) or rows per
+    micro-batch (``microbatch_size``, ``--microbatch-size``); both must agree; neither: 32
+    rounded up to whole micro-batches.
+
+    >>> step_rows(4), step_rows(4, microbatch_size=8), step_rows(3, batch_size=10)
+    (32, 32, 10)
+    """
+    for label, value in (("batch_size", batch_size), ("microbatch_size", microbatch_size)):
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and (not whole or value < 1):
+            raise VerifyError(f"{label} must be a whole number >= 1, got {value!r}")
+    if microbatch_size is None:
+        return -(-32 // n_microbatches) * n_microbatches if batch_size is None else batch_size
+    rows = microbatch_size * n_microbatches
+    if batch_size is not None and batch_size != rows:
+        raise VerifyError(
+            f"rows per step {batch_size} (--global-batch) disagree with {microbatch_size} rows "
+            f"per micro-batch (--microbatch-size) x {n_microbatches} micro-batches = {rows}; "
+            "give one of them, or sizes that agree"
+        )
+    return rows
 
 
 def schedule_accumulation_orders(schedule: Schedule, /) -> tuple[tuple[int, ...], ...]:
@@ -171,6 +198,7 @@ def verify(
     model: VerifyModel | str = "mlp",
     devices: str | Sequence[str] | None = None,
     batch_size: int | None = None,
+    microbatch_size: int | None = None,
     stages: Sequence[nn.Module] | None = None,
     layer_counts: Sequence[int] | None = None,
     balance: str | Sequence[float] = "layers",
@@ -184,9 +212,10 @@ def verify(
     :func:`~verify.models.load_model`; it is cut into ``schedule.n_stages``
     stages by ``layer_counts`` / ``balance`` unless ``stages`` gives the
     stage modules. ``devices``: one per rank, or one for all (default: the CUDA
-    devices present, else the CPU). ``batch_size`` defaults to 32 rounded up to
-    a multiple of the micro-batch count. ``accumulation_orders`` overrides the
-    per-stage order the reference adds gradients in (default: the Schedule's).
+    devices present, else the CPU). ``batch_size`` (rows per step) or
+    ``microbatch_size`` (rows per micro-batch) size the batch (:func:`step_rows`).
+    ``accumulation_orders`` overrides the per-stage order the reference adds
+    gradients in (default: the Schedule's).
     ``warmup`` untimed runs come first so that one-time start-up costs stay out
     of the measurement. ``apply_settings``: see :func:`~verify.exactness.exact_settings`.
     """
@@ -201,7 +230,7 @@ def verify(
         raise VerifyError(
             f"{len(stages)} stage modules for a schedule of {schedule.n_stages} stages"
         )
-    rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+    rows = step_rows(n_mb, batch_size=batch_size, microbatch_size=microbatch_size)
     expected_orders = tuple(
         tuple(o) for o in (accumulation_orders or schedule_accumulation_orders(schedule))
     )
@@ -393,6 +422,9 @@ def build_report(
         makespan_error_percent=timing.error_percent,
         costs=timing.costs,
         trace=timing.trace,
+        precision=model.precision,
+        wire_bytes=run.wire_bytes,
+        wire_dtypes=run.wire_dtypes,
         page_faults=run.page_faults,
         as_run=as_run,
     )

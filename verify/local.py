@@ -103,6 +103,11 @@ class LocalRun:
     page_faults: tuple[int, ...] | None = None
     """Per rank process, the minor page faults of the measured step; None where not
     counted (every rank in one process, or a platform without ``resource``)."""
+    wire_bytes: tuple[int, ...] | None = None
+    """Per rank process, the payload bytes it sent through the process group in the step
+    (headers excluded); None where every rank ran in one process."""
+    wire_dtypes: tuple[str, ...] = ()
+    """The dtypes of those payloads (``bfloat16`` for a bf16 model)."""
     grad_trace: tuple[tuple[tuple[str, tuple[Tensor | None, ...]], ...], ...] = ()
     """Per stage, after each B or W, the action and every parameter's gradient so far
     (before the final division); empty unless the run was asked to trace them."""

@@ -13,8 +13,13 @@ model and batch size always give the same bits, whatever the devices.
 - :func:`gpt`: a small GPT-style decoder (token + position embedding, pre-norm
   blocks with causal self-attention and a GELU MLP, final norm + head), no
   dropout, as a sequence of ``n_layers + 2`` modules.
+- :func:`llama`: a small Llama-style decoder (token embedding, pre-norm blocks
+  with RMSNorm, rotary position embedding, grouped-query causal attention and a
+  SwiGLU MLP, final RMSNorm + head), as a sequence of ``n_layers + 2`` modules.
 - :func:`from_factory`: ``"package.module:factory"`` returning an
   ``nn.Sequential``, a list of modules, or a :class:`VerifyModel`.
+- :func:`with_precision`: a model in another dtype (``bf16``, ``fp16``), or its
+  forward under autocast (:mod:`verify.precision`).
 
 >>> model = mlp()
 >>> sum(p.numel() for p in model.layers.parameters())
@@ -27,7 +32,6 @@ model and batch size always give the same bits, whatever the devices.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -37,12 +41,25 @@ import torch
 from torch import Tensor, nn
 
 from pipesim.errors import UnknownNameError
+from verify.blocks import Block, Embedding, Head, LlamaBlock, LlamaHead
 from verify.errors import VerifyError
+from verify.precision import Autocast, dtype_name, parse_dtype
 
-__all__ = ["MODEL_NAMES", "VerifyModel", "from_factory", "gpt", "load_model", "mlp"]
+__all__ = [
+    "MODEL_NAMES",
+    "VerifyModel",
+    "from_factory",
+    "gpt",
+    "llama",
+    "llama_ffn_width",
+    "load_model",
+    "mlp",
+    "next_token_loss",
+    "with_precision",
+]
 
 #: The built-in model names ``load_model`` (and ``pipesim verify --model``) accepts.
-MODEL_NAMES = ("mlp", "gpt")
+MODEL_NAMES = ("mlp", "gpt", "llama")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -57,6 +74,22 @@ class VerifyModel:
     """``batch_size -> (inputs, targets)`` on the CPU; the same bits on every call."""
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     """``(output, target) -> scalar loss`` of one micro-batch (a mean, like torch's)."""
+    autocast: torch.dtype | None = None
+    """The dtype the forward runs in under ``torch.autocast`` (:func:`with_precision`);
+    None: no autocast."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the parameters (float32 for a model without floating ones)."""
+        return next(
+            (p.dtype for p in self.layers.parameters() if p.is_floating_point()), torch.float32
+        )
+
+    @property
+    def precision(self) -> str:
+        """The dtypes in words, for reports: ``bf16``, or ``fp32, autocast bf16``."""
+        text = dtype_name(self.dtype)
+        return text if self.autocast is None else f"{text}, autocast {dtype_name(self.autocast)}"
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, nn.Sequential) or len(self.layers) == 0:
@@ -126,73 +159,6 @@ def mlp(*, seed: int = 21) -> VerifyModel:
 
 
 # -- a small GPT ---------------------------------------------------------------------------
-class Embedding(nn.Module):
-    """Token + learned position embedding: ``(batch, seq)`` ids -> ``(batch, seq, width)``."""
-
-    def __init__(self, *, vocab_size: int, seq_len: int, width: int) -> None:
-        super().__init__()
-        self.token = nn.Embedding(vocab_size, width)
-        self.position = nn.Embedding(seq_len, width)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        embedded: Tensor = self.token(ids) + self.position(positions)  # (batch, seq, width)
-        return embedded
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block (nanoGPT's layout): causal attention, then a GELU MLP.
-
-    Attention is written out (no fused kernel) so that it is deterministic on
-    every device.
-    """
-
-    def __init__(self, *, width: int, n_heads: int, seq_len: int) -> None:
-        super().__init__()
-        if width % n_heads:
-            raise VerifyError(f"gpt: width {width} is not divisible by n_heads {n_heads}")
-        self.n_heads = n_heads
-        self.norm1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.norm2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.act = nn.GELU()
-        self.fc_out = nn.Linear(4 * width, width)
-        mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-        self.register_buffer("mask", mask, persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        batch, seq, width = x.shape
-        head = width // self.n_heads
-        q, k, v = self.qkv(self.norm1(x)).split(width, dim=2)
-        # (batch, heads, seq, head)
-        q = q.view(batch, seq, self.n_heads, head).transpose(1, 2)
-        k = k.view(batch, seq, self.n_heads, head).transpose(1, 2)
-        v = v.view(batch, seq, self.n_heads, head).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head))  # (batch, heads, seq, seq)
-        mask: Tensor = self.mask  # type: ignore[assignment]  # a registered buffer
-        scores = scores.masked_fill(~mask[:seq, :seq], float("-inf"))
-        y = scores.softmax(dim=-1) @ v  # (batch, heads, seq, head)
-        y = y.transpose(1, 2).reshape(batch, seq, width)
-        x = x + self.proj(y)
-        out: Tensor = x + self.fc_out(self.act(self.fc(self.norm2(x))))
-        return out
-
-
-class Head(nn.Module):
-    """Final layer norm and the vocabulary projection: ``(batch, seq, vocab)`` logits."""
-
-    def __init__(self, *, width: int, vocab_size: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.out = nn.Linear(width, vocab_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        logits: Tensor = self.out(self.norm(x))  # (batch, seq, vocab)
-        return logits
-
-
 def gpt(
     *,
     n_layers: int = 4,
@@ -231,9 +197,33 @@ def gpt(
         )
 
     layers, state = _seeded(seed, build)
+    assert isinstance(layers, nn.Sequential)
+    return VerifyModel(
+        name="gpt",
+        layers=layers,
+        make_batch=_token_batch("gpt", vocab_size, seq_len, state),
+        loss_fn=next_token_loss,
+    )
+
+
+def next_token_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """Mean next-token cross-entropy, in float32 whatever the logits' dtype (as
+    Megatron-LM and Hugging Face's Llama compute it: ``logits.float()``)."""
+    # Spelled out: torch's NLLLoss has no deterministic CUDA kernel
+    # (torch.use_deterministic_algorithms refuses it), a one-hot product does.
+    log_probs = logits.float().log_softmax(dim=-1)  # (batch, seq, vocab)
+    picked = (log_probs * nn.functional.one_hot(target, logits.shape[-1])).sum(dim=-1)
+    return -picked.mean()
+
+
+def _token_batch(
+    name: str, vocab_size: int, seq_len: int, state: Tensor
+) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """``make_batch`` of a language model: random token ids and the next-token targets,
+    drawn from ``state`` (the RNG state after the model was built)."""
 
     def make_batch(batch_size: int) -> tuple[Tensor, Tensor]:
-        _check_batch("gpt", batch_size)
+        _check_batch(name, batch_size)
 
         def draw() -> tuple[Tensor, Tensor]:
             ids = torch.randint(vocab_size, (batch_size, seq_len + 1))
@@ -241,15 +231,89 @@ def gpt(
 
         return _from_state(state, draw)
 
-    def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
-        # Cross-entropy spelled out: torch's NLLLoss has no deterministic CUDA kernel
-        # (torch.use_deterministic_algorithms refuses it), a one-hot product does.
-        log_probs = logits.log_softmax(dim=-1)  # (batch, seq, vocab)
-        picked = (log_probs * nn.functional.one_hot(target, logits.shape[-1])).sum(dim=-1)
-        return -picked.mean()
+    return make_batch
 
+
+# -- a small Llama -------------------------------------------------------------------------
+def llama_ffn_width(width: int, /) -> int:
+    """Llama's SwiGLU hidden width: 2/3 of 4 x ``width``, rounded up to a multiple of 32
+    (Meta's ``multiple_of``, 256 at scale, smaller for a small model).
+
+    >>> llama_ffn_width(64)
+    192
+    """
+    return -(-(8 * width) // (3 * 32)) * 32
+
+
+def llama(
+    *,
+    n_layers: int = 4,
+    width: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    ffn_width: int | None = None,
+    vocab_size: int = 128,
+    seq_len: int = 16,
+    seed: int = 0,
+) -> VerifyModel:
+    """A small Llama-style decoder as ``n_layers + 2`` sequential entries.
+
+    Entry 0 embeds token ids (positions are rotary, inside attention), entries
+    1..n_layers are :class:`LlamaBlock`, the last is the final RMSNorm and head;
+    the loss is next-token cross-entropy in float32. ``ffn_width`` defaults to
+    :func:`llama_ffn_width`. No dropout, no weight tying.
+
+    >>> model = llama(n_layers=2, width=32, n_heads=4, n_kv_heads=2)
+    >>> len(model.layers), model.layers[1].wk.out_features, model.layers[1].w1.out_features
+    (4, 16, 96)
+    """
+    ffn = llama_ffn_width(width) if ffn_width is None else ffn_width
+    for label, value in (
+        ("n_layers", n_layers),
+        ("width", width),
+        ("n_heads", n_heads),
+        ("n_kv_heads", n_kv_heads),
+        ("ffn_width", ffn),
+        ("vocab_size", vocab_size),
+        ("seq_len", seq_len),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise VerifyError(f"llama: {label} must be a whole number >= 1, got {value!r}")
+    if width % n_heads or (width // n_heads) % 2:
+        raise VerifyError(
+            f"llama: width {width} must split into n_heads {n_heads} heads of an even size "
+            "(rotary embedding turns pairs of features); choose a width divisible by 2 x heads"
+        )
+    if n_heads % n_kv_heads:
+        raise VerifyError(
+            f"llama: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads} (each "
+            "key/value head serves a whole number of query heads); choose a divisor of it"
+        )
+
+    def build() -> nn.Module:
+        return nn.Sequential(
+            nn.Embedding(vocab_size, width),
+            *(
+                LlamaBlock(
+                    width=width,
+                    n_heads=n_heads,
+                    n_kv_heads=n_kv_heads,
+                    ffn_width=ffn,
+                    seq_len=seq_len,
+                )
+                for _ in range(n_layers)
+            ),
+            LlamaHead(width=width, vocab_size=vocab_size),
+        )
+
+    layers, state = _seeded(seed, build)
     assert isinstance(layers, nn.Sequential)
-    return VerifyModel(name="gpt", layers=layers, make_batch=make_batch, loss_fn=loss_fn)
+    return VerifyModel(
+        name="llama",
+        layers=layers,
+        make_batch=_token_batch("llama", vocab_size, seq_len, state),
+        loss_fn=next_token_loss,
+    )
 
 
 # -- user factories ------------------------------------------------------------------------
@@ -315,7 +379,9 @@ def _plain(name: str, layers: nn.Sequential, state: Tensor) -> VerifyModel:
         if isinstance(first, nn.Embedding):
             return torch.randint(first.num_embeddings, (batch_size, 8))
         assert isinstance(first, nn.Linear)
-        return torch.randn(batch_size, first.in_features)
+        # In the layer's own dtype: a bf16 model given float32 rows fails in its first
+        # matmul ("mat1 and mat2 must have the same dtype").
+        return torch.randn(batch_size, first.in_features, dtype=first.weight.dtype)
 
     def make_batch(batch_size: int) -> tuple[Tensor, Tensor]:
         _check_batch(name, batch_size)
@@ -323,8 +389,8 @@ def _plain(name: str, layers: nn.Sequential, state: Tensor) -> VerifyModel:
         def draw() -> tuple[Tensor, Tensor]:
             x = draw_input(batch_size)
             with torch.no_grad():
-                shape = layers(x).shape
-            return x, torch.randn(shape)
+                out = layers(x)
+            return x, torch.randn(out.shape, dtype=out.dtype)
 
         return _from_state(state, draw)
 
@@ -335,23 +401,131 @@ def _plain(name: str, layers: nn.Sequential, state: Tensor) -> VerifyModel:
 
 
 def load_model(
-    spec: str, /, *, seed: int | None = None, n_layers: int = 4, width: int = 64
+    spec: str,
+    /,
+    *,
+    seed: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    autocast: str | torch.dtype | None = None,
+    n_layers: int = 4,
+    width: int = 64,
+    n_heads: int | None = None,
+    n_kv_heads: int | None = None,
+    ffn_width: int | None = None,
 ) -> VerifyModel:
-    """``"mlp"``, ``"gpt"`` or ``"package.module:factory"`` -> a :class:`VerifyModel`.
+    """``"mlp"``, ``"gpt"``, ``"llama"`` or ``"package.module:factory"`` -> a
+    :class:`VerifyModel`, in ``dtype`` and/or under ``autocast`` (:func:`with_precision`).
 
     ``seed`` defaults to 21 for the MLP (the chapter's) and 0 otherwise;
-    ``n_layers`` and ``width`` size the GPT.
+    ``n_layers``, ``width`` and ``n_heads`` size the GPT and the Llama, ``n_kv_heads``
+    and ``ffn_width`` the Llama (each builder's default where None).
 
     >>> load_model("gpt", n_layers=2, width=32).name
     'gpt'
+    >>> load_model("llama", n_layers=2, width=32, dtype="bf16").precision
+    'bf16'
     """
+    if spec != "llama":
+        for label, value in (("n_kv_heads", n_kv_heads), ("ffn_width", ffn_width)):
+            if value is not None:
+                raise VerifyError(
+                    f"{label}={value} sizes the llama model, not {spec!r}; drop it or use llama"
+                )
+    heads = {} if n_heads is None else {"n_heads": n_heads}
+    chosen = 0 if seed is None else seed
     if spec == "mlp":
-        return mlp(seed=21 if seed is None else seed)
-    if spec == "gpt":
-        return gpt(n_layers=n_layers, width=width, seed=0 if seed is None else seed)
-    if ":" in spec:
-        return from_factory(spec, seed=0 if seed is None else seed)
-    raise UnknownNameError(
-        f"unknown model {spec!r}; valid models are: {', '.join(MODEL_NAMES)}, or an import "
-        "path package.module:factory returning an nn.Sequential"
+        model = mlp(seed=21 if seed is None else seed)
+    elif spec == "gpt":
+        model = gpt(n_layers=n_layers, width=width, seed=chosen, **heads)
+    elif spec == "llama":
+        kv = {} if n_kv_heads is None else {"n_kv_heads": n_kv_heads}
+        model = llama(
+            n_layers=n_layers, width=width, ffn_width=ffn_width, seed=chosen, **heads, **kv
+        )
+    elif ":" in spec:
+        model = from_factory(spec, seed=chosen)
+    else:
+        raise UnknownNameError(
+            f"unknown model {spec!r}; valid models are: {', '.join(MODEL_NAMES)}, or an import "
+            "path package.module:factory returning an nn.Sequential"
+        )
+    return with_precision(model, dtype=dtype, autocast=autocast)
+
+
+def with_precision(
+    model: VerifyModel,
+    /,
+    *,
+    dtype: str | torch.dtype | None = None,
+    autocast: str | torch.dtype | None = None,
+) -> VerifyModel:
+    """``model`` in ``dtype`` (parameters and floating buffers cast in place, floating
+    inputs and targets cast as drawn: every tensor, the messages too, in that dtype), or
+    with each entry's forward and the loss under ``torch.autocast`` to ``autocast``
+    (float32 parameters; :class:`verify.precision.Autocast`). The model is built in
+    float32 first, so every dtype starts from the same initialisation, rounded.
+
+    >>> m = with_precision(mlp(), autocast="bf16")
+    >>> m.precision, m.layers[0].module.weight.dtype
+    ('fp32, autocast bf16', torch.float32)
+    """
+    cast = None if dtype is None else parse_dtype(dtype)
+    under = None if autocast is None else parse_dtype(autocast)
+    if under is not None:
+        _check_autocast(model, cast, under)
+    layers, make_batch, loss_fn = model.layers, model.make_batch, model.loss_fn
+    if cast is not None:
+        layers.to(cast)
+        make_batch = _cast_batch(make_batch, cast)
+    if under is not None:
+        layers = nn.Sequential(*(Autocast(entry, dtype=under) for entry in layers))
+        loss_fn = _autocast_loss(loss_fn, under)
+    return VerifyModel(
+        name=model.name,
+        layers=layers,
+        make_batch=make_batch,
+        loss_fn=loss_fn,
+        autocast=model.autocast if under is None else under,
     )
+
+
+def _check_autocast(model: VerifyModel, cast: torch.dtype | None, under: torch.dtype) -> None:
+    """Refuse an autocast that would do nothing or fight the parameters' dtype."""
+    if under == torch.float32:
+        raise VerifyError(
+            "autocast fp32 computes nothing in lower precision; give bf16 or fp16, or drop it"
+        )
+    params = model.dtype if cast is None else cast
+    if params != torch.float32 or model.autocast is not None:
+        raise VerifyError(
+            f"autocast {dtype_name(under)} runs float32 parameters in lower precision, but the "
+            f"model is already {model.precision if cast is None else dtype_name(cast)}; give "
+            "--dtype (every tensor in one dtype) or --autocast (float32 parameters), not both"
+        )
+
+
+def _cast_batch(
+    make_batch: Callable[[int], tuple[Tensor, Tensor]], dtype: torch.dtype
+) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """``make_batch`` with its floating tensors in ``dtype`` (token ids stay integers)."""
+
+    def cast(t: Tensor) -> Tensor:
+        return t.to(dtype) if t.is_floating_point() else t
+
+    def make(batch_size: int) -> tuple[Tensor, Tensor]:
+        x, target = make_batch(batch_size)
+        return cast(x), cast(target)
+
+    return make
+
+
+def _autocast_loss(
+    loss_fn: Callable[[Tensor, Tensor], Tensor], dtype: torch.dtype
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """``loss_fn`` under autocast, as a training step computes its loss (AMP's recipe)."""
+
+    def loss(out: Tensor, target: Tensor) -> Tensor:
+        with torch.autocast(device_type=out.device.type, dtype=dtype):
+            return loss_fn(out, target)
+
+    return loss

@@ -37,7 +37,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
 from pipesim.structure import step_structure
 from verify.allocator import minor_page_faults
-from verify.compare import build_stages, split_microbatches
+from verify.compare import build_stages, split_microbatches, step_rows
 from verify.exactness import exact_settings
 from verify.models import VerifyModel, load_model
 from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
@@ -61,7 +61,8 @@ class RankSpec:
 
     schedule_json: str
     model: str
-    model_options: Mapping[str, int] = field(default_factory=dict)
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    """``load_model``'s keyword options: sizes, ``dtype``, ``autocast``."""
     seed: int | None = None
     batch_size: int
     timeout_s: float
@@ -182,7 +183,7 @@ def prepare_spec(
     /,
     *,
     model: str,
-    model_options: Mapping[str, int],
+    model_options: Mapping[str, Any],
     seed: int | None,
     batch_size: int | None,
     warmup: int,
@@ -194,7 +195,7 @@ def prepare_spec(
     and every message's shape found here, so the ranks need not run the model first."""
     built = load_model(model, seed=seed, **model_options)
     n_mb = schedule.n_microbatches
-    rows = -(-32 // n_mb) * n_mb if batch_size is None else batch_size
+    rows = step_rows(n_mb, batch_size=batch_size)
     x, target = built.make_batch(rows)
     stages = build_stages(built, schedule)
     spec = RankSpec(
@@ -324,6 +325,7 @@ class _RankStep:
         plan, transport = self.plan, self.transport
         # CUDA events around each unit, read once after the step: no synchronize in between.
         clock = UnitClock([self.device])
+        sent_before = transport.payload_bytes_sent
         for position, entry in enumerate(plan.program):
             if isinstance(entry, _Unit):
                 self._unit(position, entry, clock)
@@ -335,7 +337,10 @@ class _RankStep:
         clock.finish()
         if plan.report is not None:
             plan.report(FINISHED, 0, -1)
-        return self._result()
+        result = self._result()
+        result["wire_bytes"] = transport.payload_bytes_sent - sent_before
+        result["wire_dtypes"] = sorted(str(d).removeprefix("torch.") for d in transport.dtypes_sent)
+        return result
 
     def _unit(self, position: int, unit: _Unit, clock: UnitClock) -> None:
         """Take the unit's inputs (received or handed over here), run it timed, keep what it

@@ -143,6 +143,8 @@ def assemble(
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
         page_faults=_measured_step_faults(results),
+        wire_bytes=tuple(int(r.get("wire_bytes", 0)) for r in results),
+        wire_dtypes=tuple(sorted({d for r in results for d in r.get("wire_dtypes", ())})),
         grad_trace=tuple(tuple(traced[s]) for s in range(schedule.n_stages)) if traced else (),
     )
 

@@ -9,6 +9,10 @@ schedule (no gradients to compare). ``measured_trace`` is the measured step as a
 pipesim trace file's object (times in ns, :mod:`verify.measured`), which
 ``pipesim plot --measured REPORT.json`` draws against its prediction. ``page_faults``
 is, per rank process, the minor page faults of the measured step (null in process).
+``precision`` names the model's dtypes (``bf16``, ``fp32, autocast bf16``); ``batch_size``
+is rows per step and ``microbatch_sizes`` rows per micro-batch; ``wire_bytes`` /
+``wire_dtypes`` what each rank process sent to the others (payload bytes, their dtypes;
+null / empty in process).
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ class VerifyReport:
     devices: tuple[str, ...]
     """One device per rank."""
     batch_size: int
+    """Rows per step (``--global-batch``, as ``pipesim plan`` names it)."""
     microbatch_sizes: tuple[int, ...]
-    """Rows per micro-batch (``torch.tensor_split``: the first ones get one more when uneven)."""
+    """Rows per micro-batch (``--microbatch-size``; ``torch.tensor_split``: the first ones
+    get one more when uneven)."""
     layer_counts: tuple[int, ...]
     """Model entries per stage."""
     forward_only: bool
@@ -79,6 +85,15 @@ class VerifyReport:
     """The calibrated cost model (time unit: ns)."""
     trace: Trace
     """The measured trace (times in ns)."""
+    precision: str = "fp32"
+    """The model's dtypes in words (:attr:`verify.models.VerifyModel.precision`): ``bf16``,
+    ``fp32, autocast bf16``."""
+    wire_bytes: tuple[int, ...] | None = None
+    """Per rank process, the payload bytes it sent to other ranks in the measured step
+    (:class:`verify.transport.OrderedTransport` counts them; headers excluded); None in
+    process."""
+    wire_dtypes: tuple[str, ...] = ()
+    """The dtypes those payloads travelled in."""
     page_faults: tuple[int, ...] | None = None
     """Per rank process, the minor page faults of the measured step (first touches of
     memory pages; each costs microseconds inside the op that touches it, about 10 us on a
@@ -113,10 +128,13 @@ def format_report(report: VerifyReport, /) -> str:
     r = report
     verdict = "BIT-IDENTICAL" if r.bit_identical else "NOT bit-identical"
     grads = "n/a (forward-only)" if r.grads_equal is None else str(r.grads_equal)
+    row_counts = sorted(set(r.microbatch_sizes), reverse=True)
     lines = [
-        f"{r.schedule}: {r.n_ranks} ranks, {r.n_stages} stages, {r.n_microbatches} micro-batches "
-        f"of {list(r.microbatch_sizes)} rows; model {r.model} cut {list(r.layer_counts)} on "
-        f"{','.join(r.devices)}",
+        f"{r.schedule}: {r.n_ranks} ranks, {r.n_stages} stages, {r.n_microbatches} micro-batches; "
+        f"model {r.model} ({r.precision}) cut {list(r.layer_counts)} on {','.join(r.devices)}",
+        f"rows: {r.batch_size} per step (global batch), "
+        + " or ".join(str(n) for n in row_counts)
+        + " per micro-batch (micro-batch size)",
         f"{verdict}: outputs {r.outputs_equal}, losses {r.losses_equal}, gradients {grads}, "
         f"order followed {r.order_followed}",
     ]
@@ -134,6 +152,12 @@ def format_report(report: VerifyReport, /) -> str:
             f"transfer stage {boundary} -> {boundary + 1}: "
             + ", ".join(f"{b:,}" for b in sizes)
             + " bytes per micro-batch"
+        )
+    if r.wire_bytes is not None:
+        lines.append(
+            "sent through the process group, per rank: "
+            + ", ".join(f"{b:,}" for b in r.wire_bytes)
+            + f" payload bytes ({', '.join(r.wire_dtypes) or 'none'})"
         )
     if not r.forward_only:
         lines.append("gradient norm per stage: " + ", ".join(f"{g:.4f}" for g in r.grad_norms))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from verify.allocator import configure_allocator
-from verify.compare import build_stages, split_microbatches
+from verify.compare import build_stages, split_microbatches, step_rows
 from verify.errors import ExactnessError, VerifyError
 from verify.exactness import exact_settings
 from verify.models import load_model
@@ -77,7 +77,7 @@ def verify_torchrun(
     /,
     *,
     model: str = "mlp",
-    model_options: Mapping[str, int] | None = None,
+    model_options: Mapping[str, Any] | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
     timeout_s: float = 120.0,
@@ -104,9 +104,7 @@ def verify_torchrun(
         model=model,
         model_options=dict(model_options or {}),
         seed=seed,
-        batch_size=-(-32 // schedule.n_microbatches) * schedule.n_microbatches
-        if batch_size is None
-        else batch_size,
+        batch_size=step_rows(schedule.n_microbatches, batch_size=batch_size),
         timeout_s=timeout_s,
         warmup=max(warmup, 0),
         n_threads=torch.get_num_threads(),
@@ -118,7 +116,7 @@ def verify_torchrun(
         backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **options
     )
     try:
-        _same_gpu_model(device, place.world_size)
+        _same_kernels(device, place.world_size)
         result = run_rank(place.rank, spec, device=device)
         gathered: list[Any] | None = [None] * place.world_size if place.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
@@ -157,14 +155,25 @@ def _device(device_type: str | None, place: TorchrunPlace) -> torch.device:
     return device
 
 
-def _same_gpu_model(device: torch.device, world_size: int) -> None:
-    """Every rank on the same GPU model (different models pick different kernels)."""
+def _same_kernels(device: torch.device, world_size: int) -> None:
+    """Every rank on the same GPU model (different models pick different kernels), and on
+    the CPU with the same intra-op thread count as rank 0, which runs the reference: CPU
+    reductions (a LayerNorm's, a bias gradient's) split their sums by thread count, so
+    the GPT's gradients differ in their last bits between 1 and 2 threads."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    names: list[Any] = [None] * world_size
-    dist.all_gather_object(names, name)
-    if len(set(names)) > 1:
-        listed = ", ".join(f"rank {r} = {n}" for r, n in enumerate(names))
+    threads = None if device.type == "cuda" else torch.get_num_threads()
+    seen: list[Any] = [None] * world_size
+    dist.all_gather_object(seen, (name, threads))
+    if len({n for n, _ in seen}) > 1:
+        listed = ", ".join(f"rank {r} = {n}" for r, (n, _) in enumerate(seen))
         raise ExactnessError(f"the ranks run on different devices ({listed}); use one GPU model")
+    if len({t for _, t in seen}) > 1:
+        listed = ", ".join(f"rank {r} = {t}" for r, (_, t) in enumerate(seen))
+        raise ExactnessError(
+            f"the CPU ranks run different torch thread counts ({listed}): CPU kernels split "
+            "their sums by thread count, so the bits cannot match the reference's; start "
+            "every rank with the same OMP_NUM_THREADS (torchrun's default is 1)"
+        )
 
 
 def _rank0_report(

@@ -145,6 +145,9 @@ class OrderedTransport:
         # Each message's header, made once and kept for every step (on the device, so that
         # packing and checking it are one copy and one comparison there).
         self.headers: dict[int, Tensor] = {}
+        # What went on the wire: payload bytes (headers excluded) and dtypes, all steps.
+        self.payload_bytes_sent = 0
+        self.dtypes_sent: set[torch.dtype] = set()
 
     def header(self, message: Message) -> Tensor:
         """``message``'s header as int64 on this rank's device (made once per message)."""
@@ -172,6 +175,8 @@ class OrderedTransport:
         except RuntimeError as exc:  # the peer has gone away (gloo: connection closed)
             raise self._failed(f"could not send {message}", message.dst_rank, exc) from None
         self.sends.append((message, work, packed))
+        self.payload_bytes_sent += tensor.nbytes
+        self.dtypes_sent.add(dtype)
 
     def post(self, message: Message) -> None:
         """Post the receives of ``message``'s header and payload; returns at once."""

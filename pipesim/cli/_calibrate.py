@@ -31,6 +31,7 @@ from pipesim.cli._common import (
     seconds,
     whole_number,
 )
+from pipesim.cli._model_flags import add_model_flags, model_options
 from pipesim.errors import PipesimError
 from pipesim.files import check_writable
 
@@ -86,7 +87,10 @@ def register(subparsers: Any) -> None:
         help="rows per micro-batch; two sizes fit the affine size model (default 8)",
     )
     parser.add_argument(
-        "--model", default="gpt", metavar="gpt|mlp|MODULE:FACTORY", help="the model (default gpt)"
+        "--model",
+        default="gpt",
+        metavar="gpt|llama|mlp|MODULE:FACTORY",
+        help="the model (default gpt)",
     )
     parser.add_argument(
         "--gpt-layers", type=LAYERS, default=6, metavar="N", help="GPT blocks (default 6)"
@@ -94,6 +98,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--gpt-width", type=positive_int, default=256, metavar="D", help="GPT width (default 256)"
     )
+    add_model_flags(parser)  # --dtype, --autocast, --llama-*: as verify's
     parser.add_argument(
         "--repeats",
         type=positive_int,
@@ -184,8 +189,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _options(args: argparse.Namespace) -> dict[str, int]:
-    return {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return model_options(args)
 
 
 def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dict[str, Any]]:

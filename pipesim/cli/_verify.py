@@ -29,6 +29,7 @@ from pipesim.cli._common import (
     seconds,
     whole_number,
 )
+from pipesim.cli._model_flags import add_model_flags, model_options
 from pipesim.errors import PipesimError
 from pipesim.files import check_writable
 
@@ -46,7 +47,8 @@ exit status:
      tensor, its max abs difference and the action it came from)
   2  bad usage or input (schedule, model, devices, batch size, split)
   3  the environment cannot be exact (TF32 on, non-deterministic algorithms, dropout or
-     batch-norm in training mode, mixed GPU models, a GPU asked for and missing, no torch)
+     batch-norm in training mode, mixed GPU models, torchrun CPU ranks with different
+     thread counts, a GPU asked for and missing, no torch)
   4  the run failed: a rank raised, died or missed its deadline (the error names the rank,
      the action it ran or waited for, and the peer)
 """
@@ -72,8 +74,9 @@ def register(subparsers: Any) -> None:
     group.add_argument(
         "--model",
         default="mlp",
-        metavar="mlp|gpt|MODULE:FACTORY",
-        help="the model-parallelism chapter's MLP (default), a small GPT, or an import path "
+        metavar="mlp|gpt|llama|MODULE:FACTORY",
+        help="the model-parallelism chapter's MLP (default), a small GPT, a small Llama "
+        "(RMSNorm, rotary embedding, grouped-query attention, SwiGLU), or an import path "
         "package.module:factory returning an nn.Sequential or a list of modules",
     )
     group.add_argument(
@@ -90,6 +93,7 @@ def register(subparsers: Any) -> None:
         metavar="D",
         help="hidden width of --model gpt (default 64)",
     )
+    add_model_flags(group)
     group.add_argument(
         "--seed",
         type=whole_number(minimum=0, maximum=2**63 - 1),
@@ -106,10 +110,22 @@ def register(subparsers: Any) -> None:
     # The list was spelled --devices before; kept, unlisted, so that scripts keep working.
     group.add_argument("--devices", dest="devices", help=argparse.SUPPRESS)
     group.add_argument(
-        "--batch-size",
+        "--microbatch-size",
         type=positive_int,
         metavar="B",
-        help="rows per step (default 32 rounded up to a multiple of M)",
+        help="rows per micro-batch (as calibrate --microbatch-sizes); the step has B x M rows",
+    )
+    group.add_argument(
+        "--global-batch",
+        dest="global_batch",
+        type=positive_int,
+        metavar="B",
+        help="rows per step, as pipesim plan names it (default 32 rounded up to a multiple of "
+        "M); with --microbatch-size the two must agree",
+    )
+    # Rows per step were spelled --batch-size before; kept, unlisted, so that scripts work.
+    group.add_argument(
+        "--batch-size", dest="global_batch", type=positive_int, help=argparse.SUPPRESS
     )
     group.add_argument(
         "--split",
@@ -190,6 +206,17 @@ def _split(text: str | None) -> list[int] | None:
     return counts
 
 
+def _rows(args: argparse.Namespace, schedule: Any) -> int:
+    """Rows per step from --global-batch and/or --microbatch-size (verify.compare.step_rows)."""
+    from verify.compare import step_rows
+
+    return step_rows(
+        schedule.n_microbatches,
+        batch_size=args.global_batch,
+        microbatch_size=args.microbatch_size,
+    )
+
+
 def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
     from verify.dist import verify_distributed
     from verify.torchrun import torchrun_place, verify_torchrun
@@ -199,12 +226,11 @@ def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
             "--dist and torchrun cut the model evenly by layers; drop --split / --balance / "
             "--check-settings-only"
         )
-    options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
     common = {
         "model": args.model,
-        "model_options": options,
+        "model_options": model_options(args),
         "seed": args.seed,
-        "batch_size": args.batch_size,
+        "batch_size": _rows(args, schedule),
         "timeout_s": args.timeout,
         "warmup": max(args.warmup, 0),
     }
@@ -261,15 +287,13 @@ def _write_costs(args: argparse.Namespace, report: Any, schedule: Any) -> None:
     if not args.costs_out:
         return
     from verify.calibrate import cost_file, save_costs
-
-    options = {"n_layers": args.gpt_layers, "width": args.gpt_width} if args.model == "gpt" else {}
     from verify.torchrun import torchrun_place
 
     costs, meta = cost_file(
         report,
         schedule,
         source="pipesim verify" + (" --dist" if args.dist else ""),
-        model_options=options,
+        model_options=model_options(args),
         warmup=max(args.warmup, 0),
         rank_processes=args.dist or torchrun_place() is not None,
     )
@@ -317,14 +341,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.dist or torchrun_place() is not None:
             return _run_dist(args, schedule)
-        model = load_model(
-            args.model, seed=args.seed, n_layers=args.gpt_layers, width=args.gpt_width
-        )
+        model = load_model(args.model, seed=args.seed, **model_options(args))
         report = verify(
             schedule,
             model=model,
             devices=args.devices,
-            batch_size=args.batch_size,
+            batch_size=_rows(args, schedule),
             layer_counts=_split(args.split),
             balance=args.balance,
             apply_settings=not args.check_settings_only,
