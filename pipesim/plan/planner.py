@@ -46,6 +46,7 @@ from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
+from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.sweep import (
     Evaluation,
@@ -468,6 +469,8 @@ def plan(
     timeout_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
     partial: bool = False,
+    prune: bool = True,
+    keep: int = DEFAULT_KEEP,
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
@@ -493,7 +496,10 @@ def plan(
     eighth of the accelerator's achievable matmul share). ``engine``: ``fast`` or ``simpy``
     (the reference; identical results, slower). ``partial``: on a deadline or
     Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
-    raising.
+    raising. ``prune``: simulate only the configurations that can be among the ``keep``
+    fastest that fit, the next ``keep`` of the Pareto front and the fastest alternatives
+    (exact lower bounds, :mod:`pipesim.plan.prune`); the others are listed as pruned.
+    ``prune=False`` simulates every configuration.
     """
     workload = _with_dtype(_as_workload(model), dtype)
     if isinstance(accelerator, str):
@@ -540,10 +546,43 @@ def plan(
         overlap_p2p=overlap_p2p,
         overlap_grad_reduce=overlap_grad_reduce,
     )
-    evaluations = evaluate_points(
-        context, points, workers=workers, timeout_s=timeout_s, progress=progress, partial=partial
+    exact_below = math.inf
+    if prune:
+        searched = evaluate_best_first(
+            context,
+            points,
+            keep=keep,
+            workers=workers,
+            timeout_s=timeout_s,
+            progress=progress,
+            partial=partial,
+        )
+        evaluations, exact_below = searched.evaluations, searched.exact_below_ns
+    else:
+        evaluations = evaluate_points(
+            context,
+            points,
+            workers=workers,
+            timeout_s=timeout_s,
+            progress=progress,
+            partial=partial,
+        )
+    result = _plan_result(context, settings, global_batch, points, evaluations, refused)
+    return _unranked_beyond(result, exact_below)
+
+
+def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
+    """``result`` with no rank on the points that fit at or past ``exact_below`` ns, where
+    pruned configurations may come before them (their Pareto marks stay exact)."""
+    if exact_below == math.inf:
+        return result
+    points = tuple(
+        replace(p, rank=None) if p.rank is not None and (p.step_time_ns or 0) >= exact_below else p
+        for p in result.points
     )
-    return _plan_result(context, settings, global_batch, points, evaluations, refused)
+    return replace(
+        result, points=points, n_pruned=sum((p.reason or "").startswith("pruned:") for p in points)
+    )
 
 
 def _as_workload(model: ModelSpec | Workload | str) -> Workload:
