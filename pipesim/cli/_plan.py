@@ -36,6 +36,7 @@ from pipesim.cli._progress import Progress, wanted
 from pipesim.errors import LimitError, PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
+from pipesim.plan.prune import DEFAULT_KEEP
 
 _EPILOG = """\
 exit status:
@@ -204,6 +205,12 @@ def register(subparsers: Any) -> None:
         type=whole_number(maximum=256),
         metavar="N",
         help="processes (default: every core)",
+    )
+    sweep.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="simulate every configuration; by default exact lower bounds skip those that "
+        "cannot appear in the printed plan (listed as pruned; docs/planner-speed.md)",
     )
     sweep.add_argument(
         "--timeout",
@@ -418,6 +425,8 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             progress=progress,
             partial=True,
+            prune=not args.exhaustive,
+            keep=max(args.top, DEFAULT_KEEP),
         )
     except LimitError as exc:  # a sweep past MAX_SWEEP_ACTIONS: too large a request
         raise usage_error(str(exc)) from None

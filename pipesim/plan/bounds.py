@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import OP_INDEX, Action, Op
@@ -59,16 +59,17 @@ class Shape:
     """Stage -> rank."""
     n_copies: int
     per_microbatch: tuple[tuple[tuple[_Key, Fraction], ...], ...]
-    """Per rank: each (stage, op) it runs and how many times per micro-batch."""
+    """Per rank: each (stage, F) and (stage, B) it runs and how many times per
+    micro-batch, a (stage, B) standing for one gradient: a B, or an I and its W."""
     n_overlaps: tuple[Fraction, ...]
-    """Per rank: overlapped units per micro-batch, and the parts they merge beyond the
-    first (:attr:`n_merged`)."""
-    n_merged: tuple[Fraction, ...]
+    """Per rank: overlapped units per micro-batch."""
     n_microbatches: int
     """The micro-batches of the instance read."""
     warmup: tuple[tuple[object, ...], ...]
-    """Per rank: its order up to and including its first backward unit (all of it when
-    it has none), which every instance with at least ``n_microbatches`` begins with."""
+    """Per rank: its order before its first backward unit (all of it when it has none),
+    which every instance with at least ``n_microbatches`` begins with."""
+    gradients: tuple[frozenset[Op], ...]
+    """Per stage: how it computes gradients, B, I (then W) or some of each (DualPipe)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,19 @@ def _first_accepted(name: str, pipeline: int, virtual: int, tries: tuple[int, ..
             schedule = generate(name, n_ranks=pipeline, n_microbatches=m, virtual=virtual)
         except PipesimError:
             continue
-        return _shape_of(schedule)
+        found = _shape_of(schedule)
+        # keep the warm-up only where larger instances begin with it too (the test
+        # checks every family at many more micro-batch counts)
+        for larger in (2 * m + 2, 4 * m):
+            try:
+                other = generate(name, n_ranks=pipeline, n_microbatches=larger, virtual=virtual)
+            except PipesimError:
+                continue
+            if any(
+                order[: len(w)] != w for order, w in zip(other.orders, found.warmup, strict=True)
+            ):
+                return replace(found, warmup=tuple(() for _ in found.warmup))
+        return found
     return None
 
 
@@ -121,33 +134,33 @@ def _shape_of(schedule: object) -> Shape:
     m = schedule.n_microbatches
     per_rank = []
     overlaps = []
-    merged = []
     warmup = []
+    variants: dict[int, set[Op]] = {}
     for order in schedule.orders:
-        first_backward = next(
-            (k for k, work in enumerate(order) if _is_backward(work)), len(order) - 1
-        )
-        warmup.append(tuple(order[: first_backward + 1]))
+        first_backward = next((k for k, work in enumerate(order) if _is_backward(work)), len(order))
+        warmup.append(tuple(order[:first_backward]))
         runs: Counter[_Key] = Counter()
-        n_over = n_extra = 0
+        n_over = 0
         for work in order:
             parts = (work,) if isinstance(work, Action) else work.parts
             if not isinstance(work, Action):
                 n_over += 1
-                n_extra += len(parts) - 1
             for a in parts:
-                runs[(a.stage, a.op)] += 1
+                variants.setdefault(a.stage, set()).add(a.op)
+                if a.op is not Op.W:  # a gradient is a B, or an I (with its W)
+                    runs[(a.stage, Op.F if a.op is Op.F else Op.B)] += 1
         per_rank.append(tuple((k, Fraction(n, m)) for k, n in sorted(runs.items(), key=_order_key)))
         overlaps.append(Fraction(n_over, m))
-        merged.append(Fraction(n_extra, m))
     return Shape(
         placement=schedule.placement,
         n_copies=schedule.n_copies,
         per_microbatch=tuple(per_rank),
         n_overlaps=tuple(overlaps),
-        n_merged=tuple(merged),
         n_microbatches=m,
         warmup=tuple(warmup),
+        gradients=tuple(
+            frozenset(variants.get(s, set()) & {Op.B, Op.I}) for s in range(schedule.n_stages)
+        ),
     )
 
 
@@ -179,7 +192,9 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
         found.n_copies,
     )
     costs = table.costs
-    if any(found.n_overlaps) and any(s.overlap is not None for s in costs.stages):
+    if any(found.n_overlaps) and (
+        costs.dispatch_overhead or any(s.overlap is not None for s in costs.stages)
+    ):  # an overlapped pair may then take less than its parts
         return None
     tables = cost_tables(
         costs,
@@ -188,7 +203,7 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
         placement=found.placement,
         n_copies=found.n_copies,
     )
-    makespan = _makespan_bound(found, tables.durations, costs.dispatch_overhead, point)
+    makespan = _makespan_bound(found, tables.durations, point)
     per_stage = stage_effects(costs.for_stages(n_stages), n_stages=n_stages, forward_only=False)
     memory = _memory_bound(context, point, found, table, tables.effects, per_stage)
     return Bound(
@@ -196,30 +211,49 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
     )
 
 
-def _makespan_bound(found: Shape, durations: list[Time], dispatch: Time, point: Point) -> Time:
+def _makespan_bound(found: Shape, durations: list[Time], point: Point) -> Time:
     """max over ranks of fill + work + drain (see the module docstring)."""
     present = {key for rank in found.per_microbatch for key, _ in rank}
     per_copy = len(found.placement) // found.n_copies
-    before, after = _chains(present, durations, per_copy)
+    work_of, chain_of = _gradient_durations(found, durations)
+    before, after = _chains(present, chain_of, per_copy)
     m = point.n_microbatches
     best: Time = 0
-    for rank, runs in enumerate(found.per_microbatch):
+    for runs in found.per_microbatch:
         if not runs:
             continue
-        work = sum((durations[4 * s + OP_INDEX[op]] * n for (s, op), n in runs), start=Fraction(0))
-        work -= dispatch * found.n_merged[rank]
-        busy = work * m
+        work = sum((work_of[key] * n for key, n in runs), start=Fraction(0))
         head = min(before[key] for key, _ in runs)
-        tail = min(after[key] for key, _ in runs)
-        total = head + busy + tail
+        # a W may be the rank's last unit, and no work waits for a W
+        ends_with_w = any(Op.I in found.gradients[s] for (s, _op), _ in runs)
+        tail = 0 if ends_with_w else min(after[key] for key, _ in runs)
+        total = head + work * m + tail
         if total > best:
             best = total
     # durations are integers (ns) in the planner; a rank's busy time is a whole number
     return best if not isinstance(best, Fraction) or best.denominator != 1 else int(best)
 
 
+def _gradient_durations(
+    found: Shape, durations: list[Time]
+) -> tuple[dict[_Key, Time], dict[_Key, Time]]:
+    """Per (stage, F) and (stage, B): the least time one micro-batch's unit takes on its
+    rank (a gradient: B, or I + W, whichever is shorter of those the stage runs) and the
+    least it adds to a chain of one micro-batch (B or I: W ends no chain it must)."""
+    work: dict[_Key, Time] = {}
+    chain: dict[_Key, Time] = {}
+    for s, ops in enumerate(found.gradients):
+        work[(s, Op.F)] = chain[(s, Op.F)] = durations[4 * s]
+        b, i, w = durations[4 * s + 1], durations[4 * s + 2], durations[4 * s + 3]
+        costs = [b] * (Op.B in ops) + [i + w] * (Op.I in ops)
+        links = [b] * (Op.B in ops) + [i] * (Op.I in ops)
+        work[(s, Op.B)] = min(costs, default=0)
+        chain[(s, Op.B)] = min(links, default=0)
+    return work, chain
+
+
 def _chains(
-    present: set[_Key], durations: list[Time], per_copy: int
+    present: set[_Key], dur: dict[_Key, Time], per_copy: int
 ) -> tuple[dict[_Key, Time], dict[_Key, Time]]:
     """Per (stage, op) of one micro-batch: the longest chain of work that must end before
     it starts, and the longest that can only start after it ends."""
@@ -229,16 +263,9 @@ def _chains(
         ]
         for key in present
     }
-    dur = {key: durations[4 * key[0] + OP_INDEX[key[1]]] for key in present}
     before: dict[_Key, Time] = {}
-
-    def start(key: _Key) -> Time:
-        if key not in before:
-            before[key] = max((start(k) + dur[k] for k in needs[key]), default=0)
-        return before[key]
-
     for key in sorted(present, key=_topological):
-        start(key)
+        before[key] = max((before[k] + dur[k] for k in needs[key]), default=0)
     users: dict[_Key, list[_Key]] = {key: [] for key in present}
     for key, reqs in needs.items():
         for k in reqs:
@@ -275,8 +302,9 @@ def _memory_bound(
         stages = [s for s, r in enumerate(found.placement) if r == rank]
         held = 0
         for (s, op), _ in runs:
-            start_bytes, _c, end_bytes, _e = effects[4 * s + OP_INDEX[op]]
-            held = max(held, start_bytes, start_bytes + end_bytes)
+            if op is Op.F:  # what one forward holds, at its start and at its end
+                start_bytes, _c, end_bytes, _e = effects[4 * s]
+                held = max(held, start_bytes, start_bytes + end_bytes)
         if late:
             held = max(held, _warmup_peak(found.warmup[rank], per_stage))
         static = static_bytes(

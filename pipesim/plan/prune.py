@@ -95,7 +95,7 @@ def evaluate_best_first(
             break
     while True:  # the Pareto front: simulate what no known point dominates
         open_ = [i for i in queue[search.position :] if not search.dominated(i)]
-        if not open_ or search.front_final(_step_bound(search.bounds[open_[0]])):
+        if not open_:  # then every Pareto mark is exact, of every point
             break
         batch = open_[: max(8 * (workers or 2), len(open_) // 4)]
         if not search.run(batch):
@@ -234,19 +234,6 @@ class _Search:
         self.known()
         faster = bisect.bisect_left(self._steps, _step_bound(found))
         return faster > 0 and self._least[faster - 1] <= found.memory_bytes
-
-    def front_final(self, threshold: float) -> bool:
-        """Whether ``keep`` points of the front beyond the table are faster than every
-        point still open (``threshold``), so more points cannot change them."""
-        least = None
-        beyond = 0
-        for n, k in enumerate(self.known()):
-            if k.step_ns >= threshold:
-                break
-            if least is None or k.memory < least:
-                least = k.memory
-                beyond += n >= self.keep
-        return beyond >= self.keep
 
     def counted_faster(self) -> bool:
         """Simulate the points that provably do not fit but could be faster than the
