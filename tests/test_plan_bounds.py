@@ -149,7 +149,12 @@ def _is_row(line: str) -> bool:
 _FEW = ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "gpipe", "dualpipev")
 _SWEEPS = [
     ("llama2-7b", 16, 128, {"microbatch_sizes": (1, 2), "virtual": (1, 2), "schedules": _FEW}),
-    ("llama2-13b", 32, 256, {"microbatch_sizes": (1,), "recompute": ("none", "full")}),
+    (
+        "llama2-13b",
+        32,
+        256,
+        {"microbatch_sizes": (1,), "virtual": (1, 2), "schedules": _FEW[:4]},
+    ),
     ("llama2-70b", 64, 128, {"microbatch_sizes": (1, 2), "virtual": (1, 2), "tensor": (8,)}),
 ]
 
