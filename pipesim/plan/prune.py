@@ -40,6 +40,10 @@ __all__ = ["DEFAULT_KEEP", "Searched", "evaluate_best_first"]
 DEFAULT_KEEP = 15
 """Rows the plan prints exactly: the HTML report's table (the text table shows 10)."""
 
+_BATCH = 32
+"""The fewest points a batch simulates. Batches never depend on the worker count, so a
+plan prunes the same points on any number of workers."""
+
 _FIELDS = ("tensor", "pipeline", "recompute", "schedule", "microbatch_size")
 """The dimensions whose fastest alternatives the plan prints (pipesim.plan.result)."""
 
@@ -82,7 +86,7 @@ def evaluate_best_first(
     first = True
     while search.position < len(queue):  # the table and the alternatives
         if first:  # the most promising points give the first incumbents
-            upto = min(len(queue), max(4 * keep, 16 * (workers or 2)))
+            upto = min(len(queue), max(4 * keep, _BATCH))
             first = False
         else:  # then as far as the points known so far say the search must go
             upto = search.enough()
@@ -97,7 +101,7 @@ def evaluate_best_first(
         open_ = [i for i in queue[search.position :] if not search.dominated(i)]
         if not open_:  # then every Pareto mark is exact, of every point
             break
-        batch = open_[: max(8 * (workers or 2), len(open_) // 4)]
+        batch = open_[: max(_BATCH, len(open_) // 4)]
         if not search.run(batch):
             return search.stopped()
         done = set(batch)
@@ -199,7 +203,7 @@ class _Search:
             else:
                 low = middle + 1
         # nothing known settles it yet: double the points simulated, best first
-        step = max(16 * (self.workers or 2), self.position // 2)
+        step = max(_BATCH, self.position // 2)
         return max(min(low, self.position + step), min(len(queue), self.position + 8))
 
     def settled(self, threshold: float, waiting_from: int | None = None) -> bool:
