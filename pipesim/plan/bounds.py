@@ -173,6 +173,13 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
     """Lower bounds on ``point``'s step time and memory; None where none is proven (a
     family made from the costs, one whose shape is unknown, a cost model that prices
     overlapped pairs on its own, too few layers)."""
+    try:
+        return _bound(context, point)
+    except PipesimError:  # refused when simulated too, with the same reason: no bound
+        return None
+
+
+def _bound(context: SweepContext, point: Point) -> Bound | None:
     if sweep._CONTEXT is not context:
         sweep._install(context)
     found = shape(point.schedule, point.pipeline, point.virtual, point.n_microbatches)
