@@ -112,9 +112,9 @@ def _first_accepted(name: str, pipeline: int, virtual: int, tries: tuple[int, ..
         except PipesimError:
             continue
         found = _shape_of(schedule)
-        # keep the warm-up only where larger instances begin with it too (the test
+        # keep the warm-up only where a larger instance begins with it too (the test
         # checks every family at many more micro-batch counts)
-        for larger in (2 * m + 2, 4 * m):
+        for larger in (m + 1, m + 2, 2 * m):
             try:
                 other = generate(name, n_ranks=pipeline, n_microbatches=larger, virtual=virtual)
             except PipesimError:
@@ -123,7 +123,8 @@ def _first_accepted(name: str, pipeline: int, virtual: int, tries: tuple[int, ..
                 order[: len(w)] != w for order, w in zip(other.orders, found.warmup, strict=True)
             ):
                 return replace(found, warmup=tuple(() for _ in found.warmup))
-        return found
+            return found
+        return replace(found, warmup=tuple(() for _ in found.warmup))
     return None
 
 
@@ -345,7 +346,7 @@ def _after_pipeline(
     """The data-parallel traffic and optimizer step after the pipeline, exactly as
     :func:`pipesim.plan.sweep.evaluate_point` adds them (they read only the placement)."""
     n_ranks = len(found.per_microbatch)
-    rank_params: list = [0] * n_ranks
+    rank_params: list[int | Fraction] = [0] * n_ranks
     first: list[int | None] = [None] * n_ranks
     for stage, rank in enumerate(found.placement):
         rank_params[rank] += table.params[stage]
