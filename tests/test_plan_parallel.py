@@ -377,7 +377,7 @@ def test_timeout_stops_every_worker_and_prints_the_partial_ranking() -> None:
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 def test_ctrl_c_stops_every_worker_within_two_seconds() -> None:
     marker = uuid.uuid4().hex
-    proc = _start([], marker)
+    proc = _start(["--exhaustive"], marker)  # the workers from the start: no bounds first
     deadline = time.monotonic() + 30
     while len(processes_with(marker)) < 3 and time.monotonic() < deadline:  # parent + 2 workers
         time.sleep(0.1)

@@ -80,7 +80,24 @@ def evaluate_best_first(
     partial: bool = False,
 ) -> Searched:
     """:func:`evaluate_points`, simulating only what the plan prints (module docstring)."""
-    search = _Search(context, points, keep, workers, timeout_s, partial)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    # the bounds may take half the time; past that the sweep goes on exhaustively, the
+    # cheapest configurations first, so that a deadline still ranks what it reached
+    try:
+        bounds = _bounds(context, points, started + timeout_s / 2)
+    except KeyboardInterrupt:
+        if not partial:
+            raise
+        note = Evaluation(stopped=True, reason="not evaluated: the sweep was interrupted")
+        return Searched([note] * len(points), math.inf)
+    if bounds is None:
+        left = max(deadline - time.monotonic(), 1e-3)
+        evaluations = evaluate_points(
+            context, points, workers=workers, timeout_s=left, progress=progress, partial=partial
+        )
+        return Searched(evaluations, math.inf)
+    search = _Search(context, points, bounds, keep, workers, deadline, partial)
     total = len(points)
     queue = search.queue
     first = True
@@ -122,16 +139,17 @@ class _Search:
         self,
         context: SweepContext,
         points: Sequence[Point],
+        bounds: list[Bound | None],
         keep: int,
         workers: int | None,
-        timeout_s: float,
+        deadline: float,
         partial: bool,
     ) -> None:
         self.context, self.points, self.keep = context, points, keep
         self.workers, self.partial = workers, partial
-        self.deadline = time.monotonic() + timeout_s
+        self.deadline = deadline
         self.threads = threading.active_count()
-        self.bounds = [bound(context, p) for p in points]
+        self.bounds = bounds
         self.usable = context.memory_capacity_bytes
         self.results: list[Evaluation | None] = [None] * len(points)
         bounds, usable = self.bounds, self.usable
@@ -269,6 +287,18 @@ class _Search:
                 )
             out.append(Evaluation(reason=why))
         return out
+
+
+def _bounds(
+    context: SweepContext, points: Sequence[Point], deadline: float
+) -> list[Bound | None] | None:
+    """Every point's bounds; None when ``deadline`` (``time.monotonic()``) passes first."""
+    out = []
+    for point in points:
+        if time.monotonic() > deadline:
+            return None
+        out.append(bound(context, point))
+    return out
 
 
 def _step_bound(found: Bound | None) -> int:
