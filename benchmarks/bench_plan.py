@@ -11,8 +11,14 @@ reports CPU seconds and what they mean for idle cores.
    schedule refuses (its rules) cost a generator call and are counted apart.
 2. A realistic ``plan`` call, as the CLI runs it.
 3. One large configuration, fast evaluator vs the SimPy engine (same result).
+4. Branch and bound (``plan(prune=True)``, ``--prune``, :mod:`pipesim.plan.prune`) against the
+   exhaustive sweep (``prune=False``) on the same request, side by side, each repeated
+   (median), with a check that both print the same rows. ``--big`` adds the targets of
+   docs/planner-speed.md: llama2-70b on 4,096 H100s and llama3.1-405b on 16,384, every
+   default dimension (the exhaustive run stops at ``--timeout``: its time is then a
+   lower bound, and so is the ratio).
 
-Run: ``python benchmarks/bench_plan.py [--workers N] [--quick]``
+Run: ``python benchmarks/bench_plan.py [--workers N] [--quick] [--big] [--repeat K]``
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import time
 
 from pipesim.engine import simulate
@@ -142,15 +149,102 @@ def one_large(name: str = "1f1b") -> None:
     print(f"3. {name} p=16 m=128 ({2 * 16 * 128} actions): {shown}; same makespan {reference} ns")
 
 
+def _rows(result: object) -> list[list[str]]:
+    """The table's rows, the rank left out where a pruned plan does not know it."""
+    from pipesim.plan.report import format_table
+
+    rows = []
+    for line in format_table(result).splitlines():  # type: ignore[arg-type]
+        words = line.split()
+        if len(words) in (19, 20) and words[-1] in ("yes", "no", "*"):
+            rows.append(words[1:])
+    return rows
+
+
+def _timed(run: object, repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = run()  # type: ignore[operator]
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def pruned_vs_exhaustive(
+    label: str,
+    model: str,
+    devices: int,
+    global_batch: int,
+    workers: int,
+    repeat: int,
+    timeout_s: float,
+    **dims: object,
+) -> None:
+    kwargs = dict(
+        devices=devices,
+        accelerator="h100-sxm",
+        global_batch=global_batch,
+        workers=workers,
+        timeout_s=timeout_s,
+        partial=True,
+        **dims,
+    )
+    load = os.getloadavg()[0]
+    fast, pruned = _timed(lambda: plan(model, prune=True, **kwargs), repeat)  # type: ignore[arg-type]
+    slow, every = _timed(lambda: plan(model, prune=False, **kwargs), repeat)  # type: ignore[arg-type]
+    done = every.stopped is None  # type: ignore[attr-defined]
+    same = _rows(pruned) == _rows(every) if done else None
+    simulated = sum(p.feasible for p in pruned.points)  # type: ignore[attr-defined]
+    print(
+        f"4. {label}: {len(pruned.points)} configurations; branch and bound "  # type: ignore[attr-defined]
+        f"{fast:.1f} s ({simulated} simulated, {pruned.n_pruned} pruned), exhaustive "  # type: ignore[attr-defined]
+        f"{'' if done else '>= '}{slow:.1f} s{'' if done else ' (stopped at the timeout)'}: "
+        f"{'' if done else '>= '}{slow / fast:.1f}x; same rows: {same}; median of {repeat}, "
+        f"load {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="every 8th m only")
+    parser.add_argument("--big", action="store_true", help="the 4,096- and 16,384-GPU plans")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per plan (median)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="per exhaustive plan")
     args = parser.parse_args()
+    repeat = args.repeat or (1 if args.quick else 3)
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
     goal_sweep(args.workers, args.quick)
     realistic_plan(args.workers)
     one_large()
+    pruned_vs_exhaustive(
+        "llama2-13b on 32 H100s, global batch 256, every default dimension",
+        "llama2-13b",
+        32,
+        256,
+        args.workers,
+        repeat,
+        args.timeout,
+    )
+    if args.big:
+        pruned_vs_exhaustive(
+            "llama2-70b on 4,096 H100s, global batch 16384, every default dimension",
+            "llama2-70b",
+            4096,
+            16384,
+            args.workers,
+            1,
+            args.timeout,
+        )
+        pruned_vs_exhaustive(
+            "llama3.1-405b on 16,384 H100s, global batch 16384, every default dimension",
+            "llama3.1-405b",
+            16384,
+            16384,
+            args.workers,
+            1,
+            args.timeout,
+        )
 
 
 if __name__ == "__main__":

@@ -122,7 +122,8 @@ def test_more_memory_never_makes_the_best_step_time_worse() -> None:
 
 
 @pytest.mark.slow
-def test_ranking_and_pareto_front() -> None:
+@pytest.mark.parametrize("prune", [False, True])
+def test_ranking_and_pareto_front(prune: bool) -> None:
     result = plan(
         SMALL,
         devices=8,
@@ -130,9 +131,14 @@ def test_ranking_and_pareto_front() -> None:
         global_batch=32,
         memory_capacity_bytes=2 * 10**9,
         workers=1,
+        prune=prune,
     )
     fitting = result.fitting
-    assert [p.rank for p in fitting] == list(range(1, len(fitting) + 1))
+    ranked = [p.rank for p in fitting if p.rank is not None]
+    # a pruned plan ranks the points faster than everything it pruned, and no later one
+    assert ranked == list(range(1, len(ranked) + 1))
+    assert [p.rank for p in fitting[len(ranked) :]] == [None] * (len(fitting) - len(ranked))
+    assert len(ranked) == len(fitting) or prune
     assert [p.step_time_ns for p in fitting] == sorted(p.step_time_ns for p in fitting)  # type: ignore[misc]
     assert result.best == fitting[0] and fitting[0].pareto
     for p in fitting:

@@ -36,6 +36,7 @@ from pipesim.cli._progress import Progress, wanted
 from pipesim.errors import LimitError, PlanError
 from pipesim.files import check_writable, read_json
 from pipesim.limits import MAX_DEVICES
+from pipesim.plan.prune import DEFAULT_KEEP
 
 _EPILOG = """\
 exit status:
@@ -227,6 +228,12 @@ def register(subparsers: Any) -> None:
         "with `dask scheduler`, workers with `dask worker tcp://HOST:8786 --nthreads 1`) or "
         "local (a LocalCluster of --workers processes); the same plan (pip install "
         "'pipesim[dask]')",
+    )
+    sweep.add_argument(
+        "--prune",
+        action="store_true",
+        help="skip, by exact lower bounds, configurations that cannot appear in the printed "
+        "plan (listed as pruned; same rows, not yet faster: docs/planner-speed.md)",
     )
     sweep.add_argument(
         "--timeout",
@@ -445,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             partial=True,
             cluster=args.cluster,
+            prune=args.prune,
+            keep=max(args.top, DEFAULT_KEEP),
         )
     except LimitError as exc:  # a sweep past MAX_SWEEP_ACTIONS: too large a request
         raise usage_error(str(exc)) from None

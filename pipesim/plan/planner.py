@@ -47,6 +47,7 @@ from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.moe import check_expert_parallel
+from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.sweep import (
     Evaluation,
@@ -519,6 +520,8 @@ def plan(
     progress: Callable[[int, int], None] | None = None,
     partial: bool = False,
     cluster: str | None = None,
+    prune: bool = False,
+    keep: int = DEFAULT_KEEP,
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
@@ -549,8 +552,18 @@ def plan(
     Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
     raising. ``cluster``: evaluate on a Dask cluster instead of local processes, a
     scheduler's address (``tcp://HOST:8786``) or ``local`` (a LocalCluster of ``workers``
-    processes); the same results (``pip install 'pipesim[dask]'``).
+    processes); the same results (``pip install 'pipesim[dask]'``). ``prune``: simulate only
+    the configurations that can be among the ``keep`` fastest that fit, the next ``keep`` of
+    the Pareto front and the fastest alternatives (exact lower bounds,
+    :mod:`pipesim.plan.prune`); the others are listed as pruned. Exact (the printed rows are
+    those of ``prune=False``, which simulates every configuration) but not yet faster on the
+    sweeps measured (docs/planner-speed.md), so off by default; local processes only.
     """
+    if prune and cluster is not None:
+        raise PlanError(
+            "pruning runs the sweep in batches on local processes and cannot use a Dask "
+            f"cluster yet (cluster={cluster!r}): drop prune (--prune) or the cluster"
+        )
     workload = _with_dtype(_as_workload(model), dtype)
     if isinstance(accelerator, str):
         accelerator = get_accelerator(accelerator)
@@ -598,16 +611,44 @@ def plan(
         overlap_p2p=overlap_p2p,
         overlap_grad_reduce=overlap_grad_reduce,
     )
-    evaluations = evaluate_points(
-        context,
-        points,
-        workers=workers,
-        timeout_s=timeout_s,
-        progress=progress,
-        partial=partial,
-        cluster=cluster,
+    exact_below = math.inf
+    if prune:
+        searched = evaluate_best_first(
+            context,
+            points,
+            keep=keep,
+            workers=workers,
+            timeout_s=timeout_s,
+            progress=progress,
+            partial=partial,
+        )
+        evaluations, exact_below = searched.evaluations, searched.exact_below_ns
+    else:
+        evaluations = evaluate_points(
+            context,
+            points,
+            workers=workers,
+            timeout_s=timeout_s,
+            progress=progress,
+            partial=partial,
+            cluster=cluster,
+        )
+    result = _plan_result(context, settings, global_batch, points, evaluations, refused)
+    return _unranked_beyond(result, exact_below)
+
+
+def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
+    """``result`` with no rank on the points that fit at or past ``exact_below`` ns, where
+    pruned configurations may come before them (their Pareto marks stay exact)."""
+    if exact_below == math.inf:
+        return result
+    points = tuple(
+        replace(p, rank=None) if p.rank is not None and (p.step_time_ns or 0) >= exact_below else p
+        for p in result.points
     )
-    return _plan_result(context, settings, global_batch, points, evaluations, refused)
+    return replace(
+        result, points=points, n_pruned=sum((p.reason or "").startswith("pruned:") for p in points)
+    )
 
 
 def _as_workload(model: ModelSpec | Workload | str) -> Workload:

@@ -55,7 +55,11 @@ _HEADERS = (
 
 #: What each column of the table (and of the HTML report) means, with its unit.
 COLUMN_KEY = (
-    ("rank", "1 = recommended; only configurations that fit are ranked"),
+    (
+        "rank",
+        "1 = recommended; only configurations that fit are ranked (?: in a pruned plan, "
+        "slower than a configuration pruned)",
+    ),
     ("schedule", "pipeline schedule (`pipesim schedules`)"),
     ("t", "tensor-parallel size (--tensor-parallel), inside a node"),
     ("c", "context-parallel size (--context-parallel): each sequence split c ways"),
@@ -108,7 +112,7 @@ def _row(point: PlanPoint, divisor: int) -> tuple[str, ...]:
     bubble = None if point.bubble is None else float(point.bubble)
     memory = None if point.peak_memory_bytes is None else point.peak_memory_bytes / divisor
     return (
-        "-" if point.rank is None else str(point.rank),
+        ("?" if point.fits else "-") if point.rank is None else str(point.rank),
         point.schedule,
         str(point.tensor),
         str(point.context_parallel),

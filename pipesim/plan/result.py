@@ -91,7 +91,9 @@ class PlanPoint:
     reason: str | None = None
     """Why the point is infeasible or does not fit."""
     rank: int | None = None
-    """1 = recommended; only configurations that fit are ranked."""
+    """1 = recommended; only configurations that fit are ranked (and, in a pruned plan,
+    only those faster than every configuration pruned: the rank of a slower one is
+    unknown, None)."""
     pareto: bool = False
     """On the step-time / memory Pareto front (of configurations that fit)."""
     evaluated: bool = True
@@ -279,6 +281,9 @@ class PlanResult:
     stopped: str | None = None
     """Why the sweep stopped early (deadline, Ctrl-C); None when complete."""
     n_duplicates: int = 0
+    n_pruned: int = 0
+    """Configurations not simulated because exact bounds keep them out of every printed
+    row (:mod:`pipesim.plan.prune`); listed with a ``pruned:`` reason."""
     """Configurations dropped as identical to one listed (same per-rank orders, costs)."""
     n_layers: int = 0
     """Transformer blocks of the model (for framework settings; 0 if unknown)."""
@@ -341,6 +346,7 @@ class PlanResult:
             "n_points": len(self.points),
             "n_fitting": len(self.fitting),
             "n_duplicates": self.n_duplicates,
+            "n_pruned": self.n_pruned,
             "best": None if best is None else best.to_dict(),
             "megatron_args": None if best is None else megatron_args(self, best),
             "torchtitan_args": None if best is None else torchtitan_args(self, best),

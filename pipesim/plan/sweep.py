@@ -73,7 +73,7 @@ from pipesim.plan.partition import partition
 from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
-from pipesim.schedules import generate
+from pipesim.schedules import generate, get_spec
 from pipesim.units import NS_PER_S
 
 __all__ = [
@@ -666,6 +666,15 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
     schedule: Schedule | None = None
     fingerprint = ""
     if cost_aware is None:
+        # a model cut into more stages than it has layers is refused before the (costly)
+        # schedule is built: the registry's schedules have p v stages, n_copies copies
+        too_many = _stage_sizes(
+            context,
+            _workload(context, point),
+            point.pipeline * point.virtual // get_spec(point.schedule).n_copies,
+        )
+        if isinstance(too_many, str):
+            return Evaluation(reason=too_many)
         generated = _schedule(point)
         if isinstance(generated, str):
             return Evaluation(reason=generated)
