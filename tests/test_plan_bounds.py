@@ -197,3 +197,20 @@ def test_pruned_plan_prints_the_exhaustive_plan(
             assert other.rank is None or other.rank > 15
             assert other.peak_memory_bytes is None or other.rank is not None or (not other.fits)
     assert pruned.n_pruned == sum((p.reason or "").startswith("pruned:") for p in pruned.points)
+
+
+def test_pruning_on_a_dask_cluster_is_refused_before_any_work() -> None:
+    """The branch and bound runs its batches on local processes; with a cluster it would
+    start one per batch, so it says so instead (nothing is connected to: no address is
+    reachable here)."""
+    from pipesim.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"cluster='tcp://nowhere:1'.*drop prune"):
+        plan(
+            "llama2-7b",
+            devices=8,
+            accelerator="h100-sxm",
+            global_batch=8,
+            prune=True,
+            cluster="tcp://nowhere:1",
+        )
