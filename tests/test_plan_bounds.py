@@ -88,6 +88,7 @@ def _sample(context: SweepContext, global_batch: int, k: int, most_actions: int)
     return random.Random(7).sample(small, k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "devices"), [("llama2-70b", 4096), ("llama3.1-405b", 16384)])
 def test_bounds_never_exceed_the_simulated_step(model: str, devices: int) -> None:
     """On sampled configurations of the big sweeps: the fast evaluator's numbers equal
@@ -159,6 +160,7 @@ _SWEEPS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "devices", "global_batch", "dims"), _SWEEPS)
 def test_pruned_plan_prints_the_exhaustive_plan(
     model: str, devices: int, global_batch: int, dims: dict[str, object]
