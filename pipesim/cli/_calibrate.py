@@ -99,7 +99,30 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=3,
         metavar="K",
-        help="measured runs, each in fresh processes after a warm-up (default 3)",
+        help="rounds, each in fresh processes with --copies calibration steps after a "
+        "warm-up (default 3)",
+    )
+    parser.add_argument(
+        "--copies",
+        type=positive_int,
+        default=3,  # verify.fidelity.COPIES, without its torch import
+        metavar="C",
+        help="calibration steps per round, each at its own place (default 3)",
+    )
+    parser.add_argument(
+        "--min-samples",
+        type=positive_int,
+        default=20,  # verify.fidelity.MIN_SAMPLES
+        metavar="N",
+        help="run more rounds (up to --max-repeats) while a fitted figure rests on fewer "
+        "samples (default 20); calibrate warns about figures that stay below",
+    )
+    parser.add_argument(
+        "--max-repeats",
+        type=positive_int,
+        default=8,  # verify.fidelity.MAX_REPEATS
+        metavar="K",
+        help="the most rounds to reach --min-samples (default 8)",
     )
     parser.add_argument(
         "--threads",
@@ -203,6 +226,9 @@ def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dic
         warmup=max(args.warmup, 0),
         timeout_s=args.timeout,
         send_mode=args.send_mode,
+        copies=args.copies,
+        min_samples=args.min_samples,
+        max_repeats=max(args.max_repeats, args.repeats),
     )
 
 
@@ -251,7 +277,46 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
         print("  " + page_faults_line([max(faults)], label="the most on one rank"))
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
+    for line in term_lines(costs, meta):
+        print("  " + line)
     print(f"wrote {path}")
+
+
+def term_lines(costs: Any, meta: dict[str, Any]) -> list[str]:
+    """The fitted figures a calibration cannot vouch for (few samples, or one step moving
+    them far: :func:`pipesim.calibration.unstable_terms` of ``meta.terms``), one line
+    each, or one line saying every figure is stable."""
+    from pipesim.calibration import TermStats, unstable_terms
+
+    terms = {
+        name: TermStats(
+            value=t["value"],
+            samples=t["samples"],
+            steps=t["steps"],
+            p10=t["p10"],
+            p90=t["p90"],
+            step_shift=t["step_shift"],
+        )
+        for name, t in meta.get("terms", {}).items()
+    }
+    if not terms:
+        return []
+    # Shifts below 1% of the smallest forward are noise whatever their share of the figure.
+    forwards = [s.forward for s in costs.stages if s.forward]
+    floor = min(forwards) / 100 if forwards else 0
+    found = unstable_terms(terms, min_samples=meta.get("min_samples", 20), floor=floor)
+    if not found:
+        steps = min(t.steps for t in terms.values() if t.samples)
+        return [
+            f"every fitted figure rests on {min(t.samples for t in terms.values() if t.samples)}+ "
+            f"samples from {steps}+ steps, and no one step moves it by more than 20%"
+        ]
+    return [
+        f"WARNING: {name} = {terms[name].value / 1e3:.0f} us is unstable: {why} "
+        f"(p10-p90 of its samples {terms[name].p10 / 1e3:.0f}-{terms[name].p90 / 1e3:.0f} us); "
+        "calibrate with more --repeats or -m"
+        for name, why in found.items()
+    ]
 
 
 def _check_schedules(args: argparse.Namespace) -> list[Any]:
@@ -331,6 +396,9 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dic
             f"{drawn_error:+6.1f}%"
         )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
+    for line in term_lines(costs, meta):
+        if line.startswith("WARNING"):
+            print(line)
     print(
         f"drawn error: mean {sum(drawn_errors) / len(drawn_errors):.1f}%, "
         f"max {max(drawn_errors):.1f}%"
