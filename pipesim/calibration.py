@@ -85,11 +85,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import Any
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.comms import receive_posts
 from pipesim.cost_tables import comm_overhead
-from pipesim.costs import CostModel, Link, StageCost
+from pipesim.costs import CostModel, Link, StageCost, costs_to_dict
 from pipesim.engine import run_compiled, simulate
 from pipesim.errors import CostError
 from pipesim.exact import Time
@@ -111,6 +112,7 @@ __all__ = [
     "costs_for",
     "cut_stages",
     "fit_costs",
+    "fit_meta",
     "mean",
     "measured_makespan",
     "median",
@@ -817,6 +819,31 @@ def unstable_terms(
         if why:
             found[name] = "; ".join(why)
     return found
+
+
+STATISTIC = (
+    "compute: median over every micro-batch of every measured step; overheads: median "
+    "over the measured steps of each step's mean over its transitions (over three blocks "
+    "of the transitions with fewer than three steps); rendezvous latency: median over "
+    "every message"
+)
+"""What a cost file's ``meta.statistic`` says of :func:`fit_costs`."""
+
+
+def fit_meta(fit: CalibrationFit, /) -> dict[str, Any]:
+    """What a calibrated cost file's ``meta`` keeps of ``fit``: the statistic, the ops
+    assumed, per figure its samples and :class:`TermStats`, and the message costs per
+    direction (``"0->1"``)."""
+    return {
+        "statistic": STATISTIC,
+        "assumed": list(fit.assumed),
+        "samples": dict(fit.samples),
+        "terms": {name: term.to_dict() for name, term in fit.terms.items()},
+        "links_by_direction": {
+            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
+            for (src, dst), link in fit.pair_links.items()
+        },
+    }
 
 
 def costs_for(schedule: Schedule, cuts: Mapping[int, CostModel], /) -> CostModel:
