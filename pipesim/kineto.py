@@ -13,8 +13,9 @@ each action of the step, as :mod:`pipesim.calibration` reads a measured step:
 
 - **annotated**: ``record_function`` ranges named as an action (``0F3``, ``1I2``;
   torch's ``_PipelineScheduleRuntime`` spells them ``PP:0F3``, pipesim's verify runtime
-  ``0F3``). An action's compute is the span of the operators inside its range, the
-  communication operators left out (torch waits for an action's receives inside it).
+  ``0F3``). An action's compute is the span of the operators inside its range,
+  communication left out (torch's runtime waits for an action's receives inside its
+  range, and the wait is no operator).
 - **unannotated** (torch 2.13's ``ScheduleGPipe`` / ``Schedule1F1B`` record none, only
   ``gloo:send`` / ``gloo:recv``): the rank's outermost operators are cut into runs at
   every communication operator (``c10d::``, ``gloo:``, ``nccl:``) and wherever forward
@@ -379,7 +380,9 @@ def _schedule(orders: list[list[Action]], ranks: Sequence[ProfiledRank], label: 
 
 
 def _annotated(marked: list[_Event], inside: list[_Event]) -> list[tuple[Action, int, int]]:
-    """Each action range's compute: its operators' span without the communication."""
+    """Each action range's compute: the span of the operators inside it, communication
+    left out (torch's runtime waits for an action's receives inside its range, and the
+    wait is no operator; a range with no operator is its own span)."""
     found = []
     starts = [e.start for e in inside]
     for mark in marked:
@@ -387,15 +390,16 @@ def _annotated(marked: list[_Event], inside: list[_Event]) -> list[tuple[Action,
         assert match is not None
         work = parse_action(match[1])
         assert isinstance(work, Action)
-        first = bisect_right(starts, mark.start - 1)
-        ops = [
+        within = [
             e
-            for e in _outermost(inside[first:])
-            if e.end <= mark.end and e.start >= mark.start and not _is_comm(e.name)
+            for e in inside[bisect_right(starts, mark.start - 1) :]
+            if e.end <= mark.end and e is not mark
         ]
-        ops = [e for e in ops if e.start < mark.end]
-        start, end = (ops[0].start, max(e.end for e in ops)) if ops else (mark.start, mark.end)
-        found.append((work, start, end))
+        ops = [e for e in _outermost(within) if not _is_comm(e.name)]
+        if ops:
+            found.append((work, ops[0].start, max(e.end for e in ops)))
+        else:
+            found.append((work, mark.start, mark.end))
     return found
 
 

@@ -41,7 +41,7 @@ from verify.compare import build_stages, split_microbatches
 from verify.exactness import exact_settings
 from verify.models import VerifyModel, load_model
 from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
-from verify.runtime import StageRuntime
+from verify.runtime import StageRuntime, profiled
 from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
@@ -106,7 +106,8 @@ def run_rank(
             # faults each), its steps 13-23% longer than predicted (docs/fidelity.md).
             result = {}
             before = minor_page_faults()
-            result, wall_ns, cpu_ns = runner.timed_step()
+            with profiled(rank, measured=len(walls) == spec.warmup):
+                result, wall_ns, cpu_ns = runner.timed_step()
             after = minor_page_faults()
             walls.append(wall_ns)
             cpu.append(cpu_ns)

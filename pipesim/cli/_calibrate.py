@@ -164,6 +164,21 @@ def register(subparsers: Any) -> None:
         "simulate, not plan, evaluates it)",
     )
     parser.add_argument(
+        "--from-trace",
+        nargs="+",
+        metavar="FILE",
+        help="fit the cost file from torch.profiler Chrome traces of a pipeline-parallel "
+        "step instead of measuring (one file per rank, or one holding every rank; "
+        "pipesim.kineto); needs no torch",
+    )
+    parser.add_argument(
+        "--trace-step",
+        type=whole_number(),
+        default=None,
+        metavar="N",
+        help="with --from-trace: fit ProfilerStep#N only (default: every step the traces hold)",
+    )
+    parser.add_argument(
         "--check",
         metavar="NAME[,NAME...]",
         help="then measure these registered schedules and compare with the "
@@ -181,6 +196,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.output, what="-o")  # refused now, not after minutes of measuring
+    if args.from_trace:
+        return _from_trace(args)
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         importlib.import_module("torch")
@@ -403,4 +420,51 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dic
         f"drawn error: mean {sum(drawn_errors) / len(drawn_errors):.1f}%, "
         f"max {max(drawn_errors):.1f}%"
     )
+    return 0
+
+
+def _from_trace(args: argparse.Namespace) -> int:
+    """``--from-trace``: the cost file of profiled steps (:func:`pipesim.kineto.profile_costs`)."""
+    from pipesim.kineto import profile_costs
+
+    if args.check:
+        raise PipesimError(
+            "--check measures schedules on this machine; with --from-trace, predict with "
+            "`pipesim simulate NAME --costs FILE` instead"
+        )
+    costs, meta, found = profile_costs(
+        args.from_trace, step=args.trace_step, send_mode=args.send_mode
+    )
+    _write(costs, meta, args.output)
+    first = found[0]
+    how = ["record_function ranges" if a else "forward/backward runs" for a in first.annotated]
+    print(
+        f"read {len(found)} step(s) ({', '.join(s.label for s in found)}) of "
+        f"{meta['n_ranks']} ranks, {meta['n_stages']} stages, m={meta['n_microbatches']}:"
+    )
+    for rank, order in meta["actions"].items():
+        busy = first.busy_ns[int(rank)]
+        print(
+            f"  rank {rank}: {len(order)} actions from {how[int(rank)]}, compute "
+            f"{busy / 1e6:.2f} ms, {first.comms[int(rank)]} communication ops"
+        )
+    link = costs.link
+    for op, name in (
+        ("F", "forward"),
+        ("B", "backward"),
+        ("I", "input_grad"),
+        ("W", "weight_grad"),
+    ):
+        values = "/".join(f"{float(getattr(s, name)) / 1e6:.3f}" for s in costs.stages)
+        print(f"  {op} per stage (ms): {values}")
+    print(
+        f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
+        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
+        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
+    )
+    if meta["assumed"]:
+        print(f"  assumed: {'; '.join(meta['assumed'])}")
+    for line in term_lines(costs, meta):
+        print("  " + line)
+    print(f"wrote {args.output}")
     return 0
