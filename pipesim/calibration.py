@@ -803,7 +803,7 @@ def unstable_terms(
     >>> unstable_terms({"0F": TermStats(value=100, samples=12, step_shift=5),
     ...                 "handshake": TermStats(value=40, samples=3, step_shift=30)},
     ...                min_samples=10)
-    {'handshake': '3 samples (fewer than 10); one step moves it 30 (75%)'}
+    {'handshake': '3 samples (fewer than 10); leaving out one step moves it by 75%'}
     """
     found = {}
     for name, term in terms.items():
@@ -814,8 +814,8 @@ def unstable_terms(
             why.append(f"{term.samples} samples (fewer than {min_samples})")
         shift = term.step_shift
         if shift is not None and shift > floor and shift > max_shift * abs(term.value):
-            share = f" ({float(shift / term.value) * 100:.0f}%)" if term.value else ""
-            why.append(f"one step moves it {round(shift)}{share}")
+            share = f"{float(shift / term.value) * 100:.0f}%" if term.value else "from 0"
+            why.append(f"leaving out one step moves it by {share}")
         if why:
             found[name] = "; ".join(why)
     return found

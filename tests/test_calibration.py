@@ -179,7 +179,9 @@ def test_term_stability_names_the_term_one_step_moves() -> None:
     fit = term_stability(steps, fit_costs(steps))
     assert fit.terms["dispatch"].value == 1 and fit.terms["dispatch"].step_shift == 3
     assert fit.terms["0F"].step_shift == 0 and fit.terms["0F"].samples == 12
-    assert unstable_terms(fit.terms, min_samples=5) == {"dispatch": "one step moves it 3 (300%)"}
+    assert unstable_terms(fit.terms, min_samples=5) == {
+        "dispatch": "leaving out one step moves it by 300%"
+    }
     assert "fewer than 30" in unstable_terms(fit.terms, min_samples=30)["0F"]
     assert fit.terms["dispatch"].to_dict()["p90"] == 7
 

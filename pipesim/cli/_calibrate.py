@@ -299,7 +299,9 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
     print(f"wrote {path}")
 
 
-def term_lines(costs: Any, meta: dict[str, Any]) -> list[str]:
+def term_lines(
+    costs: Any, meta: dict[str, Any], *, advice: str = "calibrate with more --repeats or -m"
+) -> list[str]:
     """The fitted figures a calibration cannot vouch for (few samples, or one step moving
     them far: :func:`pipesim.calibration.unstable_terms` of ``meta.terms``), one line
     each, or one line saying every figure is stable."""
@@ -331,7 +333,7 @@ def term_lines(costs: Any, meta: dict[str, Any]) -> list[str]:
     return [
         f"WARNING: {name} = {terms[name].value / 1e3:.0f} us is unstable: {why} "
         f"(p10-p90 of its samples {terms[name].p10 / 1e3:.0f}-{terms[name].p90 / 1e3:.0f} us); "
-        "calibrate with more --repeats or -m"
+        f"{advice}"
         for name, why in found.items()
     ]
 
@@ -464,7 +466,9 @@ def _from_trace(args: argparse.Namespace) -> int:
     )
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
-    for line in term_lines(costs, meta):
+    for line in term_lines(
+        costs, meta, advice="profile more steps (ProfilerStep) or micro-batches"
+    ):
         print("  " + line)
     print(f"wrote {args.output}")
     return 0
