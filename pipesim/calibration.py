@@ -546,7 +546,7 @@ def _message_costs(
     ``fallback``'s (0 without one)."""
     base = fallback or Link()
     local = [t for t in found if t.taken_b == 0 and t.sent_a]
-    posting = [(t.step, Fraction(t.gap - dispatch, t.sent_a)) for t in local]
+    posting: list[Sample] = [(t.step, Fraction(t.gap - dispatch, t.sent_a)) for t in local]
     send = robust(posting) if posting else base.send_overhead
 
     def departure(source: tuple[Time, int]) -> Time:
@@ -563,7 +563,7 @@ def _message_costs(
     # Each waited value is latency + receive * taken >= latency: a bound on the latency
     # that tells which messages had arrived when the rank became free.
     bound = median([v for _, v in waited]) if waited else None
-    arrived = [
+    arrived: list[Sample] = [
         (t.step, Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b))
         for t in taken
         if _had_arrived(max(departure(s) for s in t.sources), t, bound, send)
@@ -583,14 +583,16 @@ def _rendezvous_costs(
     """Rules 2-4 and 5 of the module docstring (rendezvous sends), over ``found``."""
     base = fallback or Link()
     # 2b: posting receives, from the gaps where nothing else happens but the dispatch.
-    posted = [
+    posted: list[Sample] = [
         (t.step, Fraction(t.gap - dispatch, t.posts_a))
         for t in found
         if t.taken_b == 0 and t.sent_a == 0 and t.posts_a and not t.late_posts_a
     ]
     post = robust(posted) if posted else base.post_overhead
     local = [t for t in found if t.taken_b == 0 and t.sent_a and not t.late_posts_a]
-    posting = [(t.step, Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a)) for t in local]
+    posting: list[Sample] = [
+        (t.step, Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a)) for t in local
+    ]
     send = robust(posting) if posting else base.send_overhead
 
     def free(t: _Transition) -> Time:
@@ -643,7 +645,7 @@ def _rendezvous_costs(
                 return last <= t.start_a
             return last + bound <= free(t)
 
-        arrived = [
+        arrived: list[Sample] = [
             (t.step, Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b))
             for t, last, ends in taken
             if had_arrived(t, last, ends)
@@ -661,7 +663,11 @@ def _rendezvous_costs(
         ]
         limited = [(k, a) for k, a, until_end in answers if a < until_end]
         handshake = robust(limited) if limited else base.handshake
-        counts = {"receive_overhead": arrived, "latency": early, "handshake": limited}
+        counts: dict[str, list[Sample]] = {
+            "receive_overhead": arrived,
+            "latency": early,
+            "handshake": limited,
+        }
         link = Link(
             latency=_whole(latency),
             send_overhead=_whole(send),
@@ -674,8 +680,8 @@ def _rendezvous_costs(
     # Whether the sender was inside a node depends on the receive overhead at its start:
     # fit once without it, then again with the receive overhead found.
     receive, _, _ = fit(0)
-    _, link, found = fit(receive)
-    return link, {"send_overhead": posting, "post_overhead": posted, **found}
+    _, link, fitted = fit(receive)
+    return link, {"send_overhead": posting, "post_overhead": posted, **fitted}
 
 
 def fit_costs(
@@ -765,9 +771,12 @@ def _term_value(costs: CostModel, name: str) -> Time:
     ``"0F"`` (stage 0's forward), ``"dispatch"`` or a link field such as ``"latency"``."""
     if name == "dispatch":
         return costs.dispatch_overhead
-    if not name[:-1].isdigit():
-        return getattr(costs.link, name)
-    return getattr(costs.stages[int(name[:-1])], _OP_FIELDS[name[-1]])
+    value: Time = (
+        getattr(costs.link, name)
+        if not name[:-1].isdigit()
+        else getattr(costs.stages[int(name[:-1])], _OP_FIELDS[name[-1]])
+    )
+    return value
 
 
 _OP_FIELDS = {"F": "forward", "B": "backward", "I": "input_grad", "W": "weight_grad"}
@@ -787,9 +796,14 @@ def term_stability(
         without = fit_costs([*steps[:k], *steps[k + 1 :]], send_mode=send_mode)
         for name, term in fit.terms.items():
             if name in without.terms:
-                shifts[name] = max(shifts[name], abs(without.terms[name].value - term.value))
+                shifts[name] = max(shifts[name], _size(without.terms[name].value - term.value))
     terms = {name: replace(t, step_shift=shifts[name]) for name, t in fit.terms.items()}
     return replace(fit, terms=terms)
+
+
+def _size(value: Time) -> Time:
+    """``|value|``, typed as a Time."""
+    return value if value >= 0 else -value
 
 
 def unstable_terms(
@@ -813,7 +827,7 @@ def unstable_terms(
         if term.samples < min_samples:
             why.append(f"{term.samples} samples (fewer than {min_samples})")
         shift = term.step_shift
-        if shift is not None and shift > floor and shift > max_shift * abs(term.value):
+        if shift is not None and shift > floor and shift > max_shift * _size(term.value):
             share = f"{float(shift / term.value) * 100:.0f}%" if term.value else "from 0"
             why.append(f"leaving out one step moves it by {share}")
         if why:

@@ -203,7 +203,7 @@ def _rank(
 ) -> ProfiledRank:
     complete = [e for e in events if e.get("ph") == "X"]
     gpu = sum(1 for e in complete if e.get("cat") in _GPU_CATS)
-    ops = defaultdict(int)
+    ops: dict[Any, int] = defaultdict(int)
     for e in complete:
         if e.get("cat") == "cpu_op":
             ops[e.get("tid")] += 1
@@ -212,7 +212,7 @@ def _rank(
             f"{source}: process {pid} has no CPU operators (cat cpu_op); profile with "
             "activities=[ProfilerActivity.CPU]"
         )
-    tid = max(ops, key=lambda t: ops[t])  # the thread that runs the schedule
+    tid: int | str = max(ops, key=lambda t: ops[t])  # the thread that runs the schedule
     mine = [
         _Event(
             name=str(e.get("name", "")),
@@ -352,7 +352,7 @@ def _step(ranks: Sequence[ProfiledRank], label: str, window: list[tuple[int, int
     )
     busy = [0] * len(ranks)
     for rec in records:
-        busy[rec.rank] += rec.end - rec.start
+        busy[rec.rank] += int(rec.end - rec.start)
     return ProfiledStep(
         step=MeasuredStep(schedule=schedule, trace=Trace(n_ranks=len(ranks), actions=records)),
         label=label,
@@ -454,10 +454,10 @@ def _unannotated(profile: ProfiledRank, inside: list[_Event]) -> list[tuple[Acti
     # A forward's compute: from its first to its last operator with a backward (splitting
     # the batch before it, detaching the output or seeding the loss's gradient after it
     # are the schedule's, not the stage's).
-    linked = sorted(fwd_t for fwd_t, _ in profile.flows.values())
+    flow_starts = sorted(fwd_t for fwd_t, _ in profile.flows.values())
     for k in backward_of:
-        ops = [e for e in runs[k].ops if _holds(linked, e)]
-        runs[k] = _Run(kind="F", ops=ops or runs[k].ops)
+        held = [e for e in runs[k].ops if _holds(flow_starts, e)]
+        runs[k] = _Run(kind="F", ops=held or runs[k].ops)
     forwards = sorted(backward_of, key=lambda k: runs[k].start)
     microbatch = {k: n for n, k in enumerate(forwards)}
     found = []

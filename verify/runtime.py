@@ -193,7 +193,7 @@ class StageRuntime:
         gradient for B / I; None where none comes); return what it hands on. Under a
         profiler the action is a ``record_function`` range named as the action (``0F3``),
         which :mod:`pipesim.kineto` reads; without one nothing is recorded."""
-        if torch.autograd._profiler_enabled():
+        if torch.autograd.profiler._is_profiler_enabled:
             with torch.profiler.record_function(str(action)):
                 return self._run(action, incoming)
         return self._run(action, incoming)
