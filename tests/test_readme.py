@@ -37,6 +37,8 @@ ELSEWHERE = {
     "pipesim calibrate --model gpt": "minutes of measuring: tests/test_calibrate_cli.py",
     "pipesim simulate zb-h1 -p 2 -m 16 --costs gpt-2stages.json": "reads calibrate's file",
     "pipesim calibrate ... ": "an elided command line",
+    "pipesim calibrate --from-trace rank0.json": "reads profiler traces: tests/test_kineto.py",
+    "pipesim plot --measured rank0.json": "reads profiler traces: tests/test_kineto.py",
     "pipesim plan --model llama2-70b --devices 64": (
         "minutes on a busy machine: notebooks/04_plan.ipynb plans the same step"
     ),
