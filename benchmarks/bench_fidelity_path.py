@@ -230,14 +230,15 @@ def main() -> int:
                 flush=True,
             )
         print(f"loads at the rounds' starts: {loads}")
-    spread = statistics.mean(r["spread_pct"] for r in results)
+    repeated = [r["spread_pct"] for r in results if len(r["runs_ms"]) > 1]
+    spread = statistics.mean(repeated) if repeated else float("nan")
     for mode in modes:
         errs = [abs(r[f"{mode}_error_pct"]) for r in results]
         signed = statistics.mean(r[f"{mode}_error_pct"] for r in results)
         print(
             f"{mode}: {len(errs)} configurations, error mean {statistics.mean(errs):.1f}% / "
             f"max {max(errs):.1f}% (signed mean {signed:+.1f}%), run-to-run spread mean "
-            f"{spread:.1f}%"
+            f"{spread:.1f}% (over the {len(repeated)} measured more than once)"
         )
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
