@@ -226,7 +226,7 @@ def main() -> int:
             errors = "  ".join(f"{mode} {row[f'{mode}_error_pct']:+6.1f}%" for mode in modes)
             print(
                 f"{item} {name:<17} m={m:<3} measured {row['measured_ms']:8.2f} ms "
-                f"(spread {row['spread_pct']:5.1f}%)  {errors}",
+                f"({len(runs)} runs, spread {row['spread_pct']:5.1f}%)  {errors}",
                 flush=True,
             )
         print(f"loads at the rounds' starts: {loads}")
