@@ -40,20 +40,24 @@ measured steps (any schedules on one cut of the model, any micro-batch counts):
    describes: rules 2 (dispatch, post, send) leave such gaps out.
 
 Compute times are medians over every micro-batch, which keeps a noisy
-neighbour's stalls out. The overheads 2-4 are *means* over all such
-transitions: a step's makespan adds every overhead up, and their distribution
-is heavy-tailed in a way that repeats from schedule to schedule (on gloo a
-message the receiver had not posted for yet is often delivered only when the
-sender next enters the library, milliseconds later), so a median would
-systematically leave out part of what every step pays (measured on 2 CPU ranks,
-issue 11: replaying measured steps with their own compute times, median-fitted
-overheads came out 3.0% short on average, mean-fitted 0.7%). The latency bound
-of rule 3 only sorts transitions and stays a median, and so does the latency of
-rendezvous sends (rule 5): it rests on few messages (one per run of the 2-stage
-calibration at m=4), and in some process pairs gloo delivers one of them only after the
-sender's step has ended (measured, 6x256 GPT: 3 runs of 9, all from one process pair,
-waited 16.6-18.3 ms for a message the others had in 0.1-0.3 ms), which made the mean
-1.9 ms and every predicted message that much late. Times keep the trace's unit (verify: ns) and
+neighbour's stalls out. The overheads 2-5 are *medians of means* (:func:`robust`: the
+mean of each measured step's samples, then the median over the steps; with fewer than
+three steps, over three blocks of the samples): a step's makespan adds every overhead
+up and their distribution has a tail that repeats from step to step (on gloo a message
+the receiver had not posted for yet is often delivered only when the sender next
+enters the library), which each step's mean keeps and a median of all samples would
+leave out (replaying measured steps with their own compute times, median-fitted
+overheads came out 3.0% short on average, mean-fitted 0.7%); while one slow step, or
+one late message among a step's few, moves the median over the steps no further than
+the next step's mean (a plain mean of the five samples of one calibration once put the
+receive overhead at 2.46 ms per message, most of them well under one, and every
+predicted step 15-33% long: docs/fidelity.md). The latency bound of rule 3 only sorts
+transitions and stays a median of all, and so does the latency of rendezvous sends
+(rule 5): it rests on a message or two per step, and in some process pairs gloo
+delivers one of them only after the sender's step has ended. How far each figure can
+be trusted is :attr:`CalibrationFit.terms`: its sample count, the spread of its
+samples, and how far leaving out any one measured step moves it
+(:func:`term_stability`). Times keep the trace's unit (verify: ns) and
 are rounded to whole units. :func:`compute_only` is the converse: what an
 executor would measure of a simulated step, so predictions and measurements
 are compared on the same span (:func:`measured_makespan`, :func:`predict`).
@@ -79,13 +83,14 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import Any
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.comms import receive_posts
 from pipesim.cost_tables import comm_overhead
-from pipesim.costs import CostModel, Link, StageCost
+from pipesim.costs import CostModel, Link, StageCost, costs_to_dict
 from pipesim.engine import run_compiled, simulate
 from pipesim.errors import CostError
 from pipesim.exact import Time
@@ -96,19 +101,27 @@ from pipesim.structure import StepStructure, step_structure
 from pipesim.trace import ActionRecord, Trace
 
 __all__ = [
+    "BLOCKS",
     "CalibrationFit",
     "MeasuredStep",
+    "Sample",
+    "TermStats",
     "calibration_schedule",
     "compute_only",
     "compute_span",
     "costs_for",
     "cut_stages",
     "fit_costs",
+    "fit_meta",
     "mean",
     "measured_makespan",
     "median",
+    "median_of_means",
     "predict",
     "replay",
+    "robust",
+    "term_stability",
+    "unstable_terms",
 ]
 
 
@@ -132,6 +145,42 @@ class CalibrationFit:
     pair_links: Mapping[tuple[int, int], Link]
     """The message costs fitted per direction (ordered rank pair), from the transitions
     whose messages all use that pair (the others' figures where it has none)."""
+    terms: Mapping[str, TermStats] = field(default_factory=dict)
+    """Per fitted figure (the keys of ``samples``) its samples' statistics; with two or
+    more steps also how far leaving out one step moves it (:func:`term_stability`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TermStats:
+    """How one fitted figure came about: ``value`` (what the cost model holds, in the
+    steps' time unit), the ``samples`` behind it and the measured ``steps`` they come
+    from, their p10 and p90, and ``step_shift``: the most the figure moves when any one
+    measured step is left out of the fit (None: fewer than two steps)."""
+
+    value: Time
+    samples: int
+    steps: int = 0
+    p10: Time = 0
+    p90: Time = 0
+    step_shift: Time | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / value: how far the samples lie apart (None for a zero value)."""
+        return float((self.p90 - self.p10) / self.value) if self.value else None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """The JSON a cost file's ``meta.terms`` keeps (times as whole units)."""
+        spread = self.spread
+        return {
+            "value": round(self.value),
+            "samples": self.samples,
+            "steps": self.steps,
+            "p10": round(self.p10),
+            "p90": round(self.p90),
+            "spread_pct": None if spread is None else round(spread * 100, 1),
+            "step_shift": None if self.step_shift is None else round(self.step_shift),
+        }
 
 
 def median(values: Sequence[Time], /) -> Time:
@@ -160,6 +209,73 @@ def mean(values: Sequence[Time], /) -> Time:
         raise ValueError("mean of no values")
     value = Fraction(sum(values), len(values))
     return value.numerator if value.denominator == 1 else value
+
+
+Sample = tuple[int, Time]
+"""One sample of an overhead: the index of the measured step it comes from, its value."""
+
+BLOCKS = 3
+"""The fewest groups :func:`robust` takes a median over (so one group cannot set it)."""
+
+
+def median_of_means(groups: Sequence[Sequence[Time]], /) -> Time:
+    """The median of the groups' means (empty groups left out): a group that went wrong,
+    a slow step or a late message, moves it no further than a neighbouring group's mean,
+    while a tail that every group shares stays in it, as in a mean (Lugosi and Mendelson,
+    "Mean estimation and regression under heavy-tailed distributions", 2019, section 2).
+
+    >>> median_of_means([[1, 2], [2, 2], [90]]), median_of_means([[1, 3], [], [2, 2]])
+    (2, 2)
+    """
+    means = [mean(g) for g in groups if g]
+    if not means:
+        raise ValueError("median of means of no values")
+    return median(means)
+
+
+def robust(samples: Sequence[Sample], /, *, blocks: int = BLOCKS) -> Time:
+    """The overhead figure of ``samples`` (step index, value): :func:`median_of_means`
+    over the steps when at least ``blocks`` steps have samples, else over ``blocks``
+    consecutive blocks of the samples in measured order (fewer than ``blocks`` samples:
+    their mean, which the fit's terms then report as few).
+
+    One late message among the 6 samples of one step (a mean would say 2.5):
+
+    >>> robust([(0, 1), (0, 1), (0, 10), (0, 1), (0, 1), (0, 1)])
+    1
+    >>> robust([(0, 2), (1, 4), (2, 9), (3, 3)])
+    Fraction(7, 2)
+    """
+    if not samples:
+        raise ValueError("robust figure of no samples")
+    by_step: dict[int, list[Time]] = defaultdict(list)
+    for step, value in samples:
+        by_step[step].append(value)
+    if len(by_step) >= blocks:
+        return median_of_means(list(by_step.values()))
+    values = [v for _, v in samples]
+    if len(values) < blocks:
+        return mean(values)
+    size = len(values) / blocks
+    return median_of_means([values[round(k * size) : round((k + 1) * size)] for k in range(blocks)])
+
+
+def _quantile(ordered: Sequence[Time], q: Fraction) -> Time:
+    """The ``q`` quantile of sorted values (nearest rank, exact)."""
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def _stats(samples: Sequence[Sample], value: Time) -> TermStats:
+    ordered = sorted(v for _, v in samples)
+    if not ordered:
+        return TermStats(value=value, samples=0)
+    return TermStats(
+        value=value,
+        samples=len(ordered),
+        steps=len({k for k, _ in samples}),
+        p10=_quantile(ordered, Fraction(1, 10)),
+        p90=_quantile(ordered, Fraction(9, 10)),
+    )
 
 
 def _whole(value: Time) -> int:
@@ -284,6 +400,8 @@ def measured_makespan(trace: Trace, /) -> Time:
 # -- the fit -----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _Transition:
+    step: int
+    """Which measured step (its index) the transition is in."""
     gap: Time
     """Compute end of ``a`` to compute start of ``b``."""
     start_a: Time
@@ -315,7 +433,7 @@ class _Transition:
 
 def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
     found = []
-    for step in steps:
+    for index, step in enumerate(steps):
         counts = _counts(step.schedule)
         structure = counts.structure
         records = _records_by_node(structure, step.trace)
@@ -363,6 +481,7 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
                 )
                 found.append(
                     _Transition(
+                        step=index,
                         gap=records[b].start - records[a].end,
                         start_a=records[a].start,
                         end_a=records[a].end,
@@ -384,7 +503,7 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
 
 def _fit_overheads(
     steps: Sequence[MeasuredStep], send_mode: str
-) -> tuple[Link, Time, dict[str, int], dict[tuple[int, int], Link]]:
+) -> tuple[Link, Time, dict[str, list[Sample]], dict[tuple[int, int], Link]]:
     """Dispatch, send, receive and latency (and the handshake of rendezvous sends) from
     the gaps between units of work; the same per ordered rank pair (direction) where its
     messages can be told apart."""
@@ -393,11 +512,13 @@ def _fit_overheads(
     # comes from transitions without one; the eager model leaves it in the dispatch.
     posting = send_mode != "eager"
     idle = [
-        t.gap for t in found if t.taken_b == 0 and t.sent_a == 0 and not (posting and t.posts_a)
+        (t.step, t.gap)
+        for t in found
+        if t.taken_b == 0 and t.sent_a == 0 and not (posting and t.posts_a)
     ]
-    dispatch = mean(idle) if idle else 0
+    dispatch = robust(idle) if idle else 0
     fit = _message_costs if send_mode == "eager" else _rendezvous_costs
-    link, counts = fit(found, dispatch)
+    link, samples = fit(found, dispatch)
     pairs = sorted({p for t in found for p in t.sent_pairs | t.taken_pairs | t.posted_pairs})
     by_pair = {}
     for pair in pairs:
@@ -407,7 +528,7 @@ def _fit_overheads(
             if t.sent_pairs <= {pair} and t.taken_pairs <= {pair} and t.posted_pairs <= {pair}
         ]
         by_pair[pair], _ = fit(only, dispatch, fallback=link)
-    return link, _whole(dispatch), {"dispatch": len(idle), **counts}, by_pair
+    return link, _whole(dispatch), {"dispatch": idle, **samples}, by_pair
 
 
 def _had_arrived(last: Time, t: _Transition, bound: Time | None, send: Time) -> bool:
@@ -420,13 +541,13 @@ def _had_arrived(last: Time, t: _Transition, bound: Time | None, send: Time) -> 
 
 def _message_costs(
     found: Sequence[_Transition], dispatch: Time, *, fallback: Link | None = None
-) -> tuple[Link, dict[str, int]]:
+) -> tuple[Link, dict[str, list[Sample]]]:
     """Rules 2-4 of the module docstring over ``found``; a figure without samples is
     ``fallback``'s (0 without one)."""
     base = fallback or Link()
     local = [t for t in found if t.taken_b == 0 and t.sent_a]
-    posting = [Fraction(t.gap - dispatch, t.sent_a) for t in local]
-    send = mean(posting) if posting else base.send_overhead
+    posting: list[Sample] = [(t.step, Fraction(t.gap - dispatch, t.sent_a)) for t in local]
+    send = robust(posting) if posting else base.send_overhead
 
     def departure(source: tuple[Time, int]) -> Time:
         return source[0] + send * source[1]
@@ -442,40 +563,37 @@ def _message_costs(
     # Each waited value is latency + receive * taken >= latency: a bound on the latency
     # that tells which messages had arrived when the rank became free.
     bound = median([v for _, v in waited]) if waited else None
-    arrived = [
-        Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b)
+    arrived: list[Sample] = [
+        (t.step, Fraction(t.gap - dispatch - send * t.sent_a, t.taken_b))
         for t in taken
         if _had_arrived(max(departure(s) for s in t.sources), t, bound, send)
     ]
-    receive = mean(arrived) if arrived else base.receive_overhead
-    values = [v - receive * t.taken_b for t, v in waited]
-    latency = mean(values) if values else base.latency
+    receive = robust(arrived) if arrived else base.receive_overhead
+    values = [(t.step, v - receive * t.taken_b) for t, v in waited]
+    latency = robust(values) if values else base.latency
     link = Link(
         latency=_whole(latency), send_overhead=_whole(send), receive_overhead=_whole(receive)
     )
-    counts = {
-        "send_overhead": len(posting),
-        "receive_overhead": len(arrived),
-        "latency": len(waited),
-    }
-    return link, counts
+    return link, {"send_overhead": posting, "receive_overhead": arrived, "latency": values}
 
 
 def _rendezvous_costs(
     found: Sequence[_Transition], dispatch: Time, *, fallback: Link | None = None
-) -> tuple[Link, dict[str, int]]:
+) -> tuple[Link, dict[str, list[Sample]]]:
     """Rules 2-4 and 5 of the module docstring (rendezvous sends), over ``found``."""
     base = fallback or Link()
     # 2b: posting receives, from the gaps where nothing else happens but the dispatch.
-    posted = [
-        Fraction(t.gap - dispatch, t.posts_a)
+    posted: list[Sample] = [
+        (t.step, Fraction(t.gap - dispatch, t.posts_a))
         for t in found
         if t.taken_b == 0 and t.sent_a == 0 and t.posts_a and not t.late_posts_a
     ]
-    post = mean(posted) if posted else base.post_overhead
+    post = robust(posted) if posted else base.post_overhead
     local = [t for t in found if t.taken_b == 0 and t.sent_a and not t.late_posts_a]
-    posting = [Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a) for t in local]
-    send = mean(posting) if posting else base.send_overhead
+    posting: list[Sample] = [
+        (t.step, Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a)) for t in local
+    ]
+    send = robust(posting) if posting else base.send_overhead
 
     def free(t: _Transition) -> Time:
         """When ``a``'s rank is done with ``a``'s sends and the receives it posts."""
@@ -503,7 +621,7 @@ def _rendezvous_costs(
             times.append((posted, ends))
         return max(times, key=lambda x: x[0])
 
-    def fit(receive: Time) -> tuple[Time, Time, Time, Link, dict[str, int]]:
+    def fit(receive: Time) -> tuple[Time, Link, dict[str, list[Sample]]]:
         taken = [(t, *leaves(t, receive)) for t in found if t.taken_b]
         # A late receive posted right before the work that needs it (after ``a``'s sends)
         # is waited for too: the handshake follows it.
@@ -527,25 +645,29 @@ def _rendezvous_costs(
                 return last <= t.start_a
             return last + bound <= free(t)
 
-        arrived = [
-            Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b)
+        arrived: list[Sample] = [
+            (t.step, Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b))
             for t, last, ends in taken
             if had_arrived(t, last, ends)
         ]
-        new_receive = mean(arrived) if arrived else base.receive_overhead
-        early = [v - new_receive * t.taken_b for t, v, ends in waited if ends is None]
-        # A median, unlike the overheads: a step has few such messages (one or two per run
-        # of the 2-stage calibration), and whole process pairs deliver one late (below).
-        latency = median(early) if early else base.latency
+        new_receive = robust(arrived) if arrived else base.receive_overhead
+        early = [(t.step, v - new_receive * t.taken_b) for t, v, ends in waited if ends is None]
+        # A median of all, unlike the overheads: a step has few such messages (one or two
+        # per run of the 2-stage calibration), and whole process pairs deliver one late.
+        latency = median([v for _, v in early]) if early else base.latency
         # The handshake, where it (not the end of the sender's node) released the message.
         answers = [
-            (v - new_receive * t.taken_b - latency, ends - (t.start_b - dispatch - v))
+            (t.step, v - new_receive * t.taken_b - latency, ends - (t.start_b - dispatch - v))
             for t, v, ends in waited
             if ends is not None
         ]
-        limited = [a for a, until_end in answers if a < until_end]
-        handshake = mean(limited) if limited else base.handshake
-        counts = {"arrived": len(arrived), "early": len(early), "limited": len(limited)}
+        limited = [(k, a) for k, a, until_end in answers if a < until_end]
+        handshake = robust(limited) if limited else base.handshake
+        counts: dict[str, list[Sample]] = {
+            "receive_overhead": arrived,
+            "latency": early,
+            "handshake": limited,
+        }
         link = Link(
             latency=_whole(latency),
             send_overhead=_whole(send),
@@ -553,20 +675,13 @@ def _rendezvous_costs(
             handshake=_whole(handshake),
             post_overhead=_whole(post),
         )
-        return new_receive, latency, handshake, link, counts
+        return new_receive, link, counts
 
     # Whether the sender was inside a node depends on the receive overhead at its start:
     # fit once without it, then again with the receive overhead found.
-    receive, *_ = fit(0)
-    *_, link, found_counts = fit(receive)
-    counts = {
-        "send_overhead": len(posting),
-        "post_overhead": len(posted),
-        "receive_overhead": found_counts["arrived"],
-        "latency": found_counts["early"],
-        "handshake": found_counts["limited"],
-    }
-    return link, counts
+    receive, _, _ = fit(0)
+    _, link, fitted = fit(receive)
+    return link, {"send_overhead": posting, "post_overhead": posted, **fitted}
 
 
 def fit_costs(
@@ -592,19 +707,23 @@ def fit_costs(
             "one cut, so calibrate each cut from its own steps"
         )
     (count,) = n_stages
-    samples: dict[tuple[int, Op], list[Time]] = defaultdict(list)
+    samples: dict[tuple[int, Op], list[Sample]] = defaultdict(list)
     pairs: dict[int, list[Time]] = defaultdict(list)
-    for step in steps:
+    for index, step in enumerate(steps):
         for record in step.trace.actions:
             work = record.work
             if isinstance(work, Action):
-                samples[(work.stage, work.op)].append(record.end - record.start)
+                samples[(work.stage, work.op)].append((index, record.end - record.start))
             else:
                 assert isinstance(work, Overlap)
                 pairs[work.parts[0].stage].append(record.end - record.start)
     stages, assumed = [], []
     for stage in range(count):
-        times = {op: _whole(median(samples[(stage, op)])) for op in Op if samples[(stage, op)]}
+        times = {
+            op: _whole(median([v for _, v in samples[(stage, op)]]))
+            for op in Op
+            if samples[(stage, op)]
+        }
         if Op.B not in times and Op.I in times and Op.W in times:
             times[Op.B] = times[Op.I] + times[Op.W]
             assumed.append(f"stage {stage}: B = I + W")
@@ -622,21 +741,123 @@ def fit_costs(
                 overlap=_whole(median(pairs[stage])) if pairs[stage] else None,
             )
         )
-    link, dispatch, counts, by_pair = _fit_overheads(steps, send_mode)
-    counted = {f"{s}{op.value}": len(samples[(s, op)]) for s in range(count) for op in Op}
-    counted = {k: v for k, v in counted.items() if v}
-    return CalibrationFit(
-        costs=CostModel(
-            stages=tuple(stages),
-            link=link,
-            dispatch_overhead=dispatch,
-            time_unit=time_unit,
-            send_mode=send_mode,
-        ),
-        assumed=tuple(assumed),
-        samples={**counted, **counts},
-        pair_links=by_pair,
+    link, dispatch, overheads, by_pair = _fit_overheads(steps, send_mode)
+    costs = CostModel(
+        stages=tuple(stages),
+        link=link,
+        dispatch_overhead=dispatch,
+        time_unit=time_unit,
+        send_mode=send_mode,
     )
+    terms = {
+        f"{s}{op.value}": _stats(samples[(s, op)], _term_value(costs, f"{s}{op.value}"))
+        for s in range(count)
+        for op in Op
+        if samples[(s, op)]
+    }
+    for name, values in overheads.items():
+        terms[name] = _stats(values, _term_value(costs, name))
+    return CalibrationFit(
+        costs=costs,
+        assumed=tuple(assumed),
+        samples={name: t.samples for name, t in terms.items()},
+        pair_links=by_pair,
+        terms=terms,
+    )
+
+
+def _term_value(costs: CostModel, name: str) -> Time:
+    """The figure of ``costs`` that term ``name`` of :attr:`CalibrationFit.terms` names:
+    ``"0F"`` (stage 0's forward), ``"dispatch"`` or a link field such as ``"latency"``."""
+    if name == "dispatch":
+        return costs.dispatch_overhead
+    value: Time = (
+        getattr(costs.link, name)
+        if not name[:-1].isdigit()
+        else getattr(costs.stages[int(name[:-1])], _OP_FIELDS[name[-1]])
+    )
+    return value
+
+
+_OP_FIELDS = {"F": "forward", "B": "backward", "I": "input_grad", "W": "weight_grad"}
+
+
+def term_stability(
+    steps: Sequence[MeasuredStep], fit: CalibrationFit, /, *, send_mode: str = "eager"
+) -> CalibrationFit:
+    """``fit`` (of ``steps``) with each term's ``step_shift``: the most its figure moves
+    when the fit leaves out any one of the steps (a jackknife over steps). A figure one
+    step can move far rests on that step: a slow spell of the machine, or one late
+    message in a term with few samples. Fewer than two steps: ``fit`` unchanged."""
+    if len(steps) < 2:
+        return fit
+    shifts: dict[str, Time] = defaultdict(int)
+    for k in range(len(steps)):
+        without = fit_costs([*steps[:k], *steps[k + 1 :]], send_mode=send_mode)
+        for name, term in fit.terms.items():
+            if name in without.terms:
+                shifts[name] = max(shifts[name], _size(without.terms[name].value - term.value))
+    terms = {name: replace(t, step_shift=shifts[name]) for name, t in fit.terms.items()}
+    return replace(fit, terms=terms)
+
+
+def _size(value: Time) -> Time:
+    """``|value|``, typed as a Time."""
+    return value if value >= 0 else -value
+
+
+def unstable_terms(
+    terms: Mapping[str, TermStats], /, *, min_samples: int, max_shift: float = 0.2, floor: Time = 0
+) -> dict[str, str]:
+    """Per term that cannot be trusted, why: fewer than ``min_samples`` samples, or one
+    step moving it by more than ``max_shift`` of its value (and more than ``floor`` time
+    units, so that figures too small to matter do not warn). A term without samples was
+    not fitted (its figure is the default) and is not listed.
+
+    >>> unstable_terms({"0F": TermStats(value=100, samples=12, step_shift=5),
+    ...                 "handshake": TermStats(value=40, samples=3, step_shift=30)},
+    ...                min_samples=10)
+    {'handshake': '3 samples (fewer than 10); leaving out one step moves it by 75%'}
+    """
+    found = {}
+    for name, term in terms.items():
+        if not term.samples:
+            continue
+        why = []
+        if term.samples < min_samples:
+            why.append(f"{term.samples} samples (fewer than {min_samples})")
+        shift = term.step_shift
+        if shift is not None and shift > floor and shift > max_shift * _size(term.value):
+            share = f"{float(shift / term.value) * 100:.0f}%" if term.value else "from 0"
+            why.append(f"leaving out one step moves it by {share}")
+        if why:
+            found[name] = "; ".join(why)
+    return found
+
+
+STATISTIC = (
+    "compute: median over every micro-batch of every measured step; overheads: median "
+    "over the measured steps of each step's mean over its transitions (over three blocks "
+    "of the transitions with fewer than three steps); rendezvous latency: median over "
+    "every message"
+)
+"""What a cost file's ``meta.statistic`` says of :func:`fit_costs`."""
+
+
+def fit_meta(fit: CalibrationFit, /) -> dict[str, Any]:
+    """What a calibrated cost file's ``meta`` keeps of ``fit``: the statistic, the ops
+    assumed, per figure its samples and :class:`TermStats`, and the message costs per
+    direction (``"0->1"``)."""
+    return {
+        "statistic": STATISTIC,
+        "assumed": list(fit.assumed),
+        "samples": dict(fit.samples),
+        "terms": {name: term.to_dict() for name, term in fit.terms.items()},
+        "links_by_direction": {
+            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
+            for (src, dst), link in fit.pair_links.items()
+        },
+    }
 
 
 def costs_for(schedule: Schedule, cuts: Mapping[int, CostModel], /) -> CostModel:

@@ -41,6 +41,10 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
             "2",
             "--repeats",
             "1",
+            "--copies",
+            "1",
+            "--max-repeats",
+            "1",
             "--warmup",
             "0",
             "--timeout",
@@ -65,6 +69,14 @@ def test_calibrate_writes_a_cost_file_with_provenance_and_checks(
     assert meta["burn_in_steps"] == 0  # --warmup 0: the very first step, as asked
     assert meta["assumed"] == []  # F, B, I and W all measured
     assert meta["samples"]["0I"] == 1 and meta["samples"]["1B"] == 1
+    # Each fitted figure's samples and spread; one step: no step to leave out, and the
+    # figures resting on one sample (below --min-samples' 20) are named as unstable.
+    assert meta["terms"]["0I"]["samples"] == 1 and meta["terms"]["0F"]["samples"] == 2
+    assert meta["terms"]["0F"]["steps"] == 1 and meta["terms"]["0F"]["step_shift"] is None
+    assert meta["terms"]["0F"]["p10"] <= meta["terms"]["0F"]["value"] <= meta["terms"]["0F"]["p90"]
+    assert {k: t["samples"] for k, t in meta["terms"].items()} == meta["samples"]
+    assert (meta["rounds"], meta["copies_per_round"]) == (1, 1)
+    assert "WARNING: 0I = " in text and "1 samples (fewer than 20)" in text
     # One run's own compute times per stage and op: two forwards and one of each backward
     # per stage (m=2, the odd one split), their median the file's time; one run, no spread.
     (run,) = meta["compute_samples_ns"]

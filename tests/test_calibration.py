@@ -26,6 +26,8 @@ from pipesim.calibration import (
     median,
     predict,
     replay,
+    term_stability,
+    unstable_terms,
 )
 from pipesim.costs import (
     CostModel,
@@ -127,23 +129,61 @@ def test_medians_keep_an_outlier_out() -> None:
     assert median([10, 11, 10, 50]) == Fraction(21, 2)
 
 
-def test_overheads_are_means_because_a_step_adds_them_up() -> None:
-    """One rank, gpipe m=4 (no messages): F 10, B 20 each; the 7 gaps are 1 six times and
-    8 once (a delivery that came late). The dispatch is their mean 14 / 7 = 2, not the
-    median 1, and the step predicted from the fit is then the measured one: 4*10 + 4*20 +
-    14 = 134 (a median would predict 127)."""
+def _one_rank_step(gaps: list[int]) -> MeasuredStep:
+    """gpipe m=4 on one rank (no messages), F 10 and B 20, with ``gaps`` between them."""
     schedule = generate("gpipe", n_ranks=1, n_microbatches=4)
-    gaps = [1, 1, 1, 8, 1, 1, 1]
     records, clock = [], 0
     for k, work in enumerate(schedule.orders[0]):
         d = 10 if work.parts[0].op.value == "F" else 20
         records.append(ActionRecord(rank=0, work=work, start=clock, end=clock + d))
         clock += d + (gaps[k] if k < len(gaps) else 0)
-    step = MeasuredStep(schedule=schedule, trace=Trace(n_ranks=1, actions=tuple(records)))
-    fit = fit_costs([step])
+    return MeasuredStep(schedule=schedule, trace=Trace(n_ranks=1, actions=tuple(records)))
+
+
+def test_a_tail_every_step_shares_stays_in_the_overheads() -> None:
+    """Three steps whose 7 gaps are each 1 six times and 8 once (a delivery that came
+    late, in every step): the dispatch is each step's mean 14 / 7 = 2, not the median
+    1, and the step predicted from the fit is then the measured one: 4*10 + 4*20 + 14 =
+    134 (a median would predict 127)."""
+    gaps = [1, 1, 1, 8, 1, 1, 1]
+    steps = [_one_rank_step(gaps) for _ in range(3)]
+    fit = fit_costs(steps)
     assert fit.costs.dispatch_overhead == 2 == mean(gaps) and median(gaps) == 1
-    assert fit.samples["dispatch"] == 7
-    assert measured_makespan(step.trace) == 134 == predict(schedule, fit.costs)
+    assert fit.samples["dispatch"] == 21 and fit.terms["dispatch"].steps == 3
+    assert measured_makespan(steps[0].trace) == 134 == predict(steps[0].schedule, fit.costs)
+
+
+def test_one_late_gap_or_one_slow_step_cannot_move_an_overhead() -> None:
+    """Gaps of 1, except one of 50 (a late message): in one step of three, or among the
+    7 of a single step, the dispatch stays 1 (a mean would say 3.3 and 8). A whole step
+    slow by 30 per gap among three: still 1 (a mean: 11)."""
+    quiet, late = [1] * 7, [1, 1, 1, 50, 1, 1, 1]
+    assert (
+        fit_costs(
+            [_one_rank_step(quiet), _one_rank_step(late), _one_rank_step(quiet)]
+        ).costs.dispatch_overhead
+        == 1
+    )
+    assert fit_costs([_one_rank_step(late)]).costs.dispatch_overhead == 1
+    assert mean(late) == 8 and mean(quiet * 2 + late) == Fraction(10, 3)
+    slow = [_one_rank_step(quiet), _one_rank_step([31] * 7), _one_rank_step(quiet)]
+    assert fit_costs(slow).costs.dispatch_overhead == 1
+
+
+def test_term_stability_names_the_term_one_step_moves() -> None:
+    """Dispatch gaps 1, 1 and 7 per step in three steps: leaving out the third moves the
+    median of means from 1 to 1, leaving out a first from 1 to (1 + 7) / 2 = 4: a shift
+    of 3, 300% of the figure, which unstable_terms names; F and B, the same in every
+    step, do not move."""
+    steps = [_one_rank_step([1] * 7), _one_rank_step([1] * 7), _one_rank_step([7] * 7)]
+    fit = term_stability(steps, fit_costs(steps))
+    assert fit.terms["dispatch"].value == 1 and fit.terms["dispatch"].step_shift == 3
+    assert fit.terms["0F"].step_shift == 0 and fit.terms["0F"].samples == 12
+    assert unstable_terms(fit.terms, min_samples=5) == {
+        "dispatch": "leaving out one step moves it by 300%"
+    }
+    assert "fewer than 30" in unstable_terms(fit.terms, min_samples=30)["0F"]
+    assert fit.terms["dispatch"].to_dict()["p90"] == 7
 
 
 def test_mean_by_hand() -> None:

@@ -60,6 +60,8 @@ ELSEWHERE = {
     "pipesim plan --model llama2-70b --devices 4096": (
         "a Dask scheduler at tcp://HOST:8786: tests/test_plan_dask.py starts one"
     ),
+    "pipesim calibrate --from-trace rank0.json": "reads profiler traces: tests/test_kineto.py",
+    "pipesim plot --measured rank0.json": "reads profiler traces: tests/test_kineto.py",
     "pipesim plan --model llama2-70b --devices 64": (
         "minutes on a busy machine: notebooks/04_plan.ipynb plans the same step"
     ),

@@ -137,7 +137,7 @@ def test_schedule_file_and_costs_out(tmp_path: Path, capsys, monkeypatch) -> Non
     # the file pipesim calibrate writes: its fit, units and provenance
     assert meta["time_unit"] == "ns" and meta["source"] == "pipesim verify"
     assert meta["statistic"].startswith("compute: median") and meta["samples"]["0I"] == 2
-    assert "overheads: mean" in meta["statistic"]
+    assert "overheads: median over the measured steps of each step's mean" in meta["statistic"]
     assert meta["cpu_allocator"] == "system"
     assert load_costs(costs_path) == load_costs_dict(data["costs"])
     # The step's own compute samples, one run: their medians are the fitted compute, and

@@ -71,6 +71,9 @@ from verify.errors import ExactnessError, RunFailedError, VerifyError
 from verify.exactness import exact_settings, exactness_problems
 from verify.fidelity import (
     BURN_IN,
+    COPIES,
+    MAX_REPEATS,
+    MIN_SAMPLES,
     Measurement,
     burn_in_steps,
     calibrate_cut,
@@ -127,7 +130,7 @@ from verify.rank_status import (
     status_length,
 )
 from verify.report import PAGE_FAULTS_NOTICED, VerifyReport, format_report, page_faults_line
-from verify.runtime import SavedBytes, StageRuntime
+from verify.runtime import PROFILE_ENV, SavedBytes, StageRuntime, profiled
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
@@ -144,13 +147,17 @@ __all__ = [
     "ALLOCATOR_MODES",
     "BURN_IN",
     "COMPUTING",
+    "COPIES",
     "DEFAULT_ALLOCATOR_MODE",
     "DTYPES",
     "FINISHED",
     "HEADER_LENGTH",
+    "MAX_REPEATS",
+    "MIN_SAMPLES",
     "MODEL_NAMES",
     "PAGE_FAULTS_NOTICED",
     "PIN_ENV",
+    "PROFILE_ENV",
     "STARTING",
     "WAITING",
     "ActionTiming",
@@ -235,6 +242,7 @@ __all__ = [
     "partition",
     "pin_ranks",
     "prepare_spec",
+    "profiled",
     "rank_cpus",
     "reference_run",
     "report_from_results",

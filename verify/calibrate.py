@@ -43,7 +43,13 @@ import torch
 
 from pipesim.actions import Work
 from pipesim.band import compute_samples, samples_meta
-from pipesim.calibration import CalibrationFit, MeasuredStep, fit_costs, measured_makespan
+from pipesim.calibration import (
+    CalibrationFit,
+    MeasuredStep,
+    fit_costs,
+    fit_meta,
+    measured_makespan,
+)
 from pipesim.costs import CostModel, StageCost, costs_to_dict
 from pipesim.files import write_text
 from pipesim.schedule import Schedule
@@ -141,14 +147,7 @@ def calibration_meta(fit: CalibrationFit, /, **provenance: Any) -> dict[str, Any
     return {
         "time_unit": "ns",
         **provenance,
-        "statistic": "compute: median over every micro-batch of every measured step; "
-        "overheads: mean over every transition of every measured step",
-        "assumed": list(fit.assumed),
-        "samples": dict(fit.samples),
-        "links_by_direction": {
-            f"{src}->{dst}": costs_to_dict(CostModel(link=link))["link"]
-            for (src, dst), link in fit.pair_links.items()
-        },
+        **fit_meta(fit),
         "host": socket.gethostname(),
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],

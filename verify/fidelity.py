@@ -39,6 +39,7 @@ from pipesim.calibration import (
     fit_costs,
     measured_makespan,
     median,
+    term_stability,
 )
 from pipesim.costs import CostModel
 from pipesim.exact import Time
@@ -50,6 +51,9 @@ from verify.errors import VerifyError
 
 __all__ = [
     "BURN_IN",
+    "COPIES",
+    "MAX_REPEATS",
+    "MIN_SAMPLES",
     "Measurement",
     "burn_in_steps",
     "calibrate_cut",
@@ -225,6 +229,29 @@ def measure(
     return found
 
 
+COPIES = 3
+"""Calibration steps per round (fresh process set), each at its own place in the round:
+more samples per process start-up, and no figure resting on one slow spell."""
+
+MIN_SAMPLES = 20
+"""The samples each fitted figure should rest on; :func:`calibrate_cut` runs more rounds
+(up to ``max_repeats``) while a figure has fewer."""
+
+MAX_REPEATS = 8
+"""The most rounds :func:`calibrate_cut` runs to reach ``min_samples``."""
+
+
+def _pooled(found: Sequence[Measurement]) -> Measurement:
+    """Measurements of one schedule as one (their steps in order)."""
+    return Measurement(
+        schedule=found[0].schedule,
+        steps=tuple(s for m in found for s in m.steps),
+        makespans_ns=tuple(t for m in found for t in m.makespans_ns),
+        stage_bytes=found[-1].stage_bytes,
+        page_faults=tuple(f for m in found for f in m.page_faults),
+    )
+
+
 def calibrate_cut(
     *,
     model: str = "gpt",
@@ -238,22 +265,44 @@ def calibrate_cut(
     warmup: int = 1,
     timeout_s: float = 300.0,
     send_mode: str = "eager",
+    copies: int = COPIES,
+    min_samples: int = MIN_SAMPLES,
+    max_repeats: int = MAX_REPEATS,
 ) -> tuple[CostModel, dict[str, Any]]:
     """Calibrate the cut into ``n_ranks * virtual`` stages; returns the cost model
     (time unit: ns) and the ``meta`` a cost file keeps with it (provenance).
     ``send_mode`` chooses the message rule the overheads are fitted for
-    (``CostModel.send_mode``; gloo's sends are a rendezvous, :mod:`pipesim.engine`)."""
+    (``CostModel.send_mode``; gloo's sends are a rendezvous, :mod:`pipesim.engine`).
+    ``repeats`` rounds run, each in fresh rank processes with ``copies`` calibration
+    steps; while a fitted figure has fewer than ``min_samples`` samples, one more round,
+    up to ``max_repeats`` rounds in all."""
     schedule = calibration_schedule(n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual)
-    measured = measure(
-        schedule,
-        model=model,
-        model_options=model_options,
-        microbatch_size=microbatch_size,
-        repeats=repeats,
-        threads=threads,
-        warmup=warmup,
-        timeout_s=timeout_s,
-    )
+    found: list[Measurement] = []
+
+    def run_rounds(count: int) -> None:
+        found.extend(
+            measure_all(
+                [schedule] * max(copies, 1),
+                model=model,
+                model_options=model_options,
+                microbatch_size=microbatch_size,
+                repeats=count,
+                threads=threads,
+                warmup=warmup,
+                timeout_s=timeout_s,
+                first_round=len(found) // max(copies, 1),
+            )
+        )
+
+    run_rounds(repeats)
+    rounds = max(repeats, 1)
+    while rounds < max_repeats:
+        fit = fit_costs(_pooled(found).steps, send_mode=send_mode)
+        if all(t.samples >= min_samples or not t.samples for t in fit.terms.values()):
+            break
+        run_rounds(1)
+        rounds += 1
+    measured = _pooled(found)
     costs, meta = fit_cut(
         measured,
         model=model,
@@ -263,8 +312,9 @@ def calibrate_cut(
         warmup=warmup,
         send_mode=send_mode,
     )
-    # Every run was the first (and only) schedule in its rank processes.
+    # The first of each round's steps ran after the burn-in steps of fresh processes.
     meta["burn_in_steps"] = burn_in_steps(warmup)
+    meta |= {"rounds": rounds, "copies_per_round": max(copies, 1), "min_samples": min_samples}
     return costs, meta
 
 
@@ -286,6 +336,8 @@ def fit_cut(
     fit = fit_costs(
         measured.steps, stage_bytes=measured.stage_bytes, time_unit="ns", send_mode=send_mode
     )
+    # How far one step moves each figure: what calibrate --check warns about.
+    fit = term_stability(measured.steps, fit, send_mode=send_mode)
     meta = calibration_meta(
         fit,
         source="pipesim calibrate (verify --dist)",

@@ -41,7 +41,7 @@ from verify.compare import build_stages, split_microbatches, step_rows
 from verify.exactness import exact_settings
 from verify.models import VerifyModel, load_model
 from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
-from verify.runtime import StageRuntime
+from verify.runtime import StageRuntime, profiled
 from verify.timing import UnitClock
 from verify.transport import OrderedTransport
 
@@ -99,7 +99,7 @@ def run_rank(
     result: dict[str, Any] = {}
     walls, cpu, faults = [], [], []
     with exact_settings(runner.layers, devices=[device]):
-        for _ in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+        for k in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
             # Let go of the last step's tensors first, as a training loop's next step finds
             # them gone: the step then reuses their memory instead of touching new pages.
             # Held, they made the measured step fault in fresh pages (about 10 us each on a
@@ -107,7 +107,8 @@ def run_rank(
             # faults each), its steps 13-23% longer than predicted (docs/fidelity.md).
             result = {}
             before = minor_page_faults()
-            result, wall_ns, cpu_ns = runner.timed_step()
+            with profiled(rank, measured=k == spec.warmup):
+                result, wall_ns, cpu_ns = runner.timed_step()
             after = minor_page_faults()
             walls.append(wall_ns)
             cpu.append(cpu_ns)

@@ -47,7 +47,10 @@ under ``torch.no_grad()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +61,28 @@ from pipesim.structure import StepStructure, step_structure
 from verify.errors import VerifyError
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 
-__all__ = ["SavedBytes", "StageRuntime"]
+__all__ = ["PROFILE_ENV", "SavedBytes", "StageRuntime", "profiled"]
+
+PROFILE_ENV = "PIPESIM_PROFILE_DIR"
+"""Set to a directory, the rank processes of ``verify --dist`` (and torchrun) profile
+their measured step with torch.profiler and write ``rank{N}.json`` there."""
+
+
+@contextmanager
+def profiled(rank: int, /, *, measured: bool) -> Iterator[None]:
+    """The block under torch.profiler (CPU activities) when it is the ``measured`` step
+    and ``$PIPESIM_PROFILE_DIR`` names a directory; its Chrome trace goes to
+    ``rank{rank}.json`` there (what ``pipesim calibrate --from-trace`` reads)."""
+    folder = os.environ.get(PROFILE_ENV)
+    if not measured or not folder:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(Path(folder) / f"rank{rank}.json"))
 
 
 class SavedBytes:
@@ -166,7 +190,15 @@ class StageRuntime:
 
     def run(self, action: Action, incoming: Tensor | None, /) -> Tensor | None:
         """Run ``action`` with the tensor another stage handed it (activation for F,
-        gradient for B / I; None where none comes); return what it hands on."""
+        gradient for B / I; None where none comes); return what it hands on. Under a
+        profiler the action is a ``record_function`` range named as the action (``0F3``),
+        which :mod:`pipesim.kineto` reads; without one nothing is recorded."""
+        if torch.autograd.profiler._is_profiler_enabled:
+            with torch.profiler.record_function(str(action)):
+                return self._run(action, incoming)
+        return self._run(action, incoming)
+
+    def _run(self, action: Action, incoming: Tensor | None, /) -> Tensor | None:
         if action.op is Op.F:
             return self._forward(action, incoming)
         if action.op is Op.B:

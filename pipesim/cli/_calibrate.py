@@ -104,7 +104,30 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=3,
         metavar="K",
-        help="measured runs, each in fresh processes after a warm-up (default 3)",
+        help="rounds, each in fresh processes with --copies calibration steps after a "
+        "warm-up (default 3)",
+    )
+    parser.add_argument(
+        "--copies",
+        type=positive_int,
+        default=3,  # verify.fidelity.COPIES, without its torch import
+        metavar="C",
+        help="calibration steps per round, each at its own place (default 3)",
+    )
+    parser.add_argument(
+        "--min-samples",
+        type=positive_int,
+        default=20,  # verify.fidelity.MIN_SAMPLES
+        metavar="N",
+        help="run more rounds (up to --max-repeats) while a fitted figure rests on fewer "
+        "samples (default 20); calibrate warns about figures that stay below",
+    )
+    parser.add_argument(
+        "--max-repeats",
+        type=positive_int,
+        default=8,  # verify.fidelity.MAX_REPEATS
+        metavar="K",
+        help="the most rounds to reach --min-samples (default 8)",
     )
     parser.add_argument(
         "--threads",
@@ -146,6 +169,21 @@ def register(subparsers: Any) -> None:
         "simulate, not plan, evaluates it)",
     )
     parser.add_argument(
+        "--from-trace",
+        nargs="+",
+        metavar="FILE",
+        help="fit the cost file from torch.profiler Chrome traces of a pipeline-parallel "
+        "step instead of measuring (one file per rank, or one holding every rank; "
+        "pipesim.kineto); needs no torch",
+    )
+    parser.add_argument(
+        "--trace-step",
+        type=whole_number(),
+        default=None,
+        metavar="N",
+        help="with --from-trace: fit ProfilerStep#N only (default: every step the traces hold)",
+    )
+    parser.add_argument(
         "--check",
         metavar="NAME[,NAME...]",
         help="then measure these registered schedules and compare with the "
@@ -163,6 +201,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.output, what="-o")  # refused now, not after minutes of measuring
+    if args.from_trace:
+        return _from_trace(args)
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         importlib.import_module("torch")
@@ -208,6 +248,9 @@ def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dic
         warmup=max(args.warmup, 0),
         timeout_s=args.timeout,
         send_mode=args.send_mode,
+        copies=args.copies,
+        min_samples=args.min_samples,
+        max_repeats=max(args.max_repeats, args.repeats),
     )
 
 
@@ -256,7 +299,48 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
         print("  " + page_faults_line([max(faults)], label="the most on one rank"))
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
+    for line in term_lines(costs, meta):
+        print("  " + line)
     print(f"wrote {path}")
+
+
+def term_lines(
+    costs: Any, meta: dict[str, Any], *, advice: str = "calibrate with more --repeats or -m"
+) -> list[str]:
+    """The fitted figures a calibration cannot vouch for (few samples, or one step moving
+    them far: :func:`pipesim.calibration.unstable_terms` of ``meta.terms``), one line
+    each, or one line saying every figure is stable."""
+    from pipesim.calibration import TermStats, unstable_terms
+
+    terms = {
+        name: TermStats(
+            value=t["value"],
+            samples=t["samples"],
+            steps=t["steps"],
+            p10=t["p10"],
+            p90=t["p90"],
+            step_shift=t["step_shift"],
+        )
+        for name, t in meta.get("terms", {}).items()
+    }
+    if not terms:
+        return []
+    # Shifts below 1% of the smallest forward are noise whatever their share of the figure.
+    forwards = [s.forward for s in costs.stages if s.forward]
+    floor = min(forwards) / 100 if forwards else 0
+    found = unstable_terms(terms, min_samples=meta.get("min_samples", 20), floor=floor)
+    if not found:
+        steps = min(t.steps for t in terms.values() if t.samples)
+        return [
+            f"every fitted figure rests on {min(t.samples for t in terms.values() if t.samples)}+ "
+            f"samples from {steps}+ steps, and no one step moves it by more than 20%"
+        ]
+    return [
+        f"WARNING: {name} = {terms[name].value / 1e3:.0f} us is unstable: {why} "
+        f"(p10-p90 of its samples {terms[name].p10 / 1e3:.0f}-{terms[name].p90 / 1e3:.0f} us); "
+        f"{advice}"
+        for name, why in found.items()
+    ]
 
 
 def _check_schedules(args: argparse.Namespace) -> list[Any]:
@@ -336,8 +420,60 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dic
             f"{drawn_error:+6.1f}%"
         )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
+    for line in term_lines(costs, meta):
+        if line.startswith("WARNING"):
+            print(line)
     print(
         f"drawn error: mean {sum(drawn_errors) / len(drawn_errors):.1f}%, "
         f"max {max(drawn_errors):.1f}%"
     )
+    return 0
+
+
+def _from_trace(args: argparse.Namespace) -> int:
+    """``--from-trace``: the cost file of profiled steps (:func:`pipesim.kineto.profile_costs`)."""
+    from pipesim.kineto import profile_costs
+
+    if args.check:
+        raise PipesimError(
+            "--check measures schedules on this machine; with --from-trace, predict with "
+            "`pipesim simulate NAME --costs FILE` instead"
+        )
+    costs, meta, found = profile_costs(
+        args.from_trace, step=args.trace_step, send_mode=args.send_mode
+    )
+    _write(costs, meta, args.output)
+    first = found[0]
+    how = ["record_function ranges" if a else "forward/backward runs" for a in first.annotated]
+    print(
+        f"read {len(found)} step(s) ({', '.join(s.label for s in found)}) of "
+        f"{meta['n_ranks']} ranks, {meta['n_stages']} stages, m={meta['n_microbatches']}:"
+    )
+    for rank, order in meta["actions"].items():
+        busy = first.busy_ns[int(rank)]
+        print(
+            f"  rank {rank}: {len(order)} actions from {how[int(rank)]}, compute "
+            f"{busy / 1e6:.2f} ms, {first.comms[int(rank)]} communication ops"
+        )
+    link = costs.link
+    for op, name in (
+        ("F", "forward"),
+        ("B", "backward"),
+        ("I", "input_grad"),
+        ("W", "weight_grad"),
+    ):
+        values = "/".join(f"{float(getattr(s, name)) / 1e6:.3f}" for s in costs.stages)
+        print(f"  {op} per stage (ms): {values}")
+    print(
+        f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
+        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
+        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
+    )
+    if meta["assumed"]:
+        print(f"  assumed: {'; '.join(meta['assumed'])}")
+    for line in term_lines(
+        costs, meta, advice="profile more steps (ProfilerStep) or micro-batches"
+    ):
+        print("  " + line)
+    print(f"wrote {args.output}")
     return 0

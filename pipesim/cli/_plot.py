@@ -15,9 +15,11 @@ one rank's layer block and each schedule's stages get their share
 (:mod:`pipesim.fair`), so the same model is compared.
 
 With ``--measured FILE`` (the JSON report of ``pipesim verify --json -o FILE``,
-which embeds the measured trace, or a trace from ``pipesim verify --trace-out``) the
-measured step is drawn under the predicted one, rank by rank, with the error
-per action kind (:mod:`pipesim.plot.overlay`).
+which embeds the measured trace, or a trace from ``pipesim verify --trace-out``; or
+``--measured RANK0.json RANK1.json ...``, torch.profiler Chrome traces read by
+:mod:`pipesim.kineto`, predicted from the cost file ``pipesim calibrate --from-trace``
+would write of them unless costs are given) the measured step is drawn under the
+predicted one, rank by rank, with the error per action kind (:mod:`pipesim.plot.overlay`).
 """
 
 from __future__ import annotations
@@ -136,10 +138,13 @@ def register(subparsers: Any) -> None:
     )
     out.add_argument(
         "--measured",
+        nargs="+",
         metavar="FILE",
-        help="a measured step: the JSON report of `pipesim verify --json -o FILE` or a "
-        "trace from `pipesim verify --trace-out FILE`; draw it under the prediction, rank by "
-        "rank, with the error per action kind",
+        help="a measured step: the JSON report of `pipesim verify --json -o FILE`, a "
+        "trace from `pipesim verify --trace-out FILE`, or torch.profiler Chrome traces of "
+        "a pipeline-parallel step (one per rank, or one holding every rank; predicted "
+        "from their own fit unless cost flags or --costs are given); draw it under the "
+        "prediction, rank by rank, with the error per action kind",
     )
     out.add_argument(
         "--cdn",
@@ -269,11 +274,10 @@ def _figure(
 def _run_measured(args: argparse.Namespace, suffix: str) -> int:
     from pipesim.engine import simulate
     from pipesim.plot.overlay import kind_errors, overlay_figure
-    from pipesim.trace_io import load_trace
 
     if args.compare or len(args.schedules) > 1:
         raise PipesimError("--measured draws one step against its prediction: drop --compare")
-    measured = load_trace(args.measured)
+    measured = _load_measured(args.measured)
     if args.schedules:
         name, settings = split_settings(args.schedules[0])
         local = apply_settings(args, name, settings)
@@ -297,6 +301,22 @@ def _run_measured(args: argparse.Namespace, suffix: str) -> int:
     for line in kind_errors(predicted, measured).lines():
         print(f"  {line}")
     return 0
+
+
+def _load_measured(paths: list[str]) -> Any:
+    """The measured step of ``--measured``: a pipesim trace or verify report, or the
+    first step of torch.profiler traces with the costs fitted from all of their steps."""
+    from pipesim.files import read_json
+    from pipesim.kineto import is_kineto, profile_costs
+    from pipesim.trace_io import load_trace
+    from pipesim.views import step_of
+
+    if len(paths) == 1 and not is_kineto(read_json(paths[0], what="--measured")):
+        return load_trace(paths[0])
+    costs, _, found = profile_costs(paths)
+    step = found[0].step
+    print(f"measured: {found[0].label} of {len(found)} step(s) in {', '.join(paths)}")
+    return step_of(step.trace, schedule=step.schedule, costs=costs)
 
 
 def write_figure(fig: Any, output: str, *, suffix: str, cdn: bool = False) -> Path:
