@@ -169,10 +169,10 @@ def main() -> int:
         done = set()
         if args.reuse and log.exists():
             for line in log.read_text().splitlines():
-                row = json.loads(line)
-                if row["model"] == item and (row["schedule"], row["m"]) in measured:
-                    measured[(row["schedule"], row["m"])].append(row["ns"])
-                    done.add((row["round"], row["schedule"], row["m"]))
+                logged = json.loads(line)
+                if logged["model"] == item and (logged["schedule"], logged["m"]) in measured:
+                    measured[(logged["schedule"], logged["m"])].append(logged["ns"])
+                    done.add((logged["round"], logged["schedule"], logged["m"]))
         loads = []
         for round_ in range(args.repeats):
             order = list(grid)
