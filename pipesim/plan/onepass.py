@@ -18,6 +18,7 @@ from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
 from pipesim.dependencies import forward_source, gradient_source
 from pipesim.exact import Time
+from pipesim.numbering import action_key
 from pipesim.plan.fastsim import StepResult
 from pipesim.schedule import Schedule
 
@@ -79,8 +80,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     s_base = 2 * g_base
     for a, b in schedule.happens_before:
         if placement[a.stage] != placement[b.stage]:
-            a_key = s_base + (a.stage * 4 + OP_INDEX[a.op]) * width + a.microbatch
-            b_key = s_base + (b.stage * 4 + OP_INDEX[b.op]) * width + b.microbatch
+            a_key, b_key = s_base + action_key(a, width), s_base + action_key(b, width)
             signal_of.setdefault(b_key, []).append(a_key)
             signal_src.add(a_key)
     orders = schedule.orders
@@ -115,7 +115,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
             if type(work) is not Action:
                 return None
             stage, op, mb = work.stage, work.op, work.microbatch
-            cost_key = 4 * stage + OP_INDEX[op]
+            cost_key = 4 * stage + OP_INDEX[op]  # actions.action_code, inlined: per action
             t = t_free
             if op is f_op:
                 if f_waits[stage]:
