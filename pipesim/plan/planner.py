@@ -151,18 +151,24 @@ def _tensor_sizes(
     return sizes
 
 
+def _dividing_sizes(values: Sequence[int], what: str, *, devices: int) -> tuple[int, ...]:
+    """The ``what``-parallel sizes, positive and each dividing the devices."""
+    sizes = _positive_ints(f"{what} parallel sizes", values)
+    bad = [size for size in sizes if devices % size]
+    if bad:
+        raise PlanError(
+            f"{what} parallel size {bad} does not divide {devices} devices; use divisors of "
+            f"{devices}: {list(_divisors(devices))}"
+        )
+    return sizes
+
+
 def _context_sizes(dims: Dimensions, *, devices: int, workload: Workload | None) -> tuple[int, ...]:
     """The context-parallel sizes, checked: each divides the devices, and the model can
     split its sequences that many ways (fused attention, 2c equal chunks)."""
-    sizes = _positive_ints("context parallel sizes", dims.context)
+    sizes = _dividing_sizes(dims.context, "context", devices=devices)
     if sizes == (1,):
         return sizes
-    bad = [c for c in sizes if devices % c]
-    if bad:
-        raise PlanError(
-            f"context parallel size {bad} does not divide {devices} devices; use divisors of "
-            f"{devices}: {list(_divisors(devices))}"
-        )
     spec = None if workload is None else workload.spec
     if spec is None:
         raise PlanError(
@@ -180,15 +186,9 @@ def _expert_sizes(
     """The expert-parallel (``what`` = "expert") or expert tensor-parallel sizes,
     checked: each divides the devices and the model's routed experts or expert width
     (only a model with expert layers takes more than 1)."""
-    sizes = _positive_ints(f"{what} parallel sizes", values)
+    sizes = _dividing_sizes(values, what, devices=devices)
     if sizes == (1,):
         return sizes
-    bad = [e for e in sizes if devices % e]
-    if bad:
-        raise PlanError(
-            f"{what} parallel size {bad} does not divide {devices} devices; use divisors of "
-            f"{devices}: {list(_divisors(devices))}"
-        )
     spec = None if workload is None else workload.spec
     if spec is None:
         raise PlanError(
