@@ -8,6 +8,7 @@ import json
 from fractions import Fraction
 
 import pytest
+from helpers import load_benchmark
 
 from pipesim.actions import parse_action
 from pipesim.costs import CostModel, Link, StageCost
@@ -150,38 +151,19 @@ def test_memory_carries_across_the_boundary() -> None:
 
 
 # The zero-bubble paper (Qi et al., ICLR 2024): Table 6's profiled F, B, W and
-# communication times, and its Table 5 bubble rates of 1F1B, ZB-H1 and ZB-H2 at m = 3p.
-TABLE_6 = {  # model: (p, m, T_F, T_B, T_W, T_comm)
-    "1.5B": (8, 24, "18.522", "18.086", "9.337", "0.601"),
-    "6.2B": (8, 24, "29.718", "29.444", "19.927", "0.527"),
-    "14.6B": (16, 48, "11.347", "11.248", "8.132", "0.377"),
-    "28.3B": (32, 96, "10.419", "10.207", "7.715", "0.408"),
-}
-TABLE_5 = {  # model: (1F1B, ZB-H1, ZB-H2)
-    "1.5B": (0.2431, 0.1585, 0.1083),
-    "6.2B": (0.2347, 0.1323, 0.0698),
-    "14.6B": (0.2552, 0.1397, 0.0672),
-    "28.3B": (0.2646, 0.1421, 0.0641),
-}
-
-
-def _paper_costs(model: str) -> tuple[int, int, CostModel]:
-    p, m, f, b, w, comm = TABLE_6[model]
-    costs = CostModel.uniform(
-        forward=Fraction(f),
-        input_grad=Fraction(b),
-        weight_grad=Fraction(w),
-        backward=Fraction(b) + Fraction(w),
-        link=Link(latency=Fraction(comm)),
-    )
-    return p, m, costs
+# communication times and its Table 5 bubble rates, as benchmarks/bench_zero_bubble.py
+# holds them (one copy of the paper's numbers); the first three of Table 5 are 1F1B, ZB-H1
+# and ZB-H2 at m = 3p.
+_PAPER = load_benchmark("bench_zero_bubble")
+TABLE_6, TABLE_5 = _PAPER.TABLE_6, _PAPER.TABLE_5
+_paper_costs = _PAPER.paper_costs
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(TABLE_6))
 def test_table_5_span_bubbles(model: str) -> None:
     p, m, costs = _paper_costs(model)
-    for name, paper in zip(("1f1b", "zb-h1", "zb-h2"), TABLE_5[model], strict=True):
+    for name, paper in zip(("1f1b", "zb-h1", "zb-h2"), TABLE_5[model][:3], strict=True):
         sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs)
         assert abs(float(span_metrics(sim.trace).bubble_ratio) - paper) <= 0.00005, name
 
