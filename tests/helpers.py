@@ -20,8 +20,9 @@ import pytest
 
 from pipesim.errors import ScheduleError
 from pipesim.plan.hardware import EFFICIENCIES, Accelerator, get_accelerator
+from pipesim.plan.model import ModelSpec
 from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
-from pipesim.plan.workload import Workload
+from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedules import generate, get_spec, schedule_names
 
 #: The keys ``simulate --json`` promises (the output contract of docs/architecture.md).
@@ -72,6 +73,37 @@ def hand_accelerator(**changes: object) -> Accelerator:
         **dict.fromkeys(EFFICIENCIES, 1.0),
     )
     return Accelerator(**(base | changes))  # type: ignore[arg-type]
+
+
+#: The small GPT the planner tests sweep (8 layers of 512).
+SMALL_MODEL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
+
+
+def one_f_one_b_sweep(
+    max_microbatches: int, *, engine: str = "fast"
+) -> tuple[SweepContext, list[Point]]:
+    """SMALL_MODEL on 2 devices with free links, 1f1b at p=2 with 1..max_microbatches-1
+    micro-batches; the SimPy engine makes each point slow enough to catch a sweep in
+    flight."""
+    context = SweepContext(
+        workload=workload_from_model(SMALL_MODEL),
+        accelerator=FREE_ACCELERATOR,
+        devices=2,
+        memory_capacity_bytes=10**12,
+        engine=engine,
+    )
+    points = [
+        Point(
+            schedule="1f1b",
+            pipeline=2,
+            virtual=1,
+            microbatch_size=1,
+            n_microbatches=m,
+            data_parallel=1,
+        )
+        for m in range(1, max_microbatches)
+    ]
+    return context, points
 
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"

@@ -10,6 +10,8 @@ from fractions import Fraction
 
 import pytest
 from helpers import FREE_ACCELERATOR as FREE  # free links: messages take 0 ns
+from helpers import SMALL_MODEL as SMALL
+from helpers import one_f_one_b_sweep
 
 from pipesim.costs import CostModel, StageCost
 from pipesim.errors import ParseError, PlanError, UnknownNameError
@@ -20,12 +22,9 @@ from pipesim.plan import (
     plan,
     sweep,
     workload_from_costs,
-    workload_from_model,
 )
 from pipesim.plan.backends import _start_method
-from pipesim.plan.sweep import Point, SweepContext, evaluate_points
-
-SMALL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
+from pipesim.plan.sweep import evaluate_points
 
 
 def _uniform_units(n_units: int = 8) -> object:
@@ -243,30 +242,8 @@ def test_workers_give_the_same_plan() -> None:
         thread.join()
 
 
-def _one_f_one_b_sweep(max_microbatches: int) -> tuple[SweepContext, list[Point]]:
-    """SMALL on 2 devices, 1f1b at p=2 with 1..max_microbatches-1 micro-batches."""
-    context = SweepContext(
-        workload=workload_from_model(SMALL),
-        accelerator=FREE,
-        devices=2,
-        memory_capacity_bytes=10**12,
-    )
-    points = [
-        Point(
-            schedule="1f1b",
-            pipeline=2,
-            virtual=1,
-            microbatch_size=1,
-            n_microbatches=m,
-            data_parallel=1,
-        )
-        for m in range(1, max_microbatches)
-    ]
-    return context, points
-
-
 def test_a_sweep_that_runs_out_of_time_stops_with_a_clear_error() -> None:
-    context, points = _one_f_one_b_sweep(200)
+    context, points = one_f_one_b_sweep(200)
     for workers in (1, 2):
         with pytest.raises(PlanError, match="did not finish within"):
             evaluate_points(context, points, workers=workers, timeout_s=1e-4)
@@ -279,7 +256,7 @@ def _die(chunk: object, context: object = None) -> object:
 def test_a_dying_worker_is_a_clear_error_not_a_wait_for_the_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    context, points = _one_f_one_b_sweep(40)
+    context, points = one_f_one_b_sweep(40)
     monkeypatch.setattr(sweep, "_evaluate_chunk", _die)  # forked workers inherit it
     # Reported when the worker dies: waiting for the deadline would say "did not finish".
     with pytest.raises(PlanError, match=r"worker process died.*--workers 1"):

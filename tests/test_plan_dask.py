@@ -19,42 +19,15 @@ from pathlib import Path
 
 import distributed
 import pytest
-from helpers import FREE_ACCELERATOR as FREE
-from helpers import processes_with
+from helpers import SMALL_MODEL as SMALL
+from helpers import one_f_one_b_sweep, processes_with
 
 from pipesim.cli import main
 from pipesim.errors import PlanError
-from pipesim.plan import ModelSpec, plan
-from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
-from pipesim.plan.workload import workload_from_model
+from pipesim.plan import plan
+from pipesim.plan.sweep import Evaluation, evaluate_points
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(120)]
-
-SMALL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
-
-
-def _sweep(max_microbatches: int, *, engine: str = "fast") -> tuple[SweepContext, list[Point]]:
-    """SMALL on 2 devices, 1f1b at p=2 with 1..max_microbatches-1 micro-batches; the
-    SimPy engine makes each point slow enough to catch the sweep in flight."""
-    context = SweepContext(
-        workload=workload_from_model(SMALL),
-        accelerator=FREE,
-        devices=2,
-        memory_capacity_bytes=10**12,
-        engine=engine,
-    )
-    points = [
-        Point(
-            schedule="1f1b",
-            pipeline=2,
-            virtual=1,
-            microbatch_size=1,
-            n_microbatches=m,
-            data_parallel=1,
-        )
-        for m in range(1, max_microbatches)
-    ]
-    return context, points
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +94,7 @@ def test_a_local_cluster_gives_the_same_plan_as_this_process() -> None:
 def test_a_scheduler_address_gives_the_same_evaluations(
     cluster: distributed.LocalCluster, client: distributed.Client
 ) -> None:
-    context, points = _sweep(120)
+    context, points = one_f_one_b_sweep(120)
     here = evaluate_points(context, points, workers=1)
     seen: list[tuple[int, int]] = []
     there = evaluate_points(
@@ -141,7 +114,7 @@ def test_a_scheduler_address_gives_the_same_evaluations(
 def test_a_worker_killed_mid_sweep_loses_no_configuration(
     cluster: distributed.LocalCluster, client: distributed.Client
 ) -> None:
-    context, points = _sweep(90, engine="simpy")
+    context, points = one_f_one_b_sweep(90, engine="simpy")
     here = evaluate_points(context, points, workers=1)
     returned = threading.Event()
     killed: list[int] = []
@@ -176,7 +149,7 @@ def test_configurations_that_keep_killing_workers_are_named(
     # the scheduler gives up on a task at the first worker death (default: 3 deaths)
     allowed = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.allowed_failures)
     client.run_on_scheduler(lambda dask_scheduler: setattr(dask_scheduler, "allowed_failures", 0))
-    context, points = _sweep(90, engine="simpy")
+    context, points = one_f_one_b_sweep(90, engine="simpy")
     here = evaluate_points(context, points, workers=1)
     lost_on: list[list[str]] = []
 
@@ -214,7 +187,7 @@ def test_configurations_that_keep_killing_workers_are_named(
 def test_a_sweep_past_its_deadline_leaves_nothing_running(
     cluster: distributed.LocalCluster, client: distributed.Client
 ) -> None:
-    context, points = _sweep(800, engine="simpy")  # far more than 2 s of work
+    context, points = one_f_one_b_sweep(800, engine="simpy")  # far more than 2 s of work
     start = time.monotonic()
     there = evaluate_points(
         context, points, cluster=cluster.scheduler_address, timeout_s=2, partial=True
@@ -234,7 +207,7 @@ def test_a_sweep_past_its_deadline_leaves_nothing_running(
 def test_ctrl_c_cancels_the_sweep_on_the_cluster(
     cluster: distributed.LocalCluster, client: distributed.Client
 ) -> None:
-    context, points = _sweep(400, engine="simpy")
+    context, points = one_f_one_b_sweep(400, engine="simpy")
     here = evaluate_points(context, points[:40], workers=1)
 
     def interrupt_after_a_few(done: int, total: int) -> None:
@@ -372,7 +345,7 @@ def test_without_distributed_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` fails
-    context, points = _sweep(4)
+    context, points = one_f_one_b_sweep(4)
     with pytest.raises(PlanError, match=r"pip install 'pipesim\[dask\]'"):
         evaluate_points(context, points, cluster="local")
     # without --cluster nothing needs it
