@@ -341,6 +341,20 @@ def test_a_bad_address_is_a_clear_error_within_the_timeout(
     assert "dask scheduler" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("address", ["nowhere", "tcp://127.0.0.1", "foo://x:1"])
+def test_a_malformed_address_is_refused_at_once_without_a_traceback(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dask cannot parse these; they are refused before a Client is made, which would
+    otherwise wait out its close at exit and print a traceback."""
+    start = time.monotonic()
+    assert main([*TINY, "--cluster", address, "--timeout", "30"]) == 1
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert f"--cluster '{address}' is not a Dask scheduler address" in err
+    assert "Traceback" not in err
+
+
 def test_without_distributed_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -481,6 +481,7 @@ def _ignore_interrupts_here() -> Callable[[], None]:
 
 
 def _connect(distributed: Any, address: str, wait_s: float) -> Any:
+    _check_address(address)
     try:
         return distributed.Client(address, timeout=wait_s, set_as_default=False)
     except (OSError, ValueError, TypeError, TimeoutError) as exc:
@@ -489,6 +490,25 @@ def _connect(distributed: Any, address: str, wait_s: float) -> Any:
             f"({exc}); start one with `dask scheduler` (it prints its address, "
             "tcp://HOST:8786) and workers with `dask worker tcp://HOST:8786`, or use "
             "--cluster local"
+        ) from None
+
+
+def _check_address(address: str) -> None:
+    """Refuse an address Dask cannot parse before a Client is made of it: a Client whose
+    constructor fails on it still tries to close at exit, waits twice its timeout and
+    prints a traceback."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except ValueError as exc:
+        raise PlanError(
+            f"--cluster {address!r} is not a Dask scheduler address ({exc}); give the one "
+            "`dask scheduler` prints (tcp://HOST:8786), or local"
         ) from None
 
 
