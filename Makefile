@@ -24,11 +24,11 @@ $(VENV)/.installed-dev: pyproject.toml constraints/ci.txt | $(BIN)/python
 
 demo: $(VENV)/.installed
 	@mkdir -p $(OUT)
-	$(BIN)/pipesim simulate gpipe --stages 2 --microbatches 4 --forward-only --grid
-	$(BIN)/pipesim simulate 1f1b --stages 4 --microbatches 8 --activation-bytes 1e6
+	$(BIN)/pipesim simulate gpipe --pipeline-parallel 2 --microbatches 4 --forward-only --grid
+	$(BIN)/pipesim simulate 1f1b --pipeline-parallel 4 --microbatches 8 --activation-bytes 1e6
 	$(BIN)/pipesim plot gpipe 1f1b interleaved-1f1b:v=2 \
-		--compare --stages 4 --microbatches 8 --activation-bytes 1e6 -o $(OUT)/compare.html
-	$(BIN)/pipesim trace 1f1b --stages 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
+		--compare --pipeline-parallel 4 --microbatches 8 --activation-bytes 1e6 -o $(OUT)/compare.html
+	$(BIN)/pipesim trace 1f1b --pipeline-parallel 4 --microbatches 8 --link-latency 0.1 -o $(OUT)/1f1b-trace.json
 	$(BIN)/pipesim plan --model llama2-7b --devices 16 --accelerator h100-sxm --global-batch 128 \
 		--top 5 -o $(OUT)/plan.html
 	@echo "open $(OUT)/compare.html and $(OUT)/plan.html in a browser; $(OUT)/1f1b-trace.json in ui.perfetto.dev"

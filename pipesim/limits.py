@@ -26,7 +26,7 @@ limit                         value              what it bounds
 ``MAX_JSON_DEPTH``            64                 nesting of arrays and objects in JSON
 ============================  =================  ========================================
 
->>> check_range(5, name="--stages", maximum=MAX_RANKS, limit="MAX_RANKS")
+>>> check_range(5, name="--pipeline-parallel", maximum=MAX_RANKS, limit="MAX_RANKS")
 5
 >>> check_range(10**25, name="stage", maximum=MAX_STAGES - 1, limit="MAX_STAGES")
 Traceback (most recent call last):

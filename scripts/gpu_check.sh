@@ -62,30 +62,30 @@ run() {  # run NAME TIMEOUT COMMAND...: note NAME as failed (or timed out) unles
 run cuda-tests 600 "$PY" -m pytest -q -m cuda tests/test_verify_cuda.py -p no:cacheprovider \
     --junitxml="$OUT/cuda-tests.xml" -o junit_family=xunit2
 # Single GPU (or the first of several): the one-process executor, every rank on cuda:0.
-run verify-mlp-cuda0 180 "$PY" -m verify 1f1b --stages 2 --microbatches 4 --device cuda:0 \
+run verify-mlp-cuda0 180 "$PY" -m verify 1f1b --pipeline-parallel 2 --microbatches 4 --device cuda:0 \
     --json --costs-out "$OUT/verify-mlp-cuda0-costs.json" --output "$OUT/verify-mlp-cuda0.json"
-run verify-gpt-cuda0 180 "$PY" -m verify interleaved-1f1b --stages 2 --virtual 2 \
+run verify-gpt-cuda0 180 "$PY" -m verify interleaved-1f1b --pipeline-parallel 2 --virtual 2 \
     --microbatches 8 --model gpt --gpt-layers 6 --device cuda:0 --json \
     --costs-out "$OUT/verify-gpt-cuda0-costs.json" --output "$OUT/verify-gpt-cuda0.json"
 # bf16, as models train on GPUs: every tensor bf16 (the messages too), split backward
 # (zero bubble's I and W) on the Llama; and float32 weights under autocast on the GPT.
-run verify-llama-bf16-cuda0 180 "$PY" -m verify zb-h1 --stages 2 --microbatches 4 \
+run verify-llama-bf16-cuda0 180 "$PY" -m verify zb-h1 --pipeline-parallel 2 --microbatches 4 \
     --model llama --llama-layers 4 --dtype bf16 --device cuda:0 --json \
     --output "$OUT/verify-llama-bf16-cuda0.json"
-run verify-gpt-autocast-cuda0 180 "$PY" -m verify interleaved-1f1b --stages 2 --virtual 2 \
+run verify-gpt-autocast-cuda0 180 "$PY" -m verify interleaved-1f1b --pipeline-parallel 2 --virtual 2 \
     --microbatches 4 --model gpt --gpt-layers 6 --autocast bf16 --device cuda:0 --json \
     --output "$OUT/verify-gpt-autocast-cuda0.json"
 if [ "$N" -ge 2 ]; then
     # One process per GPU under torchrun, NCCL between them; rank 0 writes the report.
     run verify-mlp-nccl 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
-        -m verify 1f1b --stages 2 --microbatches 8 --timeout 240 --json \
+        -m verify 1f1b --pipeline-parallel 2 --microbatches 8 --timeout 240 --json \
         --costs-out "$OUT/verify-mlp-nccl-costs.json" --output "$OUT/verify-mlp-nccl.json"
     run verify-zbv-nccl 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
-        -m verify zbv --stages 2 --microbatches 8 --model gpt --gpt-layers 6 --timeout 240 \
+        -m verify zbv --pipeline-parallel 2 --microbatches 8 --model gpt --gpt-layers 6 --timeout 240 \
         --json --output "$OUT/verify-zbv-nccl.json"
     # bf16 messages over NCCL: the report's wire_dtypes must say bfloat16 (checked below).
     run verify-llama-bf16-nccl 300 "$PY" -m torch.distributed.run --standalone \
-        --nproc-per-node 2 -m verify 1f1b --stages 2 --microbatches 8 --model llama \
+        --nproc-per-node 2 -m verify 1f1b --pipeline-parallel 2 --microbatches 8 --model llama \
         --dtype bf16 --timeout 240 --json --output "$OUT/verify-llama-bf16-nccl.json"
 fi
 

@@ -55,6 +55,16 @@ def test_schedule_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
+@pytest.mark.parametrize("flag", ["--pipeline-parallel", "-p", "--stages"])
+def test_pipeline_parallel_degree_has_one_dest_under_each_spelling(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    # --stages is the old spelling, kept for scripts; all three make the same 3-rank 1F1B.
+    status, out, _ = run(capsys, "schedule", "1f1b", flag, "3", "--microbatches", "3")
+    assert status == 0
+    assert [row[0] for row in json.loads(out)["ranks"]] == ["0F0", "1F0", "2F0"]
+
+
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
 def test_schedule_writes_a_file_and_validate_accepts_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, suffix: str
@@ -279,7 +289,7 @@ SIM = ("simulate", "gpipe", "-p", "2", "-m", "4")
         (("simulate", "gpipe", "-p", "1.5", "-m", "4"), ("--stages", "1.5")),
         (("simulate", "gpipe", "-p", "two", "-m", "4"), ("--stages", "two")),
         (("simulate", "1f1b", "-p", "2", "-m", "2", "-v", "0"), ("--virtual", "0")),
-        (("simulate", "gpipe", "-m", "4"), ("needs --stages",)),
+        (("simulate", "gpipe", "-m", "4"), ("needs --pipeline-parallel",)),
         (
             ("simulate", "pipedream", "-p", "2", "-m", "4"),
             ("unknown schedule 'pipedream'", "valid schedules are: sequential, gpipe, 1f1b"),
@@ -314,7 +324,7 @@ def test_bad_files_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert_refused(run(capsys, "validate", str(tmp_path / "absent.csv")), "does not exist")
     assert_refused(run(capsys, "simulate", "plan.txt"), "unknown schedule 'plan.txt'")
     plan = save_schedule(generate("gpipe", n_ranks=2, n_microbatches=2), tmp_path / "g.json")
-    assert_refused(run(capsys, "simulate", str(plan), "-p", "3"), "--stages 3 disagrees")
+    assert_refused(run(capsys, "simulate", str(plan), "-p", "3"), "--pipeline-parallel 3 disagrees")
     costs = tmp_path / "costs.json"
     costs.write_text('{"stage": {"forward": -2}}')
     assert_refused(
@@ -507,7 +517,7 @@ def test_a_bad_per_stage_size_names_the_stage(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
-        (("-p", "3"), "--stages 3 disagrees with 'g.json', which has 2 ranks"),
+        (("-p", "3"), "--pipeline-parallel 3 disagrees with 'g.json', which has 2 ranks"),
         (("-m", "5"), "--microbatches 5 disagrees with 'g.json', which has 4 micro-batches"),
         (("-v", "2"), "--virtual 2 disagrees with 'g.json', which has 1 stages per rank"),
         (("--forward-only",), "--forward-only disagrees with 'g.json', which has backward"),

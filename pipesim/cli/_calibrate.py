@@ -24,9 +24,9 @@ from typing import Any
 from pipesim.cli._common import (
     LAYERS,
     MICROBATCHES,
-    RANKS,
     VIRTUAL,
     WARMUP,
+    add_pipeline_parallel,
     positive_int,
     seconds,
     whole_number,
@@ -56,14 +56,7 @@ def register(subparsers: Any) -> None:
         "schedules and sizes",
         description=__doc__.split("\n\n")[0].replace("``", "") + f" Needs torch: {_INSTALL}.",
     )
-    parser.add_argument(
-        "-p",
-        "--stages",
-        type=RANKS,
-        default=2,
-        metavar="P",
-        help="ranks (pipeline depth), default 2",
-    )
+    add_pipeline_parallel(parser, default=2)
     parser.add_argument(
         "--virtual",
         type=VIRTUAL,
@@ -239,7 +232,7 @@ def _calibrate(args: argparse.Namespace, microbatch_size: int) -> tuple[Any, dic
     return calibrate_cut(
         model=args.model,
         model_options=_options(args),
-        n_ranks=args.stages,
+        n_ranks=args.n_ranks,
         virtual=args.virtual,
         n_microbatches=args.microbatches,
         microbatch_size=microbatch_size,
@@ -350,7 +343,7 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
     from pipesim.schedules import generate, get_spec
 
     counts = args.check_microbatches or [args.microbatches, 4 * args.microbatches]
-    cut = args.stages * args.virtual
+    cut = args.n_ranks * args.virtual
     found = []
     for name in args.check.split(","):
         spec = get_spec(name.strip())
@@ -359,7 +352,7 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
             for virtual in dict.fromkeys((args.virtual, spec.default_virtual, 1, 2)):
                 try:
                     schedule = generate(
-                        spec.name, n_ranks=args.stages, n_microbatches=m, virtual=virtual
+                        spec.name, n_ranks=args.n_ranks, n_microbatches=m, virtual=virtual
                     )
                 except ScheduleError:
                     continue
@@ -368,7 +361,7 @@ def _check_schedules(args: argparse.Namespace) -> list[Any]:
                     break
             if fitting is None:
                 raise PipesimError(
-                    f"--check {spec.name} at p={args.stages}, m={m} does not run on a cut into "
+                    f"--check {spec.name} at p={args.n_ranks}, m={m} does not run on a cut into "
                     f"{cut} stages; calibrate its cut in a separate run (another --virtual) or "
                     "drop it from --check"
                 )
@@ -385,7 +378,7 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dic
     from verify.fidelity import measure
 
     errors, drawn_errors = [], []
-    cuts = {args.stages * args.virtual: costs}
+    cuts = {args.n_ranks * args.virtual: costs}
     print(
         "schedule            m   predicted (p10-p90 band)   drawn   measured (spread)   "
         "error  drawn"

@@ -1,7 +1,7 @@
 """Arguments shared by the verbs: where a schedule comes from and what it costs.
 
 ``add_schedule_arguments`` + ``schedule_from_args`` turn ``NAME | FILE
---stages P --microbatches M [--virtual V] [--forward-only] [--group-size N]``
+--pipeline-parallel P --microbatches M [--virtual V] [--forward-only] [--group-size N]``
 into a :class:`~pipesim.schedule.Schedule`; ``add_cost_arguments`` +
 ``costs_from_args`` turn the cost flags (or ``--costs FILE``) into a
 :class:`~pipesim.costs.CostModel`. ``plot``, ``trace``, ``verify`` reuse them.
@@ -121,7 +121,7 @@ LAYERS = whole_number(maximum=MAX_LAYERS, limit="MAX_LAYERS")
 WARMUP = whole_number(minimum=0, maximum=1000)
 #: argparse type of each count flag, by dest.
 COUNT_TYPES: dict[str, Callable[[str], int]] = {
-    "stages": RANKS,
+    "n_ranks": RANKS,
     "microbatches": MICROBATCHES,
     "virtual": VIRTUAL,
     "group_size": MICROBATCHES,
@@ -271,18 +271,33 @@ def value_argument(group: argparse._ActionsContainer, flag: str, /, **kwargs: An
     group.add_argument(flag, action=_ReadValue, **kwargs)
 
 
+def add_pipeline_parallel(
+    group: argparse._ActionsContainer, *, required: bool = False, default: int | None = None
+) -> None:
+    """``--pipeline-parallel P`` (``-p``): the pipeline-parallel degree, the ranks one pipeline
+    spans (``n_ranks`` in the API). ``--stages`` is its old spelling, still read, because with
+    ``--virtual V`` the schedule has P x V stages and "stages" named the wrong count."""
+    group.add_argument(
+        "--pipeline-parallel",
+        "-p",
+        "--stages",
+        dest="n_ranks",
+        type=RANKS,
+        required=required,
+        default=default,
+        metavar="P",
+        help="pipeline-parallel degree P: ranks (devices) in the pipeline"
+        + ("" if default is None else f", default {default}")
+        + " (--stages: old spelling)",
+    )
+
+
 def add_size_arguments(
     group: argparse._ActionsContainer, *, required: bool, virtual_help: str
 ) -> None:
-    """``--stages/-p``, ``--microbatches/-m`` and ``--virtual/-v``, bounded by pipesim.limits."""
-    group.add_argument(
-        "--stages",
-        "-p",
-        type=RANKS,
-        required=required,
-        metavar="P",
-        help="pipeline depth p: ranks (devices), one per pipeline stage",
-    )
+    """``--pipeline-parallel/-p``, ``--microbatches/-m`` and ``--virtual/-v``, bounded by
+    pipesim.limits."""
+    add_pipeline_parallel(group, required=required)
     group.add_argument(
         "--microbatches",
         "-m",
@@ -349,7 +364,7 @@ def receive_mode(args: argparse.Namespace, comms: Sequence[CommSchedule | None],
         source = args.schedule
         size = ""
         if source in schedule_names():  # a built-in: the lowering needs its size
-            size = f" -p {args.stages} -m {args.microbatches}"
+            size = f" -p {args.n_ranks} -m {args.microbatches}"
             size += f" --virtual {args.virtual}" if getattr(args, "virtual", None) else ""
         lowered = f"{Path(source).stem}-comms.csv"
         raise PipesimError(
@@ -399,7 +414,7 @@ def describe_comms(comms: CommSchedule, /, *, blocking_receives: bool) -> str:
 def schedule_from_source(
     source: str,
     *,
-    stages: int | None,
+    n_ranks: int | None,
     microbatches: int | None,
     virtual: int | None = None,
     forward_only: bool = False,
@@ -409,18 +424,18 @@ def schedule_from_source(
     if source in schedule_names():
         missing = [
             flag
-            for flag, v in (("--stages", stages), ("--microbatches", microbatches))
+            for flag, v in (("--pipeline-parallel", n_ranks), ("--microbatches", microbatches))
             if v is None
         ]
         if missing:
             raise PipesimError(
                 f"schedule {source!r} needs {' and '.join(missing)}, e.g. "
-                f"`--stages 4 --microbatches 8`"
+                f"`--pipeline-parallel 4 --microbatches 8`"
             )
-        assert stages is not None and microbatches is not None
+        assert n_ranks is not None and microbatches is not None
         return generate(
             source,
-            n_ranks=stages,
+            n_ranks=n_ranks,
             n_microbatches=microbatches,
             virtual=virtual,
             forward_only=forward_only,
@@ -439,7 +454,7 @@ def schedule_from_source(
     _check_file_flags(
         schedule,
         source,
-        stages=stages,
+        n_ranks=n_ranks,
         microbatches=microbatches,
         virtual=virtual,
         forward_only=forward_only,
@@ -452,7 +467,7 @@ def _check_file_flags(
     schedule: Schedule,
     source: str,
     *,
-    stages: int | None,
+    n_ranks: int | None,
     microbatches: int | None,
     virtual: int | None,
     forward_only: bool,
@@ -461,7 +476,7 @@ def _check_file_flags(
     """A size flag given with a schedule file must agree with the file: the file decides,
     and a flag that silently changed nothing would mislead."""
     for flag, given, actual, what in (
-        ("--stages", stages, schedule.n_ranks, "ranks"),
+        ("--pipeline-parallel", n_ranks, schedule.n_ranks, "ranks"),
         ("--microbatches", microbatches, schedule.n_microbatches, "micro-batches"),
         ("--virtual", virtual, schedule.n_stages // schedule.n_ranks, "stages per rank"),
     ):
@@ -490,7 +505,7 @@ def schedule_from_args(args: argparse.Namespace) -> Schedule:
         options["group_size"] = args.group_size
     return schedule_from_source(
         args.schedule,
-        stages=args.stages,
+        n_ranks=args.n_ranks,
         microbatches=args.microbatches,
         virtual=args.virtual,
         forward_only=args.forward_only,

@@ -158,7 +158,14 @@ def register(subparsers: Any) -> None:
         metavar="on|off|on,off",
         help="shard the optimizer state over data parallelism, ZeRO-1 (default on with d > 1)",
     )
-    sweep.add_argument("--stages", metavar="P[,P...]", help="pipeline degrees (default: all)")
+    sweep.add_argument(
+        "--pipeline-parallel",
+        "-p",
+        "--stages",
+        dest="pipeline_parallel",
+        metavar="P[,P...]",
+        help="pipeline-parallel degrees (default: all; --stages: old spelling)",
+    )
     sweep.add_argument(
         "--context-parallel",
         metavar="C[,C...]",
@@ -426,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
             devices=args.devices,
             accelerator=accelerator,
             global_batch=args.global_batch,
-            stages=_ints(args.stages, "--stages"),
+            stages=_ints(args.pipeline_parallel, "--pipeline-parallel"),
             tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
             context_parallel=_ints(args.context_parallel, "--context-parallel") or (1,),
             expert_parallel=_ints(args.expert_parallel, "--expert-parallel") or (1,),

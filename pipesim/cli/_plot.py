@@ -52,12 +52,19 @@ from pipesim.suggest import did_you_mean
 #: Output formats of ``-o``, by suffix.
 FORMATS = (".html", ".htm", ".png", ".svg", ".pdf")
 
-# The short keys that labels print (`1f1b p=4 m=8 v=2`), accepted back as settings.
-_ALIASES = {"p": "stages", "m": "microbatches", "v": "virtual"}
+# The short keys that labels print (`1f1b p=4 m=8 v=2`), accepted back as settings, and
+# the pipeline-parallel degree's flag name and old spelling (its dest is n_ranks).
+_ALIASES = {
+    "p": "n_ranks",
+    "pipeline_parallel": "n_ranks",
+    "stages": "n_ranks",
+    "m": "microbatches",
+    "v": "virtual",
+}
 
 # Flags a source's own settings may override: dest -> kind of value.
 _SIZE_KEYS = {
-    "stages": "count",
+    "n_ranks": "count",
     "microbatches": "count",
     "virtual": "count",
     "group_size": "count",
@@ -346,8 +353,8 @@ def split_settings(source: str) -> tuple[str, dict[str, str]]:
         key, _, value = piece.partition("=")
         key = key.strip()
         if _dest(key) not in _SETTING_KEYS:
-            names = [k.replace("_", "-") for k in _SETTING_KEYS]
-            valid = ", ".join(sorted([*names, *_ALIASES]))
+            names = [k.replace("_", "-") for k in _SETTING_KEYS if k != "n_ranks"]
+            valid = ", ".join(sorted([*names, *(a.replace("_", "-") for a in _ALIASES)]))
             raise usage_error(
                 f"unknown setting {key!r} in {source!r}{did_you_mean(key, names)}; write "
                 f"NAME:key=value with key one of {valid}"

@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
         "--from-torch",
         metavar="CLASS",
         help="instead of NAME: the order a torch.distributed.pipelining schedule class runs "
-        "(e.g. ScheduleZBVZeroBubble or ZBVZeroBubble), with --stages, --microbatches and "
-        "--virtual; needs torch (the verify extra), starts no process group",
+        "(e.g. ScheduleZBVZeroBubble or ZBVZeroBubble), with --pipeline-parallel, "
+        "--microbatches and --virtual; needs torch (the verify extra), starts no process group",
     )
     make.add_argument("-o", "--output", metavar="FILE", help=".json or .csv (default: stdout JSON)")
     make.add_argument(
@@ -88,22 +88,25 @@ def run_schedule(args: argparse.Namespace) -> int:
     if (args.schedule is None) == (args.from_torch is None):
         raise PipesimError(
             "give either a schedule NAME|FILE or --from-torch CLASS (exactly one), e.g. "
-            "`pipesim schedule zbv --stages 4 --microbatches 8` or "
-            "`pipesim schedule --from-torch ScheduleZBVZeroBubble --stages 4 --microbatches 8`"
+            "`pipesim schedule zbv --pipeline-parallel 4 --microbatches 8` or "
+            "`pipesim schedule --from-torch ScheduleZBVZeroBubble -p 4 --microbatches 8`"
         )
     if args.from_torch is not None:
         from pipesim.torch_import import schedule_from_torch
 
         missing = [
             f
-            for f, v in (("--stages", args.stages), ("--microbatches", args.microbatches))
+            for f, v in (
+                ("--pipeline-parallel", args.n_ranks),
+                ("--microbatches", args.microbatches),
+            )
             if v is None
         ]
         if missing:
             raise PipesimError(f"--from-torch needs {' and '.join(missing)}")
         schedule = schedule_from_torch(
             args.from_torch,
-            n_ranks=args.stages,
+            n_ranks=args.n_ranks,
             n_microbatches=args.microbatches,
             virtual=args.virtual,
         )
@@ -153,7 +156,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 f"{n_comms} messages, each sent and received in one order, no blocking cycle)"
             )
             return 0
-    schedule = schedule_from_source(args.file, stages=None, microbatches=None)
+    schedule = schedule_from_source(args.file, n_ranks=None, microbatches=None)
     validate(schedule)
     print(
         f"{args.file}: valid ({schedule.n_ranks} ranks, {schedule.n_stages} stages, "

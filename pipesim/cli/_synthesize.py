@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             f"--time-limit must be a positive number of seconds, got {args.time_limit}"
         )
     virtual = args.virtual or (2 if args.placement == "v" else 1)
-    costs = costs_for_stages(args, args.stages * virtual)
+    costs = costs_for_stages(args, args.n_ranks * virtual)
     if args.costs is None and args.backward_time is None:
         # Built-ins with a full backward B are compared at B = I + W, what splitting it costs.
         costs = replace(
@@ -152,7 +152,7 @@ def _synthesize(
     args: argparse.Namespace, costs: CostModel, virtual: int, progress: Progress
 ) -> SynthesisResult:
     return synthesize(
-        n_ranks=args.stages,
+        n_ranks=args.n_ranks,
         n_microbatches=args.microbatches,
         memory_limit=args.memory_limit,
         costs=costs,

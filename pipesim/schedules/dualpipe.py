@@ -8,7 +8,7 @@ unit of work, :class:`~pipesim.actions.Overlap` (torch spells it
 default ``F + B``). Both place two stages on each rank, rank ``r`` holding
 stages ``r`` and ``2p - 1 - r``; they differ in what those stages are.
 
-**dualpipe** (``--stages P``: P ranks, P even). The model has ``P`` stages
+**dualpipe** (``--pipeline-parallel P``: P ranks, P even). The model has ``P`` stages
 and is kept twice: copy 0 (stages ``0..P-1`` on ranks ``0..P-1``) carries the
 first half of the micro-batches from rank 0 down to rank ``P-1``; copy 1
 (stages ``P..2P-1``, i.e. the model's stages ``0..P-1`` again, on ranks
@@ -16,7 +16,7 @@ first half of the micro-batches from rank 0 down to rank ``P-1``; copy 1
 (``Schedule.n_copies = 2``). So ``--virtual`` is 2 (two stages per rank) and
 the parameter memory is doubled, as DeepSeek notes.
 
-**dualpipev** (``--stages P``: P ranks, any P). DualPipe "cut in half": one
+**dualpipev** (``--pipeline-parallel P``: P ranks, any P). DualPipe "cut in half": one
 copy of a model of ``2P`` stages in a V (as ``zbv``), every micro-batch going
 down the ranks and back up. ``--virtual`` is 2.
 
