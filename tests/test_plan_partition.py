@@ -11,8 +11,8 @@ from helpers import best_bottleneck, evaluate_one_point
 
 import pipesim.partition
 from pipesim.errors import PartitionError
+from pipesim.partition import partition, stage_sums
 from pipesim.plan.model import ModelSpec
-from pipesim.plan.partition import partition, stage_sums
 from pipesim.plan.workload import workload_from_model
 
 

@@ -30,7 +30,7 @@ from verify.calibrate import (  # noqa: E402
 from verify.compare import split_microbatches, verify  # noqa: E402
 from verify.local import LocalRun, run_schedule  # noqa: E402
 from verify.models import mlp  # noqa: E402
-from verify.partition import param_bytes, partition  # noqa: E402
+from verify.stage_cut import cut_stages, param_bytes  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -41,7 +41,7 @@ def _run(name: str = "1f1b", p: int = 2, m: int = 4, batch: int = 32) -> LocalRu
     x, target = model.make_batch(batch)
     return run_schedule(
         schedule,
-        partition(model.layers, n_stages=p),
+        cut_stages(model.layers, n_stages=p),
         devices=["cpu"] * p,
         inputs=split_microbatches(x, m),
         targets=split_microbatches(target, m),
@@ -71,7 +71,7 @@ def test_measured_trace_holds_every_unit_of_work_in_rank_order() -> None:
 
 def test_calibrated_costs_are_the_fit_pipesim_calibrate_makes() -> None:
     run = _run()
-    stages = partition(mlp().layers, n_stages=2)
+    stages = cut_stages(mlp().layers, n_stages=2)
     costs = calibrate(run, devices=["cpu", "cpu"], param_bytes=[param_bytes(s) for s in stages])
     for stage in range(2):
         for op in (Op.F, Op.B):

@@ -21,12 +21,12 @@ from pipesim.errors import ScheduleError  # noqa: E402
 from pipesim.graph import data_dependencies  # noqa: E402
 from pipesim.schedule import Schedule  # noqa: E402
 from pipesim.schedules import generate, schedule_names  # noqa: E402
+from verify.bit_identity import exact_settings, exactness_problems  # noqa: E402
 from verify.compare import schedule_accumulation_orders, split_microbatches, verify  # noqa: E402
 from verify.errors import ExactnessError, VerifyError  # noqa: E402
-from verify.exactness import exact_settings, exactness_problems  # noqa: E402
 from verify.local import execution_order, parse_devices, run_schedule  # noqa: E402
 from verify.models import VerifyModel, gpt, mlp  # noqa: E402
-from verify.partition import partition  # noqa: E402
+from verify.stage_cut import cut_stages  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -92,7 +92,7 @@ def _oracle(model: VerifyModel, schedule: Schedule, batch_size: int):  # type: i
 def _check_against_oracle(model: VerifyModel, schedule: Schedule, batch_size: int) -> None:
     expected_outputs, expected_grads = _oracle(model, schedule, batch_size)
     x, target = model.make_batch(batch_size)
-    stages = partition(model.layers, n_stages=schedule.n_stages)
+    stages = cut_stages(model.layers, n_stages=schedule.n_stages)
     run = run_schedule(
         schedule,
         stages,
@@ -214,7 +214,7 @@ def test_uneven_microbatches_keep_every_row() -> None:
     assert report.bit_identical
     model = mlp()
     x, _ = model.make_batch(10)
-    stages = partition(model.layers, n_stages=2)
+    stages = cut_stages(model.layers, n_stages=2)
     _, target = model.make_batch(10)
     run = run_schedule(
         schedule,
@@ -394,7 +394,7 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ScheduleError, match="missing actions"):
         verify(Schedule.from_orders([["0F0"], ["1F0", "1B0"]]), model="mlp")
     with pytest.raises(VerifyError, match=r"3 stage modules for a schedule of 2 stages"):
-        verify(schedule, model="mlp", stages=partition(mlp().layers, n_stages=3))
+        verify(schedule, model="mlp", stages=cut_stages(mlp().layers, n_stages=3))
 
 
 def test_a_gradient_is_checked_bit_for_bit_and_every_difference_is_named() -> None:

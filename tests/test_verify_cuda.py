@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 from pipesim.schedule import Schedule  # noqa: E402
 from pipesim.schedules import generate  # noqa: E402
+from verify.bit_identity import exact_settings  # noqa: E402
 from verify.compare import verify  # noqa: E402
 from verify.errors import ExactnessError  # noqa: E402
-from verify.exactness import exact_settings  # noqa: E402
 from verify.models import gpt, load_model, mlp  # noqa: E402
 
 pytestmark = [

@@ -24,8 +24,8 @@ from torch.autograd.graph import saved_tensors_hooks
 from pipesim.schedules import generate
 from verify.local import run_schedule
 from verify.models import gpt
-from verify.partition import partition
 from verify.runtime import SavedBytes
+from verify.stage_cut import cut_stages
 
 
 @pytest.mark.slow
@@ -65,7 +65,7 @@ def _outputs_of_every_module(stages: list[nn.Module]) -> Iterator[list[weakref.r
 def test_no_tensor_of_a_step_outlives_it(name: str) -> None:
     model = gpt(n_layers=2, width=32)  # attention softmax saves its own output
     schedule = generate(name, n_ranks=2, n_microbatches=4)
-    stages = list(partition(model.layers, n_stages=schedule.n_stages))
+    stages = list(cut_stages(model.layers, n_stages=schedule.n_stages))
     x, t = model.make_batch(8)
     with _outputs_of_every_module(stages) as refs:
         run = run_schedule(

@@ -1,4 +1,4 @@
-"""verify.models and verify.partition: the chapter's numbers, GPT, factories, stage cuts."""
+"""verify.models and verify.stage_cut: the chapter's numbers, GPT, factories, stage cuts."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pipesim.errors import PartitionError, UnknownNameError  # noqa: E402
+from pipesim.partition import partition as plan_partition  # noqa: E402
 from pipesim.plan.model import ModelSpec  # noqa: E402
-from pipesim.plan.partition import partition as plan_partition  # noqa: E402
 from pipesim.plan.workload import workload_from_model  # noqa: E402
 from verify.errors import VerifyError  # noqa: E402
 from verify.models import VerifyModel, from_factory, gpt, load_model, mlp  # noqa: E402
-from verify.partition import param_bytes, partition  # noqa: E402
+from verify.stage_cut import cut_stages, param_bytes  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -59,7 +59,7 @@ def test_chapter_parameter_numbers() -> None:
     layers = mlp().layers
     assert sum(p.numel() for p in layers.parameters()) == 20_644
     assert param_bytes(layers) == 82_576
-    stage0, stage1 = partition(layers, n_stages=2)
+    stage0, stage1 = cut_stages(layers, n_stages=2)
     assert (len(stage0), len(stage1)) == (4, 3)
     assert (param_bytes(stage0), param_bytes(stage1)) == (43_776, 38_800)
     # Hand count: 16*96+96 + 96*96+96 = 10,944 params = 43,776 bytes.
@@ -68,7 +68,7 @@ def test_chapter_parameter_numbers() -> None:
 
 def test_stages_share_the_models_modules() -> None:
     layers = mlp().layers
-    stages = partition(layers, n_stages=2, layer_counts=[4, 3])
+    stages = cut_stages(layers, n_stages=2, layer_counts=[4, 3])
     assert all(stages[0][i] is layers[i] for i in range(4))
     assert all(stages[1][i] is layers[4 + i] for i in range(3))
     with torch.no_grad():
@@ -78,13 +78,13 @@ def test_stages_share_the_models_modules() -> None:
 
 def test_more_stages_than_layers_names_both_numbers() -> None:
     with pytest.raises(PartitionError, match=r"7 layers into 8 stages.*at most 7 stages"):
-        partition(mlp().layers, n_stages=8)
+        cut_stages(mlp().layers, n_stages=8)
 
 
 @pytest.mark.parametrize("counts", [[4, 4], [7, 0], [3, 2, 2]])
 def test_bad_layer_counts_are_refused(counts: list[int]) -> None:
     with pytest.raises(VerifyError, match=r"do not cut 7 layers into 2 stages"):
-        partition(mlp().layers, n_stages=2, layer_counts=counts)
+        cut_stages(mlp().layers, n_stages=2, layer_counts=counts)
 
 
 def _counts(stages: tuple[nn.Sequential, ...]) -> tuple[int, ...]:
@@ -93,7 +93,7 @@ def _counts(stages: tuple[nn.Sequential, ...]) -> tuple[int, ...]:
 
 def test_even_counts() -> None:
     def even(n: int, n_stages: int) -> tuple[int, ...]:
-        return _counts(partition([nn.Identity() for _ in range(n)], n_stages=n_stages))
+        return _counts(cut_stages([nn.Identity() for _ in range(n)], n_stages=n_stages))
 
     assert even(7, 2) == (4, 3)
     assert even(7, 7) == (1,) * 7
@@ -118,7 +118,7 @@ def test_balanced_counts_is_optimal(seed: int) -> None:
     costs = [int(c) for c in torch.randint(0, 20, (n,), generator=rng)]
     layers = [nn.Identity() for _ in range(n)]
     for n_stages in range(1, n + 1):
-        counts = _counts(partition(layers, n_stages=n_stages, balance=costs))
+        counts = _counts(cut_stages(layers, n_stages=n_stages, balance=costs))
         assert len(counts) == n_stages and sum(counts) == n and min(counts) >= 1
         bounds = list(itertools.accumulate((0, *counts)))
         worst = max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
@@ -133,7 +133,7 @@ def test_balanced_counts_is_optimal(seed: int) -> None:
 def test_verify_cuts_where_the_planner_cuts(costs: list[int], data: st.DataObject) -> None:
     n_stages = data.draw(st.integers(min_value=1, max_value=len(costs)))
     layers = [nn.Identity() for _ in costs]
-    stages = partition(layers, n_stages=n_stages, balance=costs)
+    stages = cut_stages(layers, n_stages=n_stages, balance=costs)
     assert _counts(stages) == plan_partition(costs, n_stages=n_stages)
     assert [m for s in stages for m in s] == layers  # every entry once, in order
 
@@ -147,7 +147,7 @@ def test_verify_runs_the_cut_the_planner_reports(pipeline: int) -> None:
     evaluation = evaluate_one_point(workload, pipeline=pipeline)
     model = gpt(n_layers=3, width=32)
     work = [layer.work for layer in workload.layers]
-    stages = partition(model.layers, n_stages=pipeline, balance=work)
+    stages = cut_stages(model.layers, n_stages=pipeline, balance=work)
     assert _counts(stages) == evaluation.layers_per_stage
     assert sum(_counts(stages)) == len(model.layers) == len(workload.layers)
 
@@ -155,15 +155,15 @@ def test_verify_runs_the_cut_the_planner_reports(pipeline: int) -> None:
 def test_balance_by_params() -> None:
     layers = mlp().layers
     per_layer = [sum(p.numel() for p in m.parameters()) for m in layers]
-    stages = partition(layers, n_stages=3, balance="params")
+    stages = cut_stages(layers, n_stages=3, balance="params")
     counts = [len(s) for s in stages]
     bounds = list(itertools.accumulate((0, *counts)))
     worst = max(sum(per_layer[a:b]) for a, b in itertools.pairwise(bounds))
     assert worst == _brute_force_best(per_layer, 3)
     with pytest.raises(VerifyError, match="unknown balance 'flops'"):
-        partition(layers, n_stages=2, balance="flops")
+        cut_stages(layers, n_stages=2, balance="flops")
     with pytest.raises(VerifyError, match="3 layer costs for a model of 7 layers"):
-        partition(layers, n_stages=2, balance=[1, 2, 3])
+        cut_stages(layers, n_stages=2, balance=[1, 2, 3])
 
 
 def test_gpt_shape_and_determinism() -> None:

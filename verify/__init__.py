@@ -6,7 +6,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
   ``package.module:factory`` models, in bf16 / fp16 or under autocast;
 - :mod:`verify.blocks`: the GPT's and the Llama's layers;
 - :mod:`verify.precision`: dtype names, autocast inside a model's layers;
-- :mod:`verify.partition`: cut an ``nn.Sequential`` into stages sharing its modules
+- :mod:`verify.stage_cut`: cut an ``nn.Sequential`` into stages sharing its modules
   (the cut is :mod:`pipesim.partition`'s, the planner's);
 - :mod:`verify.runtime`: what F, B, I, W do to a stage (both executors drive it);
 - :mod:`verify.split_backward`: a backward as I now and W later, W from I's saved gradients;
@@ -24,7 +24,7 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.locate`: the action where a wrong gradient arose (a re-run checked per B / W);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
-- :mod:`verify.exactness`: the settings exactness needs, set or refused;
+- :mod:`verify.bit_identity`: the settings exactness needs, set or refused;
 - :mod:`verify.fidelity`: calibrate on real ranks once, measure other schedules;
 - :mod:`verify.allocator`: whether CPU rank processes keep the memory they free.
 
@@ -43,6 +43,7 @@ from verify.allocator import (
     configure_allocator,
     minor_page_faults,
 )
+from verify.bit_identity import exact_settings, exactness_problems
 from verify.blocks import Block, Embedding, Head, LlamaBlock, LlamaHead
 from verify.calibrate import (
     as_run_schedule,
@@ -68,7 +69,6 @@ from verify.compare import (
 from verify.crosscheck import CrossCheck, crosscheck, crosscheck_all
 from verify.dist import verify_distributed, verify_distributed_all
 from verify.errors import ExactnessError, RunFailedError, VerifyError
-from verify.exactness import exact_settings, exactness_problems
 from verify.fidelity import (
     BURN_IN,
     COPIES,
@@ -106,7 +106,6 @@ from verify.models import (
     next_token_loss,
     with_precision,
 )
-from verify.partition import param_bytes, partition
 from verify.precision import DTYPES, Autocast, dtype_name, parse_dtype
 from verify.rank import (
     RankRunner,
@@ -132,6 +131,7 @@ from verify.rank_status import (
 from verify.report import PAGE_FAULTS_NOTICED, VerifyReport, format_report, page_faults_line
 from verify.runtime import PROFILE_ENV, SavedBytes, StageRuntime, profiled
 from verify.split_backward import PendingWeights, input_backward, weight_backward
+from verify.stage_cut import cut_stages, param_bytes
 from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
 from verify.transport import (
@@ -141,6 +141,10 @@ from verify.transport import (
     decode_header,
     encode_header,
 )
+
+#: The old name of :func:`cut_stages`, still importable (``pipesim.partition.partition``
+#: is the partitioner that picks the cut; this one cuts the torch model).
+partition = cut_stages
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -206,6 +210,7 @@ __all__ = [
     "cuda_event",
     "cuda_synchronize",
     "current_schedule",
+    "cut_stages",
     "decode_header",
     "describe_failure",
     "describe_states",
@@ -239,7 +244,7 @@ __all__ = [
     "param_bytes",
     "parse_devices",
     "parse_dtype",
-    "partition",
+    "partition",  # old name of cut_stages
     "pin_ranks",
     "prepare_spec",
     "profiled",

@@ -46,14 +46,14 @@ from pipesim.metrics import error_percent
 from pipesim.schedule import Schedule
 from pipesim.structure import step_structure
 from pipesim.trace import Trace
+from verify.bit_identity import exact_settings
 from verify.calibrate import as_run_schedule, calibrate, measured_trace
 from verify.errors import VerifyError
-from verify.exactness import exact_settings
 from verify.local import LocalRun, parse_devices, run_schedule
 from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.models import VerifyModel, load_model
-from verify.partition import param_bytes, partition
 from verify.report import VerifyReport
+from verify.stage_cut import cut_stages, param_bytes
 
 __all__ = [
     "Reference",
@@ -217,7 +217,7 @@ def verify(
     ``accumulation_orders`` overrides the per-stage order the reference adds
     gradients in (default: the Schedule's).
     ``warmup`` untimed runs come first so that one-time start-up costs stay out
-    of the measurement. ``apply_settings``: see :func:`~verify.exactness.exact_settings`.
+    of the measurement. ``apply_settings``: see :func:`~verify.bit_identity.exact_settings`.
     """
     validate(schedule)
     if isinstance(model, str):
@@ -355,7 +355,7 @@ def build_stages(
     >>> len(build_stages(mlp(), generate("dualpipe", n_ranks=2, n_microbatches=4)))
     4
     """
-    base = partition(
+    base = cut_stages(
         model.layers,
         n_stages=schedule.n_stages // schedule.n_copies,
         layer_counts=layer_counts,

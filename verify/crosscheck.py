@@ -38,9 +38,9 @@ from torch import Tensor
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_csv
 from pipesim.sigterm import exit_on_sigterm
+from verify.bit_identity import exact_settings
 from verify.compare import build_stages
 from verify.errors import VerifyError
-from verify.exactness import exact_settings
 from verify.launch import as_rank, launch
 from verify.models import load_model
 from verify.rank import RankRunner, RankSpec, prepare_spec

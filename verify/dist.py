@@ -38,8 +38,8 @@ from torch import nn
 from pipesim.graph import validate
 from pipesim.schedule import Schedule
 from pipesim.sigterm import exit_on_sigterm
+from verify.bit_identity import exact_settings
 from verify.errors import VerifyError
-from verify.exactness import exact_settings
 from verify.launch import as_rank, launch
 from verify.models import VerifyModel
 from verify.rank import RankSpec, message_shapes, prepare_spec, run_rank

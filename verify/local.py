@@ -15,11 +15,11 @@ each action computes; here a message to another stage is a copy
 >>> import torch
 >>> from pipesim.schedules import generate
 >>> from verify.models import mlp
->>> from verify.partition import partition
+>>> from verify.stage_cut import cut_stages
 >>> model = mlp()
 >>> x, target = model.make_batch(8)
 >>> run = run_schedule(generate("1f1b", n_ranks=2, n_microbatches=2),
-...                    partition(model.layers, n_stages=2), devices=["cpu", "cpu"],
+...                    cut_stages(model.layers, n_stages=2), devices=["cpu", "cpu"],
 ...                    inputs=x.tensor_split(2), targets=target.tensor_split(2),
 ...                    loss_fn=model.loss_fn)
 >>> [str(w) for w in run.executed]

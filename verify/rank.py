@@ -37,8 +37,8 @@ from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
 from pipesim.structure import step_structure
 from verify.allocator import minor_page_faults
+from verify.bit_identity import exact_settings
 from verify.compare import build_stages, split_microbatches, step_rows
-from verify.exactness import exact_settings
 from verify.models import VerifyModel, load_model
 from verify.rank_status import COMPUTING, FINISHED, WAITING, set_current_schedule, set_state
 from verify.runtime import StageRuntime, profiled
@@ -124,7 +124,7 @@ class RankRunner:
     and cut, this rank's stages on ``device``, the program lowered, the transport made) and
     run as often as asked: :func:`run_rank` runs its warm-ups and measured step,
     :mod:`verify.crosscheck` alternates its steps with torch's. Run the steps under
-    :func:`verify.exactness.exact_settings` of ``layers``."""
+    :func:`verify.bit_identity.exact_settings` of ``layers``."""
 
     def __init__(
         self,

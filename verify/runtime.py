@@ -31,11 +31,11 @@ under ``torch.no_grad()``.
 >>> import torch
 >>> from pipesim.schedules import generate
 >>> from verify.models import mlp
->>> from verify.partition import partition
+>>> from verify.stage_cut import cut_stages
 >>> model = mlp()
 >>> x, t = model.make_batch(4)
 >>> schedule = generate("gpipe", n_ranks=1, n_microbatches=1)
->>> rt = StageRuntime(schedule, dict(enumerate(partition(model.layers, n_stages=1))),
+>>> rt = StageRuntime(schedule, dict(enumerate(cut_stages(model.layers, n_stages=1))),
 ...                   devices={0: torch.device("cpu")}, inputs=(x,), targets=(t,),
 ...                   loss_fn=model.loss_fn)
 >>> from pipesim.actions import parse_action

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_to_json
 from verify.allocator import configure_allocator
+from verify.bit_identity import exact_settings
 from verify.compare import build_stages, split_microbatches, step_rows
 from verify.errors import ExactnessError, VerifyError
-from verify.exactness import exact_settings
 from verify.models import load_model
 from verify.rank import RankSpec, message_shapes, run_rank
 from verify.rank_results import locate_from_results, report_from_results

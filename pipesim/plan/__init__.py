@@ -8,7 +8,7 @@ front of step time versus memory.
 - :mod:`~pipesim.plan.model`, :mod:`~pipesim.plan.layers`: model presets and the
   per-layer FLOP / activation formulas (Narayanan et al. 2021; Korthikanti et al. 2023);
 - :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
-- :mod:`~pipesim.plan.partition`: layers -> stages, minimising the slowest stage;
+- :mod:`~pipesim.partition`: layers -> stages, minimising the slowest stage;
 - :mod:`~pipesim.plan.measured`: a cost file's stages at any micro-batch size;
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
   :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+from pipesim.partition import partition, stage_sums
 from pipesim.plan.fastsim import compile_schedule, evaluate, fast_metrics, metrics_of
 from pipesim.plan.fasttrace import fast_trace
 from pipesim.plan.hardware import (
@@ -36,7 +37,6 @@ from pipesim.plan.hardware import (
 from pipesim.plan.layers import LayerCost, model_flops_per_sequence, model_layers
 from pipesim.plan.model import ModelSpec, get_model, load_model, model_from_dict, model_names
 from pipesim.plan.onepass import quick_step
-from pipesim.plan.partition import partition, stage_sums
 from pipesim.plan.planner import configuration, plan, sweep_points
 from pipesim.plan.result import PlanPoint, PlanResult, explain, rank_points
 from pipesim.plan.workload import Layer, Workload, workload_from_costs, workload_from_model

@@ -5,7 +5,7 @@ sequence parallel, recomputation, distributed optimizer, micro-batch size b,
 micro-batches m, data parallel d)``. Evaluating it generates the schedule from
 the registry (a :class:`~pipesim.errors.ScheduleError` is the point's
 infeasibility reason), cuts the workload of that t / recomputation into the
-schedule's stages (:mod:`pipesim.plan.partition`), builds an exact cost model
+schedule's stages (:mod:`pipesim.partition`), builds an exact cost model
 in integer nanoseconds (a cost file's stages at the point's micro-batch size,
 with the file's link and overheads: :mod:`pipesim.plan.measured`), and
 simulates one step with the fast evaluator (:mod:`pipesim.plan.fastsim`,
@@ -53,6 +53,7 @@ from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.partition import partition
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
@@ -69,7 +70,6 @@ from pipesim.plan.kernels import Shard
 from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
-from pipesim.plan.partition import partition
 from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule

@@ -20,7 +20,7 @@ rule), so a cut the planner recommends is the cut run here:
 
 >>> from verify.models import mlp
 >>> model = mlp().layers
->>> stages = partition(model, n_stages=2)
+>>> stages = cut_stages(model, n_stages=2)
 >>> [len(s) for s in stages], stages[1][0] is model[4]
 ([4, 3], True)
 >>> param_bytes(stages[0]), param_bytes(stages[1])
@@ -38,7 +38,7 @@ from pipesim.partition import even_split
 from pipesim.partition import partition as cut
 from verify.errors import VerifyError
 
-__all__ = ["param_bytes", "partition"]
+__all__ = ["cut_stages", "param_bytes"]
 
 
 def param_bytes(module: nn.Module, /) -> int:
@@ -46,7 +46,7 @@ def param_bytes(module: nn.Module, /) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def partition(
+def cut_stages(
     model: nn.Sequential | Sequence[nn.Module],
     /,
     *,
@@ -61,7 +61,7 @@ def partition(
     counts), or one cost per entry. More stages than entries is refused.
 
     >>> from torch import nn
-    >>> [len(s) for s in partition([nn.Linear(2, 2)] * 3, n_stages=2, layer_counts=[1, 2])]
+    >>> [len(s) for s in cut_stages([nn.Linear(2, 2)] * 3, n_stages=2, layer_counts=[1, 2])]
     [1, 2]
     """
     layers = list(model)
