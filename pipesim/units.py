@@ -72,6 +72,18 @@ SECONDS_PER_UNIT: Mapping[str, Fraction] = MappingProxyType(
 
 #: Nanoseconds per second: the planner's cost models are in whole nanoseconds.
 NS_PER_S = 10**9
+#: Nanoseconds per millisecond, the unit measured steps are printed in.
+NS_PER_MS = 10**6
+
+
+def ms(ns: Time | Fraction | float, /) -> float:
+    """Nanoseconds as float milliseconds, for printing measured and predicted steps.
+
+    >>> ms(2_500_000)
+    2.5
+    """
+    return float(ns) / NS_PER_MS
+
 
 #: Every time unit a cost model may name: ``unit`` (abstract slots) first.
 TIME_UNITS = ("unit", *SECONDS_PER_UNIT)

@@ -34,6 +34,8 @@ from pipesim.cli._common import (
 from pipesim.cli._model_flags import add_model_flags, model_options
 from pipesim.errors import PipesimError
 from pipesim.files import check_writable
+from pipesim.metrics import error_percent
+from pipesim.units import ms
 
 _INSTALL = "pip install 'pipesim[verify]'"
 
@@ -257,8 +259,8 @@ def _write(costs: Any, meta: dict[str, Any], path: str) -> None:
 
 
 def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
-    def ms(values: list[Any]) -> str:
-        return "/".join(f"{float(v) / 1e6:.2f}" for v in values)
+    def ms_list(values: list[Any]) -> str:
+        return "/".join(f"{ms(v):.2f}" for v in values)
 
     link = costs.link
     print(
@@ -272,7 +274,7 @@ def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
         ("I", "input_grad"),
         ("W", "weight_grad"),
     ):
-        print(f"  {op} per stage (ms): {ms([getattr(s, name) for s in costs.stages])}")
+        print(f"  {op} per stage (ms): {ms_list([getattr(s, name) for s in costs.stages])}")
     print(
         f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
         f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
@@ -401,15 +403,15 @@ def _check(args: argparse.Namespace, costs: Any, schedules: list[Any], meta: dic
             warmup=max(args.warmup, 0),
             timeout_s=args.timeout,
         )
-        error = float((predicted - got.median_ns) / got.median_ns) * 100
-        drawn_error = float((drawn - got.median_ns) / got.median_ns) * 100
+        error = error_percent(predicted, got.median_ns)
+        drawn_error = error_percent(drawn, got.median_ns)
         errors.append(abs(error))
         drawn_errors.append(abs(drawn_error))
         print(
-            f"{schedule.name:<18} {m:>3} {float(predicted) / 1e6:9.2f} ms "
-            f"({float(band.low) / 1e6:.2f}-{float(band.high) / 1e6:.2f} ms) "
-            f"{float(drawn) / 1e6:9.2f} ms "
-            f"{float(got.median_ns) / 1e6:9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}% "
+            f"{schedule.name:<18} {m:>3} {ms(predicted):9.2f} ms "
+            f"({ms(band.low):.2f}-{ms(band.high):.2f} ms) "
+            f"{ms(drawn):9.2f} ms "
+            f"{ms(got.median_ns):9.2f} ms ({got.spread * 100:4.1f}%) {error:+7.1f}% "
             f"{drawn_error:+6.1f}%"
         )
     print(f"error: mean {sum(errors) / len(errors):.1f}%, max {max(errors):.1f}%")
@@ -446,7 +448,7 @@ def _from_trace(args: argparse.Namespace) -> int:
         busy = first.busy_ns[int(rank)]
         print(
             f"  rank {rank}: {len(order)} actions from {how[int(rank)]}, compute "
-            f"{busy / 1e6:.2f} ms, {first.comms[int(rank)]} communication ops"
+            f"{ms(busy):.2f} ms, {first.comms[int(rank)]} communication ops"
         )
     link = costs.link
     for op, name in (
@@ -455,7 +457,7 @@ def _from_trace(args: argparse.Namespace) -> int:
         ("I", "input_grad"),
         ("W", "weight_grad"),
     ):
-        values = "/".join(f"{float(getattr(s, name)) / 1e6:.3f}" for s in costs.stages)
+        values = "/".join(f"{ms(getattr(s, name)):.3f}" for s in costs.stages)
         print(f"  {op} per stage (ms): {values}")
     print(
         f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
