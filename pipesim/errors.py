@@ -89,7 +89,16 @@ _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 4
 _BRIEF.maxlevel = 2
 
 
-# Not in __all__: a helper for pipesim's own messages, not an error type.
+# Not in __all__: helpers for pipesim's own messages, not error types.
+def and_more(shown: int, total: int, /) -> str:
+    """What a message that lists ``shown`` of ``total`` items adds after them.
+
+    >>> and_more(2, 5), and_more(5, 5)
+    (' and 3 more', '')
+    """
+    return f" and {total - shown} more" if total > shown else ""
+
+
 def summarise(headline: str, problems: Sequence[str], /, *, limit: int = 8) -> str:
     """One error message of many problems: the headline, the first ``limit`` problems,
     and how many more there are.
@@ -98,8 +107,8 @@ def summarise(headline: str, problems: Sequence[str], /, *, limit: int = 8) -> s
     'invalid schedule: a; b; and 1 more problems'
     """
     shown = list(problems[:limit])
-    more = len(problems) - len(shown)
-    return f"{headline}: " + "; ".join(shown) + (f"; and {more} more problems" if more else "")
+    more = and_more(len(shown), len(problems))
+    return f"{headline}: " + "; ".join(shown) + (f";{more} problems" if more else "")
 
 
 def brief(value: object) -> str:

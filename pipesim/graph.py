@@ -34,7 +34,7 @@ import networkx as nx
 from pipesim.actions import N_OPS, Action, Comm, Op, Work, action_code, code_parts
 from pipesim.costs import CostModel, require_eager
 from pipesim.deadlock import deadlock_error
-from pipesim.errors import ScheduleError, summarise
+from pipesim.errors import ScheduleError, and_more, summarise
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step import CompiledStep, compile_step
@@ -300,9 +300,9 @@ def _missing(schedule: Schedule, structure: StepStructure) -> list[str]:
     problems = []
     if n_missing:
         missing = list(itertools.islice(_missing_actions(schedule, structure), _MAX_LISTED))
-        more = f" and {n_missing - len(missing)} more" if n_missing > len(missing) else ""
         problems.append(
-            f"missing actions {', '.join(missing)}{more}: every stage must run F "
+            f"missing actions {', '.join(missing)}{and_more(len(missing), n_missing)}: every "
+            "stage must run F "
             + ("and B (or I and W) " if training else "")
             + f"for each of the {schedule.n_microbatches} micro-batches"
         )

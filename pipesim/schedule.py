@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from pipesim.actions import Action, Op, Overlap, Work, parse_action
-from pipesim.errors import ScheduleError, brief
+from pipesim.errors import ScheduleError, and_more, brief
 from pipesim.limits import (
     MAX_MICROBATCHES,
     MAX_RANKS,
@@ -265,9 +265,8 @@ def infer_placement(orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
         # At most len(owner) + _LISTED stages are looked at: the work follows the actions
         # given, not the largest stage index named.
         missing = list(itertools.islice((s for s in range(n_stages) if s not in owner), _LISTED))
-        more = n_stages - len(owner) - len(missing)
         raise ScheduleError(
-            f"stages {missing}{f' and {more} more' if more else ''} appear "
+            f"stages {missing}{and_more(len(missing), n_stages - len(owner))} appear "
             "in no rank's order, so their rank is unknown; give the placement explicitly or add "
             "their actions"
         )
