@@ -3,6 +3,7 @@ iteration: every formula against a hand-computed case, and the planner's answers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from pipesim.plan.frameworks import megatron_args, torchtitan_args
 from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
+from pipesim.plan.workload import workload_from_model
 
 # s=4, h=8, a=2, f=32, bf16, dropout, no flash: s h = 32, a s^2 = 32
 GPT = ModelSpec(n_layers=3, hidden=8, n_heads=2, seq_length=4, vocab_size=10)
@@ -141,6 +143,38 @@ def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
     assert zero.optimizer_ns == 7_000_000
 
 
+def test_data_parallel_ring_across_nodes_drives_the_nics_of_its_members() -> None:
+    # 1 GB/s NICs, 4 GB/s NVLink (hand numbers); 8 GPUs a node
+    acc = _accelerator(intra_node_bandwidth=4e9)
+    kwargs = dict(
+        accelerator=acc,
+        data_parallel=16,
+        distributed_optimizer=True,
+        grad_bytes_per_param=4,
+        weight_bytes_per_param=2,
+        last_backward_ns=0,
+        first_forward_ns=0,
+    )
+    # 16 replicas 8 apart (t = 8): one member a node, one NIC: 15/16 * 4e6 B / 1e9 + 15 us
+    one = rank_iteration(10**6, tensor=8, **kwargs)  # type: ignore[arg-type]
+    assert one.dp_exposed_ns == 3_750_000 + 15_000 + 1_875_000 + 15_000
+    # 2 apart (t = 2): four members a node drive four NICs, 4 GB/s
+    four = rank_iteration(10**6, tensor=2, **kwargs)  # type: ignore[arg-type]
+    assert four.dp_exposed_ns == 937_500 + 15_000 + 468_750 + 15_000
+    # t = 1: eight NICs, 8 GB/s, but no faster than the NVLink ring's 4 GB/s
+    eight = rank_iteration(10**6, tensor=1, **kwargs)  # type: ignore[arg-type]
+    assert eight.dp_exposed_ns == four.dp_exposed_ns
+
+
+def test_bf16_gradients_are_reduced_in_fp32() -> None:
+    # Megatron-LM's arguments.py: bf16 accumulates and reduces gradients in fp32; fp16
+    # in fp16; the distributed optimizer gathers the weights in the model's dtype
+    bf16 = workload_from_model(GPT)
+    assert (bf16.grad_bytes_per_param, bf16.weight_bytes_per_param) == (4, 2)
+    fp16 = workload_from_model(dataclasses.replace(GPT, dtype="fp16"))
+    assert (fp16.grad_bytes_per_param, fp16.weight_bytes_per_param) == (2, 2)
+
+
 def test_a_pinned_configuration_by_hand() -> None:
     # all dimensions pinned: exactly one configuration, its pipeline time by hand.
     acc = _accelerator(memory_bandwidth=1e30)  # free memory traffic: FLOPs and comm only
@@ -170,9 +204,11 @@ def test_a_pinned_configuration_by_hand() -> None:
     # with sequence parallelism every collective is a reduce-scatter or all-gather of the
     # s h bf16 = 64-byte activation over t = 2: 1/2 * 64 / 1e9 + 1 us each. A block's F
     # has 4 (all-gather and reduce-scatter around attention and MLP), its B the 4
-    # backwards and, recomputed, the 4 again; the embedding and the head one each way
+    # backwards, the inputs of qkv and mlp up gathered again for their weight gradients
+    # (2) and, recomputed, the 4 again; the embedding one each way, the head one forward
+    # and two backward (its input gathered again too)
     per_half = Fraction(32, 10**9) + Fraction(1, 10**6)
-    n_halves = 3 * (4 + 8) + 2 + 2
+    n_halves = 3 * (4 + 8 + 2) + 2 + 3
     # and the loss's three all-reduces of s fp32 = 16 bytes: 2 * 1/2 * 16 / 1e9 + 2 us
     loss = 3 * (Fraction(16, 10**9) + Fraction(2, 10**6))
     comm_ns = (n_halves * per_half + loss) * 10**9

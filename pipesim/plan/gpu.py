@@ -123,7 +123,10 @@ def collective_seconds(
     elif collective.group == "tensor":
         n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
-        n, link = shard.context, accelerator.group_link(shard.tensor * shard.context)
+        n, link = (
+            shard.context,
+            accelerator.group_link(shard.tensor * shard.context, apart=shard.tensor),
+        )
     if n == 1:
         return 0.0
     size = collective.size_bytes
@@ -228,6 +231,9 @@ def _price_pass(
     ]
     compute = tp = tp_exposed = cp = ep = 0.0
     attention = 0.0
+    # what each GEMM can still hide: the collectives under one GEMM share one link, so
+    # together they hide at most its duration
+    cover = dict(enumerate(seconds))
     for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
         if not isinstance(kernel, Collective):
             compute += time
@@ -239,8 +245,11 @@ def _price_pass(
             ep += time
         else:
             tp += time
-            hidden = _overlapping_gemm(kernels, seconds, i) if tp_comm_overlap else 0.0
-            tp_exposed += max(0.0, time - hidden)
+            j = _overlapping_gemm(kernels, i) if tp_comm_overlap else None
+            hidden = 0.0 if j is None else min(time, cover[j])
+            if j is not None:
+                cover[j] -= hidden
+            tp_exposed += time - hidden
     return PassTime(
         compute_s=compute,
         tp_comm_s=tp,
@@ -251,20 +260,21 @@ def _price_pass(
     )
 
 
-def _overlapping_gemm(kernels: tuple[Kernel, ...], seconds: list[float], index: int) -> float:
-    """Seconds of the GEMM a tensor-parallel collective overlaps with: the next one for
-    an all-gather (it feeds it), the previous one otherwise (it made its input)."""
+def _overlapping_gemm(kernels: tuple[Kernel, ...], index: int) -> int | None:
+    """Index of the GEMM a tensor-parallel collective overlaps with: the next one for
+    an all-gather (it feeds it), the previous one otherwise (it made its input); None
+    when another collective comes first."""
     kernel = kernels[index]
     assert isinstance(kernel, Collective)
     step = 1 if kernel.kind == "all-gather" else -1
     j = index + step
     while 0 <= j < len(kernels):
         if isinstance(kernels[j], Gemm):
-            return seconds[j]
+            return j
         if isinstance(kernels[j], Collective):
-            return 0.0
+            return None
         j += step
-    return 0.0
+    return None
 
 
 def price_layer(

@@ -96,7 +96,7 @@ def data_parallel_link(
     accelerator: Accelerator, *, tensor: int, data_parallel: int
 ) -> Interconnect:
     """The link a data-parallel group uses (see the module docstring for the order)."""
-    return accelerator.group_link(tensor * data_parallel)
+    return accelerator.group_link(tensor * data_parallel, apart=tensor)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

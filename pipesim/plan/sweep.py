@@ -917,6 +917,7 @@ def _rank_iteration(
         point.gradient_group,
         point.distributed_optimizer,
         workload.grad_bytes_per_param,
+        workload.weight_bytes_per_param,
         stage.backward,
         stage.forward,
     )
@@ -932,7 +933,7 @@ def _rank_iteration(
         data_parallel=point.gradient_group,
         distributed_optimizer=point.distributed_optimizer,
         grad_bytes_per_param=workload.grad_bytes_per_param,
-        weight_bytes_per_param=workload.grad_bytes_per_param,
+        weight_bytes_per_param=workload.weight_bytes_per_param or workload.grad_bytes_per_param,
         last_backward_ns=int(stage.backward),
         first_forward_ns=int(stage.forward),
         overlap=context.overlap_grad_reduce,

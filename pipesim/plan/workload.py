@@ -81,6 +81,9 @@ class Workload:
     """Bytes of the activation passed between stages, per sequence."""
     grad_bytes_per_param: int
     """Bytes per gradient element in the data-parallel all-reduce."""
+    weight_bytes_per_param: int | None = None
+    """Bytes per weight element in the distributed optimizer's all-gather (None: the
+    gradient's)."""
     seq_length: int | None
     """Tokens per sequence, for tokens/s (None if unknown)."""
     flops_per_sequence: int | None
@@ -166,7 +169,8 @@ def workload_from_model(
         name=spec.name,
         layers=layers,
         message_bytes=Fraction(payload, tensor) if payload % tensor else payload // tensor,
-        grad_bytes_per_param=spec.dtype_bytes,
+        grad_bytes_per_param=spec.grad_reduce_bytes,
+        weight_bytes_per_param=spec.dtype_bytes,
         seq_length=spec.seq_length,
         flops_per_sequence=model_flops_per_sequence(spec),
         spec=spec,
