@@ -230,26 +230,49 @@ def test_sequence_parallel_backward_gathers_each_column_parallel_input_again() -
     gathers = 4 * one  # two backwards of the reduce-scatters, two gathers again
     scatters = 2 * one
     assert plain.input_grad.tp_comm_s == pytest.approx(gathers + scatters)
-    # with --tp-comm-overlap each hides under its input-gradient GEMM, and the
-    # reduce-scatter after that GEMM gets only what the all-gather left of it (the two
-    # share one link)
+    # with --tp-comm-overlap each all-gather hides under the input-gradient GEMM it
+    # feeds, each reduce-scatter under the GEMM that made it (for the column-parallel
+    # input gradient: the same GEMM, standing for Transformer Engine's bulk overlap of it
+    # with the weight-gradient GEMM of the same FLOPs)
     slow = _device(intra_node_bandwidth=1e9)
     hidden = price_layer(sp, slow, shard=shard, dtype_bytes=2, tp_comm_overlap=True)
     secs = {k.name: kernel_seconds(k, slow, shard=shard, dtype_bytes=2) for k in sp.input_grad}
     comm = 1 / 2 * s * h * d / 1e9 + 1e-6  # every collective of the pass: the same size
-    expected = 0.0
-    for before, gemm in (
-        ("mlp down (input grad)", None),  # the backward of the reduce-scatter after it
-        ("mlp up (input grad)", "mlp up (input grad)"),  # gathered again; reduce-scatter
-        ("attention projection (input grad)", None),
-        ("qkv (input grad)", "qkv (input grad)"),
-    ):
-        left = max(0.0, secs[before] - comm)  # after the all-gather that feeds it
-        expected += max(0.0, comm - secs[before])
-        if gemm is not None:  # the reduce-scatter of its output, under what is left
-            expected += max(0.0, comm - left)
+    hosts = (
+        "mlp down (input grad)",  # the backward of the reduce-scatter after it
+        "mlp up (input grad)",  # its input gathered again
+        "mlp up (input grad)",  # the reduce-scatter of its output
+        "attention projection (input grad)",
+        "qkv (input grad)",
+        "qkv (input grad)",
+    )
+    expected = sum(max(0.0, comm - secs[gemm]) for gemm in hosts)
     assert hidden.input_grad.tp_exposed_s == pytest.approx(expected)
     assert hidden.input_grad.tp_exposed_s > 0
+
+
+def test_tensor_parallel_overlap_takes_sms_from_the_gemm_it_hides_under() -> None:
+    # Transformer Engine's userbuffers: reduce-scatters ("pipeline", "bulk") and the
+    # weight gradient's all-gather ("bulk") keep 16 SMs; ring-exchange all-gathers none.
+    # On 132 SMs the GEMM that hides one runs 132 / 116 as long.
+    acc = _device(sm_count=132)
+    shard = Shard(tensor=2, sequence_parallel=True)
+    kernels = block_kernels(GPT, shard)
+    plain = price_layer(kernels, acc, shard=shard, dtype_bytes=2)
+    hidden = price_layer(kernels, acc, shard=shard, dtype_bytes=2, tp_comm_overlap=True)
+    for part, slowed in (
+        ("forward", ("attention projection", "mlp down")),
+        ("input_grad", ("mlp up (input grad)", "qkv (input grad)")),
+    ):
+        gemms = getattr(kernels, part)
+        extra = sum(
+            kernel_seconds(k, acc, shard=shard, dtype_bytes=2) * (132 / 116 - 1)
+            for k in gemms
+            if k.name in slowed
+        )
+        got = getattr(hidden, part).compute_s - getattr(plain, part).compute_s
+        assert got == pytest.approx(extra)
+    assert hidden.weight_grad.compute_s == plain.weight_grad.compute_s
 
 
 def test_collectives_on_the_link_of_their_group() -> None:

@@ -229,11 +229,9 @@ def _price_pass(
         kernel_seconds(k, accelerator, shard=shard, dtype_bytes=dtype_bytes, fp8=fp8)
         for k in kernels
     ]
+    hosts = _overlap_hosts(kernels, accelerator, seconds) if tp_comm_overlap else {}
     compute = tp = tp_exposed = cp = ep = 0.0
     attention = 0.0
-    # what each GEMM can still hide: the collectives under one GEMM share one link, so
-    # together they hide at most its duration
-    cover = dict(enumerate(seconds))
     for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
         if not isinstance(kernel, Collective):
             compute += time
@@ -245,11 +243,8 @@ def _price_pass(
             ep += time
         else:
             tp += time
-            j = _overlapping_gemm(kernels, i) if tp_comm_overlap else None
-            hidden = 0.0 if j is None else min(time, cover[j])
-            if j is not None:
-                cover[j] -= hidden
-            tp_exposed += time - hidden
+            j = hosts.get(i)
+            tp_exposed += max(0.0, time - (0.0 if j is None else seconds[j]))
     return PassTime(
         compute_s=compute,
         tp_comm_s=tp,
@@ -258,6 +253,40 @@ def _price_pass(
         cp_exposed_s=max(0.0, cp - attention),
         ep_comm_s=ep,
     )
+
+
+#: SMs Transformer Engine's userbuffers leave to a collective it overlaps with a GEMM
+#: by its "pipeline" and "bulk" methods (the GEMM runs on the rest: ``set_sm_margin``):
+#: ``initialize_ub``'s defaults in ``transformer_engine/pytorch/module/base.py``,
+#: ``"num_sm": 1 if method == "ring_exchange" else 16``. Its ring-exchange all-gathers
+#: (before qkv and mlp up, and the backward's before the row-parallel input gradients)
+#: copy with the copy engines and leave the GEMM every SM.
+TP_OVERLAP_SMS = 16
+
+
+def _overlap_hosts(
+    kernels: tuple[Kernel, ...], accelerator: Accelerator, seconds: list[float]
+) -> dict[int, int]:
+    """With ``tp_comm_overlap``: for each tensor-parallel collective, the index of the GEMM
+    it hides under; each GEMM that gives SMs to one (a reduce-scatter, Transformer
+    Engine's "pipeline" and "bulk" methods, or the weight gradient's all-gather again,
+    "bulk") runs on ``SMs - TP_OVERLAP_SMS`` of them, its time scaled in ``seconds``."""
+    hosts: dict[int, int] = {}
+    margin: set[int] = set()
+    for i, kernel in enumerate(kernels):
+        if not isinstance(kernel, Collective) or kernel.group in ("context", "expert"):
+            continue
+        j = _overlapping_gemm(kernels, i)
+        if j is None:
+            continue
+        hosts[i] = j
+        if kernel.kind == "reduce-scatter" or kernel.regathered:
+            margin.add(j)
+    sms = accelerator.sm_count
+    if sms is not None and sms > TP_OVERLAP_SMS:
+        for j in margin:
+            seconds[j] *= sms / (sms - TP_OVERLAP_SMS)
+    return hosts
 
 
 def _overlapping_gemm(kernels: tuple[Kernel, ...], index: int) -> int | None:

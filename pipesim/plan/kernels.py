@@ -151,6 +151,9 @@ class Collective:
     """All-to-all: copies of each token in ``size_bytes`` (top-k routing)."""
     node_limit: int | None = None
     """All-to-all: nodes a token is sent to at most (node-limited routing)."""
+    regathered: bool = False
+    """An all-gather a column-parallel linear's backward runs again for its weight
+    gradient (:func:`_regathered`)."""
 
 
 Kernel = Gemm | Attention | Streaming | Collective
@@ -292,7 +295,13 @@ def _regathered(collectives: tuple[Collective, ...]) -> tuple[Collective, ...]:
     4.2.2). Placed just before that GEMM, which is the one it hides under with
     ``tp_comm_overlap`` (Transformer Engine's bulk all-gather overlap with the dgrad GEMM)."""
     return tuple(
-        Collective(c.name + " (again, for the weight gradient)", c.kind, c.group, c.size_bytes)
+        Collective(
+            c.name + " (again, for the weight gradient)",
+            c.kind,
+            c.group,
+            c.size_bytes,
+            regathered=True,
+        )
         for c in collectives
         if c.kind == "all-gather"
     )
