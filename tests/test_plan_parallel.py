@@ -175,6 +175,27 @@ def test_bf16_gradients_are_reduced_in_fp32() -> None:
     assert (fp16.grad_bytes_per_param, fp16.weight_bytes_per_param) == (2, 2)
 
 
+def test_an_fp16_optimizer_step_copies_and_unscales_the_gradients() -> None:
+    # Megatron-LM's Float16OptimizerWithFloat16Params: the 42 bytes of a bf16 step, + 6
+    # (fp16 gradient copied into fp32) + 8 (unscaled in place) - 2 (fp16 buffer zeroed)
+    fp16 = workload_from_model(dataclasses.replace(GPT, dtype="fp16"))
+    assert workload_from_model(GPT).step_bytes_per_param == 42
+    assert fp16.step_bytes_per_param == 54
+    it = rank_iteration(
+        10**6,
+        accelerator=_accelerator(),
+        tensor=1,
+        data_parallel=1,
+        distributed_optimizer=False,
+        grad_bytes_per_param=2,
+        weight_bytes_per_param=2,
+        last_backward_ns=0,
+        first_forward_ns=0,
+        step_bytes_per_param=fp16.step_bytes_per_param,
+    )
+    assert it.optimizer_ns == 18_000_000  # 54e6 bytes at 3 GB/s
+
+
 def test_a_pinned_configuration_by_hand() -> None:
     # all dimensions pinned: exactly one configuration, its pipeline time by hand.
     acc = _accelerator(memory_bandwidth=1e30)  # free memory traffic: FLOPs and comm only

@@ -918,6 +918,7 @@ def _rank_iteration(
         point.distributed_optimizer,
         workload.grad_bytes_per_param,
         workload.weight_bytes_per_param,
+        workload.step_bytes_per_param,
         stage.backward,
         stage.forward,
     )
@@ -940,6 +941,7 @@ def _rank_iteration(
         expert_params=expert_params,
         expert_parallel=point.expert_parallel,
         expert_tensor=point.expert_tensor,
+        step_bytes_per_param=workload.step_bytes_per_param,
     )
     return found
 
