@@ -600,3 +600,34 @@ def test_pipeline_sends_block_unless_overlapped() -> None:
     assert a.pipeline_time_ns > b.pipeline_time_ns  # type: ignore[operator]
     assert "--overlap-p2p-communication" in megatron_args(overlaps, b)
     assert "--overlap-p2p-communication" not in megatron_args(waits, a)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_pipeline_send_without_sequence_parallelism_is_gathered_by_its_receiver(
+    sequence_parallel: bool,
+) -> None:
+    # Narayanan et al. 2021 section 4.1: each of the t ranks sends 1/t of the s h output
+    # (32 of 64 bytes), and without sequence parallelism the receivers all-gather it over
+    # their t = 2 group: 1/2 * 64 B / 1 GB/s + 1 us. One micro-batch through 2 stages:
+    # two messages (forward, backward), each 1 us + 32 B / 1 GB/s, plus their gathers.
+    acc = _accelerator()
+    result = plan(
+        GPT,
+        devices=4,
+        accelerator=acc,
+        global_batch=1,
+        tensor=[2],
+        stages=[2],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["gpipe"],
+        recompute=["none"],
+        sequence_parallel=[sequence_parallel],
+        distributed_optimizer=[False],
+        memory_headroom=0,
+        workers=1,
+    )
+    (point,) = result.points
+    message = 1_000 + 32
+    gather = 0 if sequence_parallel else 1_000 + 32
+    assert point.pp_comm_time_ns == 2 * (message + gather)

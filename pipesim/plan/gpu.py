@@ -69,6 +69,7 @@ __all__ = [
     "kernel_seconds",
     "layer_times",
     "price_layer",
+    "scatter_gather_seconds",
     "wave_utilization",
 ]
 
@@ -138,6 +139,32 @@ def collective_seconds(
         return float(all_gather_s(size, n_devices=n, link=link))
     # the ring: each step sends one chunk to the next device while receiving one
     return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
+
+
+def scatter_gather_seconds(
+    message_bytes: int, accelerator: Accelerator, /, *, tensor: int, sequence_parallel: bool
+) -> float:
+    """What the receiving rank of a pipeline send spends gathering it: Narayanan et al.
+    2021's scatter/gather optimization (section 4.1) sends ``1/t`` of a stage's output
+    from each of the ``t`` tensor-parallel ranks (the ``message_bytes`` each sends) and
+    all-gathers the ``t`` parts over the receivers' tensor-parallel group (Megatron-LM's
+    ``--scatter-gather-tensors-in-pipeline``, on by default). Nothing with sequence
+    parallelism: the output is already split by sequence, each rank sends its own.
+
+    >>> from pipesim.plan.hardware import get_accelerator
+    >>> a100 = get_accelerator("a100-80gb")
+    >>> scatter_gather_seconds(10**6, a100, tensor=8, sequence_parallel=True)
+    0.0
+    >>> ring = a100.group_link(8)   # 8 MB gathered over 8: 7/8 of it at the 8 MB busbw
+    >>> got = scatter_gather_seconds(10**6, a100, tensor=8, sequence_parallel=False)
+    >>> got == 7 / 8 * 8e6 / ring.bandwidth_at(8e6) + 7 * ring.latency_s
+    True
+    """
+    if tensor == 1 or sequence_parallel:
+        return 0.0
+    return float(
+        all_gather_s(message_bytes * tensor, n_devices=tensor, link=accelerator.group_link(tensor))
+    )
 
 
 def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, shard: Shard) -> float:
