@@ -177,23 +177,102 @@ def test_norm_and_residual_bytes_by_hand() -> None:
     assert isinstance(norm, Streaming) and norm.bytes_moved == 2 * (s // 2) * h * d
 
 
+def _kinds(kernels: tuple[object, ...]) -> list[str]:
+    return [x.kind for x in kernels if isinstance(x, Collective)]
+
+
 def test_tensor_parallel_collectives_of_a_block() -> None:
     # Narayanan et al. 2021: two all-reduces forward, two backward; with sequence
-    # parallelism (Korthikanti et al. 2023) each becomes a reduce-scatter + all-gather
-    def kinds(kernels: tuple[object, ...]) -> list[str]:
-        return [x.kind for x in kernels if isinstance(x, Collective)]
-
+    # parallelism (Korthikanti et al. 2023) each becomes a reduce-scatter + all-gather,
+    # and each column-parallel linear (qkv, mlp up) all-gathers its input once more in
+    # the backward for its weight gradient (Megatron-LM's tensor_parallel/layers.py)
+    kinds = _kinds
     plain = block_kernels(GPT, Shard(tensor=2))
     assert kinds(plain.forward) == ["all-reduce"] * 2
     assert kinds(plain.input_grad) == ["all-reduce"] * 2
     sp = block_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
     assert kinds(sp.forward) == ["all-gather", "reduce-scatter"] * 2
-    assert sorted(kinds(sp.input_grad)) == ["all-gather"] * 2 + ["reduce-scatter"] * 2
+    # per half: the backward of the reduce-scatter (an all-gather), the input's
+    # all-gather again, the backward of the forward all-gather (a reduce-scatter)
+    assert kinds(sp.input_grad) == ["all-gather", "all-gather", "reduce-scatter"] * 2
     full = block_kernels(GPT, Shard(tensor=2, recompute="full"))
     assert kinds(full.input_grad) == ["all-reduce"] * 4  # the forward's again
     assert kinds(block_kernels(GPT, Shard()).forward) == []
     sizes = {x.size_bytes for x in sp.forward if isinstance(x, Collective)}
     assert sizes == {64 * 32 * 2}  # the whole s h bf16 activation
+
+
+def test_sequence_parallel_backward_gathers_each_column_parallel_input_again() -> None:
+    # the all-gather runs just before the input-gradient GEMM of the linear it feeds
+    # (Megatron-LM launches it there), the same bytes as the forward's: s h d
+    s, h, d = GPT.seq_length, GPT.hidden, 2
+    sp = block_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
+    names = [k.name for k in sp.input_grad]
+    for gather, gemm in (
+        ("all-gather before mlp (again, for the weight gradient)", "mlp up (input grad)"),
+        ("all-gather before qkv (again, for the weight gradient)", "qkv (input grad)"),
+    ):
+        i = names.index(gather)
+        assert names[i + 1] == gemm
+        assert sp.input_grad[i].size_bytes == s * h * d
+    head = head_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
+    assert [k.name for k in head.input_grad][1:3] == [
+        "all-gather before head (again, for the weight gradient)",
+        "lm head (input grad)",
+    ]
+    # without sequence parallelism the input is whole: nothing to gather
+    assert "all-gather" not in _kinds(block_kernels(GPT, Shard(tensor=2)).input_grad)
+    # exposed without comm overlap: on a 1e11 B/s link (x 0.5) each costs (n-1)/n S / bw
+    acc = _device(intra_node_efficiency=0.5)
+    shard = Shard(tensor=2, sequence_parallel=True)
+    plain = price_layer(sp, acc, shard=shard, dtype_bytes=2)
+    one = (1 / 2) * s * h * d / 5e10 + 1e-6
+    gathers = 4 * one  # two backwards of the reduce-scatters, two gathers again
+    scatters = 2 * one
+    assert plain.input_grad.tp_comm_s == pytest.approx(gathers + scatters)
+    # with --tp-comm-overlap each all-gather hides under the input-gradient GEMM it
+    # feeds, each reduce-scatter under the GEMM that made it (for the column-parallel
+    # input gradient: the same GEMM, standing for Transformer Engine's bulk overlap of it
+    # with the weight-gradient GEMM of the same FLOPs)
+    slow = _device(intra_node_bandwidth=1e9)
+    hidden = price_layer(sp, slow, shard=shard, dtype_bytes=2, tp_comm_overlap=True)
+    secs = {k.name: kernel_seconds(k, slow, shard=shard, dtype_bytes=2) for k in sp.input_grad}
+    comm = 1 / 2 * s * h * d / 1e9 + 1e-6  # every collective of the pass: the same size
+    hosts = (
+        "mlp down (input grad)",  # the backward of the reduce-scatter after it
+        "mlp up (input grad)",  # its input gathered again
+        "mlp up (input grad)",  # the reduce-scatter of its output
+        "attention projection (input grad)",
+        "qkv (input grad)",
+        "qkv (input grad)",
+    )
+    expected = sum(max(0.0, comm - secs[gemm]) for gemm in hosts)
+    assert hidden.input_grad.tp_exposed_s == pytest.approx(expected)
+    assert hidden.input_grad.tp_exposed_s > 0
+
+
+def test_tensor_parallel_overlap_takes_sms_from_the_gemm_it_hides_under() -> None:
+    # Transformer Engine's userbuffers: reduce-scatters ("pipeline", "bulk") and the
+    # weight gradient's all-gather ("bulk") keep 16 SMs; ring-exchange all-gathers none.
+    # On 132 SMs the GEMM that hides one runs 132 / 116 as long.
+    acc = _device(sm_count=132)
+    shard = Shard(tensor=2, sequence_parallel=True)
+    kernels = block_kernels(GPT, shard)
+    plain = price_layer(kernels, acc, shard=shard, dtype_bytes=2)
+    hidden = price_layer(kernels, acc, shard=shard, dtype_bytes=2, tp_comm_overlap=True)
+    for part, slowed in (
+        ("forward", ("attention projection", "mlp down")),
+        ("input_grad", ("mlp up (input grad)", "qkv (input grad)")),
+    ):
+        gemms = getattr(kernels, part)
+        extra = sum(
+            kernel_seconds(k, acc, shard=shard, dtype_bytes=2) * (132 / 116 - 1)
+            for k in gemms
+            if k.name in slowed
+        )
+        got = getattr(hidden, part).compute_s - getattr(plain, part).compute_s
+        assert got == pytest.approx(extra)
+    assert hidden.weight_grad.compute_s == plain.weight_grad.compute_s
 
 
 def test_collectives_on_the_link_of_their_group() -> None:
@@ -202,9 +281,17 @@ def test_collectives_on_the_link_of_their_group() -> None:
     # ring all-reduce over 4: 2 (n-1)/n S / busbw + 2 (n-1) latency, busbw 1e11 x 0.5
     expected = 2 * 3 / 4 * 8e6 / 5e10 + 6 * 1e-6
     assert collective_seconds(reduce, acc, shard=Shard(tensor=4)) == pytest.approx(expected)
-    # a tensor-parallel group wider than a node uses the inter-node link
+    # a tensor-parallel group wider than a node uses the inter-node link, at the NICs of
+    # its 8 members in a node (8 x 1e10), no more than the NVLink ring (5e10)
     wide = collective_seconds(reduce, acc, shard=Shard(tensor=16))
-    assert wide == pytest.approx(2 * 15 / 16 * 8e6 / 1e10 + 30 * 1e-5)
+    assert wide == pytest.approx(2 * 15 / 16 * 8e6 / 5e10 + 30 * 1e-5)
+    # a context-parallel group t = 8 apart has one member a node: one NIC
+    gather = Collective("g", "all-gather", "context", 8 * 10**6)
+    across = collective_seconds(gather, acc, shard=Shard(tensor=8, context=2))
+    assert across == pytest.approx(1 / 2 * 8e6 / 1e10 + 1e-5)
+    # ... and 4 apart, two a node: two NICs
+    two = collective_seconds(gather, acc, shard=Shard(tensor=4, context=4))
+    assert two == pytest.approx(3 / 4 * 8e6 / 2e10 + 3 * 1e-5)
     # the context-parallel ring: c - 1 messages of one chunk
     ring = Collective("kv", "ring", "context", 10**6, steps=3)
     assert collective_seconds(ring, acc, shard=Shard(context=4)) == pytest.approx(

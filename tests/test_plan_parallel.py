@@ -3,6 +3,7 @@ iteration: every formula against a hand-computed case, and the planner's answers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from pipesim.plan.frameworks import megatron_args, torchtitan_args
 from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
 from pipesim.plan.iteration import rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
+from pipesim.plan.workload import workload_from_model
 
 # s=4, h=8, a=2, f=32, bf16, dropout, no flash: s h = 32, a s^2 = 32
 GPT = ModelSpec(n_layers=3, hidden=8, n_heads=2, seq_length=4, vocab_size=10)
@@ -141,6 +143,59 @@ def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
     assert zero.optimizer_ns == 7_000_000
 
 
+def test_data_parallel_ring_across_nodes_drives_the_nics_of_its_members() -> None:
+    # 1 GB/s NICs, 4 GB/s NVLink (hand numbers); 8 GPUs a node
+    acc = _accelerator(intra_node_bandwidth=4e9)
+    kwargs = dict(
+        accelerator=acc,
+        data_parallel=16,
+        distributed_optimizer=True,
+        grad_bytes_per_param=4,
+        weight_bytes_per_param=2,
+        last_backward_ns=0,
+        first_forward_ns=0,
+    )
+    # 16 replicas 8 apart (t = 8): one member a node, one NIC: 15/16 * 4e6 B / 1e9 + 15 us
+    one = rank_iteration(10**6, tensor=8, **kwargs)  # type: ignore[arg-type]
+    assert one.dp_exposed_ns == 3_750_000 + 15_000 + 1_875_000 + 15_000
+    # 2 apart (t = 2): four members a node drive four NICs, 4 GB/s
+    four = rank_iteration(10**6, tensor=2, **kwargs)  # type: ignore[arg-type]
+    assert four.dp_exposed_ns == 937_500 + 15_000 + 468_750 + 15_000
+    # t = 1: eight NICs, 8 GB/s, but no faster than the NVLink ring's 4 GB/s
+    eight = rank_iteration(10**6, tensor=1, **kwargs)  # type: ignore[arg-type]
+    assert eight.dp_exposed_ns == four.dp_exposed_ns
+
+
+def test_bf16_gradients_are_reduced_in_fp32() -> None:
+    # Megatron-LM's arguments.py: bf16 accumulates and reduces gradients in fp32; fp16
+    # in fp16; the distributed optimizer gathers the weights in the model's dtype
+    bf16 = workload_from_model(GPT)
+    assert (bf16.grad_bytes_per_param, bf16.weight_bytes_per_param) == (4, 2)
+    fp16 = workload_from_model(dataclasses.replace(GPT, dtype="fp16"))
+    assert (fp16.grad_bytes_per_param, fp16.weight_bytes_per_param) == (2, 2)
+
+
+def test_an_fp16_optimizer_step_copies_and_unscales_the_gradients() -> None:
+    # Megatron-LM's Float16OptimizerWithFloat16Params: the 42 bytes of a bf16 step, + 6
+    # (fp16 gradient copied into fp32) + 8 (unscaled in place) - 2 (fp16 buffer zeroed)
+    fp16 = workload_from_model(dataclasses.replace(GPT, dtype="fp16"))
+    assert workload_from_model(GPT).step_bytes_per_param == 42
+    assert fp16.step_bytes_per_param == 54
+    it = rank_iteration(
+        10**6,
+        accelerator=_accelerator(),
+        tensor=1,
+        data_parallel=1,
+        distributed_optimizer=False,
+        grad_bytes_per_param=2,
+        weight_bytes_per_param=2,
+        last_backward_ns=0,
+        first_forward_ns=0,
+        step_bytes_per_param=fp16.step_bytes_per_param,
+    )
+    assert it.optimizer_ns == 18_000_000  # 54e6 bytes at 3 GB/s
+
+
 def test_a_pinned_configuration_by_hand() -> None:
     # all dimensions pinned: exactly one configuration, its pipeline time by hand.
     acc = _accelerator(memory_bandwidth=1e30)  # free memory traffic: FLOPs and comm only
@@ -170,9 +225,11 @@ def test_a_pinned_configuration_by_hand() -> None:
     # with sequence parallelism every collective is a reduce-scatter or all-gather of the
     # s h bf16 = 64-byte activation over t = 2: 1/2 * 64 / 1e9 + 1 us each. A block's F
     # has 4 (all-gather and reduce-scatter around attention and MLP), its B the 4
-    # backwards and, recomputed, the 4 again; the embedding and the head one each way
+    # backwards, the inputs of qkv and mlp up gathered again for their weight gradients
+    # (2) and, recomputed, the 4 again; the embedding one each way, the head one forward
+    # and two backward (its input gathered again too)
     per_half = Fraction(32, 10**9) + Fraction(1, 10**6)
-    n_halves = 3 * (4 + 8) + 2 + 2
+    n_halves = 3 * (4 + 8 + 2) + 2 + 3
     # and the loss's three all-reduces of s fp32 = 16 bytes: 2 * 1/2 * 16 / 1e9 + 2 us
     loss = 3 * (Fraction(16, 10**9) + Fraction(2, 10**6))
     comm_ns = (n_halves * per_half + loss) * 10**9
@@ -543,3 +600,34 @@ def test_pipeline_sends_block_unless_overlapped() -> None:
     assert a.pipeline_time_ns > b.pipeline_time_ns  # type: ignore[operator]
     assert "--overlap-p2p-communication" in megatron_args(overlaps, b)
     assert "--overlap-p2p-communication" not in megatron_args(waits, a)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_pipeline_send_without_sequence_parallelism_is_gathered_by_its_receiver(
+    sequence_parallel: bool,
+) -> None:
+    # Narayanan et al. 2021 section 4.1: each of the t ranks sends 1/t of the s h output
+    # (32 of 64 bytes), and without sequence parallelism the receivers all-gather it over
+    # their t = 2 group: 1/2 * 64 B / 1 GB/s + 1 us. One micro-batch through 2 stages:
+    # two messages (forward, backward), each 1 us + 32 B / 1 GB/s, plus their gathers.
+    acc = _accelerator()
+    result = plan(
+        GPT,
+        devices=4,
+        accelerator=acc,
+        global_batch=1,
+        tensor=[2],
+        stages=[2],
+        microbatch_sizes=[1],
+        virtual=[1],
+        schedules=["gpipe"],
+        recompute=["none"],
+        sequence_parallel=[sequence_parallel],
+        distributed_optimizer=[False],
+        memory_headroom=0,
+        workers=1,
+    )
+    (point,) = result.points
+    message = 1_000 + 32
+    gather = 0 if sequence_parallel else 1_000 + 32
+    assert point.pp_comm_time_ns == 2 * (message + gather)

@@ -69,6 +69,7 @@ __all__ = [
     "kernel_seconds",
     "layer_times",
     "price_layer",
+    "scatter_gather_seconds",
     "wave_utilization",
 ]
 
@@ -123,7 +124,10 @@ def collective_seconds(
     elif collective.group == "tensor":
         n, link = shard.tensor, accelerator.group_link(shard.tensor)
     else:
-        n, link = shard.context, accelerator.group_link(shard.tensor * shard.context)
+        n, link = (
+            shard.context,
+            accelerator.group_link(shard.tensor * shard.context, apart=shard.tensor),
+        )
     if n == 1:
         return 0.0
     size = collective.size_bytes
@@ -135,6 +139,32 @@ def collective_seconds(
         return float(all_gather_s(size, n_devices=n, link=link))
     # the ring: each step sends one chunk to the next device while receiving one
     return collective.steps * (link.latency_s + size / link.bandwidth_bytes_per_s)
+
+
+def scatter_gather_seconds(
+    message_bytes: int, accelerator: Accelerator, /, *, tensor: int, sequence_parallel: bool
+) -> float:
+    """What the receiving rank of a pipeline send spends gathering it: Narayanan et al.
+    2021's scatter/gather optimization (section 4.1) sends ``1/t`` of a stage's output
+    from each of the ``t`` tensor-parallel ranks (the ``message_bytes`` each sends) and
+    all-gathers the ``t`` parts over the receivers' tensor-parallel group (Megatron-LM's
+    ``--scatter-gather-tensors-in-pipeline``, on by default). Nothing with sequence
+    parallelism: the output is already split by sequence, each rank sends its own.
+
+    >>> from pipesim.plan.hardware import get_accelerator
+    >>> a100 = get_accelerator("a100-80gb")
+    >>> scatter_gather_seconds(10**6, a100, tensor=8, sequence_parallel=True)
+    0.0
+    >>> ring = a100.group_link(8)   # 8 MB gathered over 8: 7/8 of it at the 8 MB busbw
+    >>> got = scatter_gather_seconds(10**6, a100, tensor=8, sequence_parallel=False)
+    >>> got == 7 / 8 * 8e6 / ring.bandwidth_at(8e6) + 7 * ring.latency_s
+    True
+    """
+    if tensor == 1 or sequence_parallel:
+        return 0.0
+    return float(
+        all_gather_s(message_bytes * tensor, n_devices=tensor, link=accelerator.group_link(tensor))
+    )
 
 
 def _all_to_all_seconds(collective: Collective, accelerator: Accelerator, *, shard: Shard) -> float:
@@ -226,6 +256,7 @@ def _price_pass(
         kernel_seconds(k, accelerator, shard=shard, dtype_bytes=dtype_bytes, fp8=fp8)
         for k in kernels
     ]
+    hosts = _overlap_hosts(kernels, accelerator, seconds) if tp_comm_overlap else {}
     compute = tp = tp_exposed = cp = ep = 0.0
     attention = 0.0
     for i, (kernel, time) in enumerate(zip(kernels, seconds, strict=True)):
@@ -239,8 +270,8 @@ def _price_pass(
             ep += time
         else:
             tp += time
-            hidden = _overlapping_gemm(kernels, seconds, i) if tp_comm_overlap else 0.0
-            tp_exposed += max(0.0, time - hidden)
+            j = hosts.get(i)
+            tp_exposed += max(0.0, time - (0.0 if j is None else seconds[j]))
     return PassTime(
         compute_s=compute,
         tp_comm_s=tp,
@@ -251,20 +282,55 @@ def _price_pass(
     )
 
 
-def _overlapping_gemm(kernels: tuple[Kernel, ...], seconds: list[float], index: int) -> float:
-    """Seconds of the GEMM a tensor-parallel collective overlaps with: the next one for
-    an all-gather (it feeds it), the previous one otherwise (it made its input)."""
+#: SMs Transformer Engine's userbuffers leave to a collective it overlaps with a GEMM
+#: by its "pipeline" and "bulk" methods (the GEMM runs on the rest: ``set_sm_margin``):
+#: ``initialize_ub``'s defaults in ``transformer_engine/pytorch/module/base.py``,
+#: ``"num_sm": 1 if method == "ring_exchange" else 16``. Its ring-exchange all-gathers
+#: (before qkv and mlp up, and the backward's before the row-parallel input gradients)
+#: copy with the copy engines and leave the GEMM every SM.
+TP_OVERLAP_SMS = 16
+
+
+def _overlap_hosts(
+    kernels: tuple[Kernel, ...], accelerator: Accelerator, seconds: list[float]
+) -> dict[int, int]:
+    """With ``tp_comm_overlap``: for each tensor-parallel collective, the index of the GEMM
+    it hides under; each GEMM that gives SMs to one (a reduce-scatter, Transformer
+    Engine's "pipeline" and "bulk" methods, or the weight gradient's all-gather again,
+    "bulk") runs on ``SMs - TP_OVERLAP_SMS`` of them, its time scaled in ``seconds``."""
+    hosts: dict[int, int] = {}
+    margin: set[int] = set()
+    for i, kernel in enumerate(kernels):
+        if not isinstance(kernel, Collective) or kernel.group in ("context", "expert"):
+            continue
+        j = _overlapping_gemm(kernels, i)
+        if j is None:
+            continue
+        hosts[i] = j
+        if kernel.kind == "reduce-scatter" or kernel.regathered:
+            margin.add(j)
+    sms = accelerator.sm_count
+    if sms is not None and sms > TP_OVERLAP_SMS:
+        for j in margin:
+            seconds[j] *= sms / (sms - TP_OVERLAP_SMS)
+    return hosts
+
+
+def _overlapping_gemm(kernels: tuple[Kernel, ...], index: int) -> int | None:
+    """Index of the GEMM a tensor-parallel collective overlaps with: the next one for
+    an all-gather (it feeds it), the previous one otherwise (it made its input); None
+    when another collective comes first."""
     kernel = kernels[index]
     assert isinstance(kernel, Collective)
     step = 1 if kernel.kind == "all-gather" else -1
     j = index + step
     while 0 <= j < len(kernels):
         if isinstance(kernels[j], Gemm):
-            return seconds[j]
+            return j
         if isinstance(kernels[j], Collective):
-            return 0.0
+            return None
         j += step
-    return 0.0
+    return None
 
 
 def price_layer(

@@ -190,13 +190,38 @@ class Accelerator:
             size_curve=self.intra_node_size_curve,
         )
 
-    def group_link(self, span: int, /) -> Interconnect:
+    def group_link(self, span: int, /, *, apart: int = 1) -> Interconnect:
         """The link a group of devices uses whose members lie within ``span`` consecutive
-        devices (a group of t, or one whose members are t apart across t c or t d devices,
-        in Megatron-Core's tp-cp-dp-pp order): inside a node when those devices fill
-        whole parts of one node, between nodes otherwise."""
+        devices, ``apart`` apart (a group of t, or one whose members are t apart across
+        t c or t d devices, in Megatron-Core's tp-cp-dp-pp order): inside a node when
+        those devices fill whole parts of one node, between nodes otherwise.
+
+        Between nodes a ring's bus bandwidth is that of every NIC its members in one node
+        drive, at most the NVLink ring's: NCCL opens several channels whose rings leave
+        the node at different GPUs, so each member's own NIC carries a share
+        (stas00/ml-engineering, ``network/README.md``, "Inter-node speed depends on
+        intra-node speed": an all-reduce over 4 nodes of 8 B200 with 8 x 50 GBps NICs
+        each reaches 377 GBps busbw at 4 GiB, against 400 for all 8 NICs, not 50).
+
+        >>> from pipesim.plan.hardware import get_accelerator
+        >>> h100 = get_accelerator("h100-sxm")
+        >>> nic = h100.link(inter_node=True).bandwidth_bytes_per_s
+        >>> h100.group_link(64, apart=8).bandwidth_bytes_per_s == nic   # one GPU a node
+        True
+        >>> h100.group_link(64, apart=4).bandwidth_bytes_per_s == 2 * nic
+        True
+        """
         g = self.gpus_per_node
-        return self.link(inter_node=not (span <= g and g % span == 0))
+        if span <= g and g % span == 0:
+            return self.link(inter_node=False)
+        ring = self.link(inter_node=True)
+        per_node = g // apart if apart < g and g % apart == 0 else 1
+        if per_node == 1:
+            return ring
+        nvlink = self.link(inter_node=False).bandwidth_bytes_per_s
+        return replace(
+            ring, bandwidth_bytes_per_s=min(per_node * ring.bandwidth_bytes_per_s, nvlink)
+        )
 
     def with_memory(self, memory_bytes: int, /) -> Accelerator:
         """The same device with another memory capacity."""

@@ -34,7 +34,12 @@ gradient (4 bytes; Megatron-LM's ``clip_grad_norm_fp32``, on by default with
 ``--clip-grad 1.0``); Adam reads the fp32 gradient, master weight, momentum and
 variance and writes the last three (28); the updated master weight is copied into
 the bf16 model weight (reads 4, writes 2); the gradient buffer is zeroed for the next
-step (writes 4): 42 bytes.
+step (writes 4): 42 bytes. An fp16 model keeps fp16 gradients and a loss scale
+(Megatron-LM's ``Float16OptimizerWithFloat16Params``, ``megatron/core/optimizer/
+optimizer.py``): ``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2,
+writes 4), ``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4,
+writes 4), and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
+is already fp32: ``.float()`` returns it, and there is no loss scale.)
 
 Devices are ordered as Megatron-LM orders its groups, tensor parallel
 innermost, then data parallel, then pipeline (``megatron/core/parallel_state.py``,
@@ -60,9 +65,11 @@ from pipesim.units import NS_PER_S
 __all__ = [
     "ADAM_STEP_BYTES_PER_PARAM",
     "BYTES_PER_PARAM",
+    "FP16_ADAM_STEP_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_PARAM",
     "RankIteration",
     "data_parallel_link",
+    "optimizer_step_bytes",
     "rank_iteration",
     "static_bytes",
 ]
@@ -74,6 +81,19 @@ OPTIMIZER_BYTES_PER_PARAM = 12
 #: Bytes the optimizer step moves per parameter held (see the module docstring): norm 4,
 #: Adam 16 + 12, copy to the bf16 weights 4 + 2, zeroing the gradient buffer 4.
 ADAM_STEP_BYTES_PER_PARAM = 42
+#: ... for an fp16 model: + 6 (copy the fp16 gradient into fp32) + 8 (unscale it) - 2
+#: (its zeroed buffer is fp16).
+FP16_ADAM_STEP_BYTES_PER_PARAM = ADAM_STEP_BYTES_PER_PARAM + 6 + 8 - 2
+
+
+def optimizer_step_bytes(dtype: str, /) -> int:
+    """Bytes the optimizer step moves per parameter held for a model trained in ``dtype``
+    (see the module docstring).
+
+    >>> optimizer_step_bytes("bf16"), optimizer_step_bytes("fp16")
+    (42, 54)
+    """
+    return FP16_ADAM_STEP_BYTES_PER_PARAM if dtype == "fp16" else ADAM_STEP_BYTES_PER_PARAM
 
 
 def static_bytes(
@@ -96,7 +116,7 @@ def data_parallel_link(
     accelerator: Accelerator, *, tensor: int, data_parallel: int
 ) -> Interconnect:
     """The link a data-parallel group uses (see the module docstring for the order)."""
-    return accelerator.group_link(tensor * data_parallel)
+    return accelerator.group_link(tensor * data_parallel, apart=tensor)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +146,7 @@ def rank_iteration(
     expert_params: int | Fraction = 0,
     expert_parallel: int = 1,
     expert_tensor: int = 1,
+    step_bytes_per_param: int = ADAM_STEP_BYTES_PER_PARAM,
 ) -> RankIteration:
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
 
@@ -174,8 +195,6 @@ def rank_iteration(
     else:
         total = reduce
         exposed = max(0, total - hidden_b)
-    seconds = (
-        held * ADAM_STEP_BYTES_PER_PARAM / Fraction(repr(accelerator.achieved_memory_bandwidth))
-    )
+    seconds = held * step_bytes_per_param / Fraction(repr(accelerator.achieved_memory_bandwidth))
     optimizer = round(seconds * NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

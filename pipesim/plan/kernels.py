@@ -151,6 +151,9 @@ class Collective:
     """All-to-all: copies of each token in ``size_bytes`` (top-k routing)."""
     node_limit: int | None = None
     """All-to-all: nodes a token is sent to at most (node-limited routing)."""
+    regathered: bool = False
+    """An all-gather a column-parallel linear's backward runs again for its weight
+    gradient (:func:`_regathered`)."""
 
 
 Kernel = Gemm | Attention | Streaming | Collective
@@ -280,6 +283,27 @@ def _backward_of(collectives: tuple[Collective, ...], x: _Dims, sp: bool) -> tup
         Collective(c.name + " (backward)", swap[c.kind], c.group, c.size_bytes)
         for c in collectives
         if c.kind in swap
+    )
+
+
+def _regathered(collectives: tuple[Collective, ...]) -> tuple[Collective, ...]:
+    """The all-gather a column-parallel linear with sequence parallelism runs again in its
+    backward: Megatron-LM keeps only the sequence-split input, so
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+    (``megatron/core/tensor_parallel/layers.py``) all-gathers it once more for the weight
+    gradient, launched before the input-gradient GEMM (Korthikanti et al. 2023, section
+    4.2.2). Placed just before that GEMM, which is the one it hides under with
+    ``tp_comm_overlap`` (Transformer Engine's bulk all-gather overlap with the dgrad GEMM)."""
+    return tuple(
+        Collective(
+            c.name + " (again, for the weight gradient)",
+            c.kind,
+            c.group,
+            c.size_bytes,
+            regathered=True,
+        )
+        for c in collectives
+        if c.kind == "all-gather"
     )
 
 
@@ -421,7 +445,7 @@ def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
     forward: tuple[Kernel, ...] = (norm1, *ag1, qkv, *rope, *ring, *core, proj, *out1, res1)
     backward: tuple[Kernel, ...] = (
         res1_b, *_backward_of(out1, x, sp), _input_grad(proj),
-        *ring_b, *core_b, *rope_b, _input_grad(qkv),
+        *ring_b, *core_b, *rope_b, *_regathered(ag1), _input_grad(qkv),
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
     weight = (_weight_grad(proj), _weight_grad(qkv))
@@ -444,8 +468,8 @@ def mlp_half(spec: ModelSpec, x: _Dims, sp: bool, /, *, width: int | None = None
     out2 = _from_model_parallel(x, sp, "after mlp down")
     forward: tuple[Kernel, ...] = (norm2, *ag2, up, act, down, *out2, res2)
     backward: tuple[Kernel, ...] = (
-        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, _input_grad(up),
-        *(_backward_of(ag2, x, sp) or _in_grad(x, sp)), norm2_b,
+        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, *_regathered(ag2),
+        _input_grad(up), *(_backward_of(ag2, x, sp) or _in_grad(x, sp)), norm2_b,
     )  # fmt: skip
     weight = (_weight_grad(down), _weight_grad(up))
     return BlockHalf(forward, backward, weight, (), x.h + n_in * f // t if spec.bias else 0)
@@ -582,6 +606,7 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     forward: tuple[Kernel, ...] = (norm, *gather, logits, loss, *tiny)
     backward: tuple[Kernel, ...] = (
         loss_b,
+        *_regathered(gather),
         _input_grad(logits),
         *(_backward_of(gather, x, sp) or in_grad),
         norm_b,

@@ -38,6 +38,7 @@ from pipesim.plan.kernels import (
     _in_grad,
     _input_grad,
     _norm,
+    _regathered,
     _residual,
     _to_model_parallel,
     _weight_grad,
@@ -123,7 +124,8 @@ def mla_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
         res1_b, *_backward_of(out1, x, sp), _input_grad(proj), core_b,
         Streaming("rotary embedding (backward)", 2 * rope_elems * x.d),
         _input_grad(kv_up), _input_grad(q_up), *latent_sum,
-        Streaming("kv latent norm (backward)", 5 * x.T * kvr * x.d), _input_grad(kv_down),
+        Streaming("kv latent norm (backward)", 5 * x.T * kvr * x.d), *_regathered(ag1),
+        _input_grad(kv_down),
         Streaming("q latent norm (backward)", 5 * x.T * qr * x.d), _input_grad(q_down),
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip

@@ -40,6 +40,12 @@ __all__ = [
 #: linear layers' GEMMs in FP8 and keeps weights and activations in bf16, as Transformer
 #: Engine's ``fp8_autocast`` does (its GEMM inputs are cast to FP8 per kernel).
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+#: Bytes per gradient element the data-parallel reduction moves: Megatron-LM accumulates
+#: and reduces bf16 models' gradients in fp32 (``megatron/training/arguments.py``:
+#: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32", unless
+#: ``--grad-reduce-in-bf16``); fp8 training keeps bf16 weights (``--bf16 --fp8-format``), so
+#: the same; fp16 models reduce in fp16 (``--accumulate-allreduce-grads-in-fp32`` is off).
+GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +252,11 @@ class ModelSpec:
     def dtype_bytes(self) -> int:
         """Bytes per weight / activation element."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element in the data-parallel reduction (:data:`GRAD_REDUCE_BYTES`)."""
+        return GRAD_REDUCE_BYTES[self.dtype]
 
     @property
     def n_params(self) -> int:

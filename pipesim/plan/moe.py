@@ -67,6 +67,7 @@ from pipesim.plan.kernels import (
     _from_model_parallel,
     _input_grad,
     _norm,
+    _regathered,
     _residual,
     _to_model_parallel,
     _weight_grad,
@@ -246,12 +247,13 @@ def moe_half(spec: ModelSpec, shard: Shard, x: _Dims, sp: bool, /) -> BlockHalf:
         s_up = Gemm("shared expert up", x.T, n_in * ns * fe // x.t, h)
         s_down = Gemm("shared expert down", x.T, h, ns * fe // x.t)
         s_act, s_act_b = _activation(spec, x.T * ns * fe // x.t, d, "shared expert ")
-        gather = _to_model_parallel(x, sp, "all-gather before shared experts")
-        scatter = _from_model_parallel(x, sp, "after shared experts")
-        shared_f = (*gather, s_up, s_act, s_down, *scatter)
+        # their own names: the routed experts' gather / scatter above stay as they are
+        s_gather = _to_model_parallel(x, sp, "all-gather before shared experts")
+        s_scatter = _from_model_parallel(x, sp, "after shared experts")
+        shared_f = (*s_gather, s_up, s_act, s_down, *s_scatter)
         shared_b = (
-            *_backward_of(scatter, x, sp), _input_grad(s_down), s_act_b, _input_grad(s_up),
-            *_backward_of(gather, x, sp),
+            *_backward_of(s_scatter, x, sp), _input_grad(s_down), s_act_b,
+            *_regathered(s_gather), _input_grad(s_up), *_backward_of(s_gather, x, sp),
         )  # fmt: skip
         shared_w = (_weight_grad(s_down), _weight_grad(s_up))
     forward: tuple[Kernel, ...] = (

@@ -57,7 +57,7 @@ from pipesim.partition import partition
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
-from pipesim.plan.gpu import LayerTime, layer_times
+from pipesim.plan.gpu import LayerTime, layer_times, scatter_gather_seconds
 from pipesim.plan.hardware import Accelerator, Interconnect
 from pipesim.plan.iteration import (
     BYTES_PER_PARAM,
@@ -381,7 +381,15 @@ def _model_costs(
     all_stages = tuple(stages) * n_copies
     if partners is not None:
         all_stages = _paired(context, workload, sizes, microbatch_size, all_stages, partners)
-    intra, links = _stage_links(context.accelerator, message_bytes, ranks_per_node)
+    gather = scatter_gather_seconds(
+        message_bytes,
+        context.accelerator,
+        tensor=workload.tensor,
+        sequence_parallel=workload.sequence_parallel,
+    )
+    intra, links = _stage_links(
+        context.accelerator, message_bytes, ranks_per_node, receive_overhead=_ns(gather)
+    )
     costs = CostModel(
         stages=all_stages,
         link=intra,
@@ -544,14 +552,24 @@ def _stage_links(
     message_bytes: int,
     ranks_per_node: int | None,
     measured: Link | None = None,
+    *,
+    receive_overhead: int = 0,
 ) -> tuple[Link, Links | None]:
     """The link between pipeline ranks in a node, and the links per rank pair when the
     job spans nodes (None: it does not); a cost file's ``measured`` link, when it has
-    one, is the link in a node and lends its host overheads to the one between nodes."""
-    intra = measured or _link(accelerator.link(inter_node=False), message_bytes)
+    one, is the link in a node and lends its host overheads to the one between nodes.
+    ``receive_overhead``: what a receiver spends on each message it takes (the
+    scatter/gather all-gather, :func:`pipesim.plan.gpu.scatter_gather_seconds`)."""
+    intra = measured or replace(
+        _link(accelerator.link(inter_node=False), message_bytes),
+        receive_overhead=receive_overhead,
+    )
     links = None
     if ranks_per_node is not None:
-        inter = _link(accelerator.link(inter_node=True), message_bytes)
+        inter = replace(
+            _link(accelerator.link(inter_node=True), message_bytes),
+            receive_overhead=receive_overhead,
+        )
         if measured is not None:  # posting and taking a message cost the host the same
             inter = replace(
                 inter,
@@ -917,6 +935,8 @@ def _rank_iteration(
         point.gradient_group,
         point.distributed_optimizer,
         workload.grad_bytes_per_param,
+        workload.weight_bytes_per_param,
+        workload.step_bytes_per_param,
         stage.backward,
         stage.forward,
     )
@@ -932,13 +952,14 @@ def _rank_iteration(
         data_parallel=point.gradient_group,
         distributed_optimizer=point.distributed_optimizer,
         grad_bytes_per_param=workload.grad_bytes_per_param,
-        weight_bytes_per_param=workload.grad_bytes_per_param,
+        weight_bytes_per_param=workload.weight_bytes_per_param or workload.grad_bytes_per_param,
         last_backward_ns=int(stage.backward),
         first_forward_ns=int(stage.forward),
         overlap=context.overlap_grad_reduce,
         expert_params=expert_params,
         expert_parallel=point.expert_parallel,
         expert_tensor=point.expert_tensor,
+        step_bytes_per_param=workload.step_bytes_per_param,
     )
     return found
 

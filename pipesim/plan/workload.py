@@ -25,6 +25,7 @@ from typing import Any
 
 from pipesim.costs import CostModel, StageCost
 from pipesim.errors import ParseError, PlanError
+from pipesim.plan.iteration import ADAM_STEP_BYTES_PER_PARAM, optimizer_step_bytes
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import model_flops_per_sequence, model_layers
 from pipesim.plan.measured import MeasuredCosts
@@ -81,6 +82,11 @@ class Workload:
     """Bytes of the activation passed between stages, per sequence."""
     grad_bytes_per_param: int
     """Bytes per gradient element in the data-parallel all-reduce."""
+    weight_bytes_per_param: int | None = None
+    """Bytes per weight element in the distributed optimizer's all-gather (None: the
+    gradient's)."""
+    step_bytes_per_param: int = ADAM_STEP_BYTES_PER_PARAM
+    """Bytes the optimizer step moves per parameter held (:func:`optimizer_step_bytes`)."""
     seq_length: int | None
     """Tokens per sequence, for tokens/s (None if unknown)."""
     flops_per_sequence: int | None
@@ -166,7 +172,9 @@ def workload_from_model(
         name=spec.name,
         layers=layers,
         message_bytes=Fraction(payload, tensor) if payload % tensor else payload // tensor,
-        grad_bytes_per_param=spec.dtype_bytes,
+        grad_bytes_per_param=spec.grad_reduce_bytes,
+        weight_bytes_per_param=spec.dtype_bytes,
+        step_bytes_per_param=optimizer_step_bytes(spec.dtype),
         seq_length=spec.seq_length,
         flops_per_sequence=model_flops_per_sequence(spec),
         spec=spec,
