@@ -222,6 +222,12 @@ def as_rank(
         )
         try:
             body(rank, world_size, specs, workdir, status)
+            # gloo may let a rank out of init_process_group while a peer still completes its
+            # handshake with it; a rank that then tore the group down at once would close
+            # that peer's connection ("connectFullMesh failed ... Connection closed by
+            # peer"). Every rank leaves together. Only on success: after a failure the
+            # launcher stops the others.
+            dist.barrier()
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # every failure is reported to the launcher
