@@ -442,9 +442,13 @@ def for_planner(
     virtual: int,
     costs: CostModel,
     memory_limit_bytes: int,
+    sync: str = DEFAULT_SYNC,
 ) -> Schedule:
     """The planner's builder (:mod:`pipesim.plan.cost_aware`): the synthesized schedule
-    for this configuration, within the device memory left for activations."""
+    for this configuration, within the device memory left for activations, chosen by the
+    steady-state period under ``sync``. (The sweep prices the optimizer step after the
+    pipeline, so ``costs`` carry none: under ``global`` the period is then the step's
+    makespan, and the step objective gives the same schedule for less work.)"""
     return synthesize(
         n_ranks=n_ranks,
         n_microbatches=n_microbatches,
@@ -452,6 +456,8 @@ def for_planner(
         costs=costs,
         virtual=virtual,
         quick=True,
+        objective="step" if sync == "global" else "period",
+        sync=sync,
     ).schedule
 
 
