@@ -27,6 +27,14 @@ bubble against the period of the hand-made schedules under post-validation and u
 (Megatron-LM's default, which waits for the whole step). Machine load and the wall time
 of each row come first and last.
 
+Then the controllable-memory paper's V-Half and V-Min (Qi et al., NeurIPS 2024, arXiv
+2405.15362) by its metric, ``1 - m (F + B + W) / longest stage time`` (the same span
+bubble; the repository's Hugging Face space, sail/pipeline-parallelism-with-controllable-
+memory, ``description1.md``), with F = I = W per chunk, beside the figures the zero-bubble
+repository's README gives: bubble ``B/2`` and ``2B/3`` of 1F1B's ``B = (p-1)/(m+p-1)``
+in ``(p+2)//2`` and ``(p+4)//3`` micro-batches (its table has no per-experiment rows; the
+paper's own measured tables were not found).
+
 Run: ``python benchmarks/bench_zero_bubble.py [--quick]`` (``--quick``: the 8-stage rows).
 """
 
@@ -134,6 +142,28 @@ def row(model: str) -> tuple[list[str], float]:
     return lines, time.perf_counter() - started
 
 
+def v_row(p: int, m: int) -> str:
+    """V-Half and V-Min at F = I = W per chunk (activations held from F to W) by the span
+    bubble, beside the README's B/2 and 2B/3, and their peak micro-batches."""
+    costs = CostModel.uniform(
+        forward=1, input_grad=1, weight_grad=1, backward=2, activation_bytes=1, weight_grad_bytes=1
+    )
+    b = Fraction(p - 1, m + p - 1)
+    cells = [f"p={p:2d} m={m:3d} 1F1B B {float(b):.4f}"]
+    for name, share, memory in (
+        ("v-half", Fraction(1, 2), (p + 2) // 2),
+        ("v-min", Fraction(2, 3), (p + 4) // 3),
+    ):
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs)
+        span = float(span_metrics(sim.trace).bubble_ratio)
+        peak = Fraction(max(r.peak_activation_bytes for r in sim.metrics.ranks), 2)
+        cells.append(
+            f"{name} {span:.4f} (README {float(share * b):.4f}) in {float(peak):g} "
+            f"micro-batches (README {memory})"
+        )
+    return "  ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the 8-stage rows")
@@ -146,6 +176,10 @@ def main() -> None:
         lines, seconds = row(model)
         print(f"{model} p={p} m={m} ({seconds:.1f} s)")
         print("\n".join(lines))
+    print("controllable-memory V-Half / V-Min (span bubble, F = I = W) vs the README's forms")
+    for p in (8,) if args.quick else (8, 16, 32):
+        for m in (3 * p, 4 * p, 8 * p):
+            print(v_row(p, m))
 
 
 if __name__ == "__main__":
