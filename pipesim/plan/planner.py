@@ -568,7 +568,7 @@ def plan(
     synchronization (:mod:`pipesim.iterations`; default ``global``, Megatron-LM's, whose
     period is the pipeline + exposed data-parallel traffic + optimizer step the sweep
     prices); under another the ``period_candidates`` fastest by that are re-simulated
-    under it (:mod:`pipesim.plan.steady`) and ranked again, and ``auto`` sweeps the
+    under it (:mod:`pipesim.plan.period`) and ranked again, and ``auto`` sweeps the
     schedule synthesized for it.
     """
     _check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
@@ -715,12 +715,12 @@ def _by_period(
 ) -> PlanResult:
     """``result`` ranked by the steady-state period under ``sync``. Under ``global`` that
     is the sweep's step time already. Otherwise the ``candidates`` fastest that fit are
-    re-simulated under ``sync`` (:func:`pipesim.plan.steady.period_ns`) and every point
+    re-simulated under ``sync`` (:func:`pipesim.plan.period.period_ns`) and every point
     ranked again: a period under ``post-validation`` or ``none`` is never longer than under
     ``global`` (each rank is released no later), so the others keep an upper bound."""
     if sync == DEFAULT_SYNC:
         return replace(result, optimizer_sync=sync)
-    from pipesim.plan.steady import period_ns
+    from pipesim.plan.period import period_ns
 
     chosen = {id(p) for p in result.fitting[:candidates]}
     points = []

@@ -101,7 +101,7 @@ class PlanPoint:
     period_sync: str = "global"
     """The optimizer synchronization whose steady-state iteration period ``step_time_ns``
     is (:mod:`pipesim.iterations`): ``global``, pipeline + dp_comm + optimizer; another
-    where the plan re-simulated this point under it (:mod:`pipesim.plan.steady`)."""
+    where the plan re-simulated this point under it (:mod:`pipesim.plan.period`)."""
 
     @property
     def feasible(self) -> bool:
