@@ -8,15 +8,32 @@ automatic ZB-1p / ZB-2p (memory of 1F1B, twice 1F1B's). This benchmark uses the 
 m = 3p with each model's profiled times (the times the paper lists for that model), as
 pipesim costs: F = T_F, I = T_B, W = T_W, B = T_B + T_W, every message T_comm of latency.
 
+Memory as the zero-bubble runtime's scheduler counts it (sail-sg/zero-bubble-pipeline-
+parallelism, ``megatron/core/pipeline_parallel/zerobubble/runtime.py``: per token and
+layer F stores ``M_B = 34 h + 5 a s`` and the input-gradient pass leaves ``M_W = 32 h``
+for W), with each model's hidden size h, heads a and sequence length s (the paper's
+Table 3); the limits p and 2p are in micro-batches of ``M_B``. The share W keeps matters
+at 2p: holding all of ``M_B`` until W (pipesim's default when a cost model gives no
+bytes) leaves the last ranks too little room to defer W, and ZB-2p's figure is not reached.
+
 Printed per row: the paper's figure and pipesim's for each schedule, by the paper's
 metric (``pipesim.metrics.span_metrics``); for ZB-1p and ZB-2p pipesim's own
 ``synthesize --objective period --optimizer-sync post-validation`` at memory limits p and
 2p, whose figure is the bubble against its steady-state iteration period (with
 post-validation the next iteration's work starts as each rank ends, so the period is the
-span the paper counts: pipesim.iterations), its winner, and the bubble against the
-period of the hand-made schedules under post-validation and under a global sync
+span the paper counts: pipesim.iterations), its winner, the engine's re-simulation of
+it (span bubble, the paper's metric, and the peak memory against the limit), and the
+bubble against the period of the hand-made schedules under post-validation and under a global sync
 (Megatron-LM's default, which waits for the whole step). Machine load and the wall time
 of each row come first and last.
+
+Then the controllable-memory paper's V-Half and V-Min (Qi et al., NeurIPS 2024, arXiv
+2405.15362) by its metric, ``1 - m (F + B + W) / longest stage time`` (the same span
+bubble; the repository's Hugging Face space, sail/pipeline-parallelism-with-controllable-
+memory, ``description1.md``), with F = I = W per chunk, beside the figures the zero-bubble
+repository's README gives: bubble ``B/2`` and ``2B/3`` of 1F1B's ``B = (p-1)/(m+p-1)``
+in ``(p+2)//2`` and ``(p+4)//3`` micro-batches (its table has no per-experiment rows; the
+paper's own measured tables were not found).
 
 Run: ``python benchmarks/bench_zero_bubble.py [--quick]`` (``--quick``: the 8-stage rows).
 """
@@ -42,6 +59,13 @@ TABLE_6 = {
     "14.6B": (16, 48, "11.347", "11.248", "8.132", "0.377"),
     "28.3B": (32, 96, "10.419", "10.207", "7.715", "0.408"),
 }
+#: Table 3: model -> (hidden size h, attention heads a, sequence length s).
+TABLE_3 = {
+    "1.5B": (2304, 24, 1024),
+    "6.2B": (4096, 32, 1024),
+    "14.6B": (5120, 40, 1024),
+    "28.3B": (6144, 48, 1024),
+}
 #: Table 5's bubble rates at those rows: 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p.
 TABLE_5 = {
     "1.5B": (0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
@@ -53,14 +77,17 @@ SCHEDULES = ("1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
 
 
 def paper_costs(model: str) -> tuple[int, int, CostModel]:
-    """``(p, m, costs)`` of a Table 6 row."""
+    """``(p, m, costs)`` of a Table 6 row, with the runtime's memory model (docstring)."""
     p, m, f, b, w, comm = TABLE_6[model]
+    h, a, s = TABLE_3[model]
     costs = CostModel.uniform(
         forward=Fraction(f),
         input_grad=Fraction(b),
         weight_grad=Fraction(w),
         backward=Fraction(b) + Fraction(w),
         link=Link(latency=Fraction(comm)),
+        activation_bytes=34 * h + 5 * a * s,
+        weight_grad_bytes=32 * h,
         time_unit="ms",
     )
     return p, m, costs
@@ -75,6 +102,7 @@ def row(model: str) -> tuple[list[str], float]:
     started = time.perf_counter()
     p, m, costs = paper_costs(model)
     busy = m * p * (costs.stage(0).forward + costs.stage(0).input_grad + costs.stage(0).weight_grad)
+    limit_unit = costs.stage(0).activation_bytes  # one micro-batch's M_B
     lines = []
     for label, name, paper in zip(
         SCHEDULES[:3], ("1f1b", "zb-h1", "zb-h2"), TABLE_5[model], strict=False
@@ -101,12 +129,39 @@ def row(model: str) -> tuple[list[str], float]:
         ratio = result.iterations.period_bubble_ratio()
         assert ratio is not None
         ours = float(ratio)
+        again = simulate(result.schedule, costs=costs)  # the engine, not the synthesizer
+        span = float(span_metrics(again.trace).bubble_ratio)
+        peak = max(r.peak_activation_bytes for r in again.metrics.ranks)
         lines.append(
             f"  {label:6} paper {paper:.4f}  pipesim {ours:.4f} ({ours - paper:+.4f})  "
             f"synthesize --objective period at {limit} micro-batches: {result.winner}; "
-            f"one-step bubble {float(result.metrics.bubble_ratio):.4f}"
+            f"re-simulated: span bubble {span:.4f}, peak {peak / limit_unit:.2f} "
+            f"micro-batches (limit {limit}); one-step bubble "
+            f"{float(result.metrics.bubble_ratio):.4f}"
         )
     return lines, time.perf_counter() - started
+
+
+def v_row(p: int, m: int) -> str:
+    """V-Half and V-Min at F = I = W per chunk (activations held from F to W) by the span
+    bubble, beside the README's B/2 and 2B/3, and their peak micro-batches."""
+    costs = CostModel.uniform(
+        forward=1, input_grad=1, weight_grad=1, backward=2, activation_bytes=1, weight_grad_bytes=1
+    )
+    b = Fraction(p - 1, m + p - 1)
+    cells = [f"p={p:2d} m={m:3d} 1F1B B {float(b):.4f}"]
+    for name, share, memory in (
+        ("v-half", Fraction(1, 2), (p + 2) // 2),
+        ("v-min", Fraction(2, 3), (p + 4) // 3),
+    ):
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs)
+        span = float(span_metrics(sim.trace).bubble_ratio)
+        peak = Fraction(max(r.peak_activation_bytes for r in sim.metrics.ranks), 2)
+        cells.append(
+            f"{name} {span:.4f} (README {float(share * b):.4f}) in {float(peak):g} "
+            f"micro-batches (README {memory})"
+        )
+    return "  ".join(cells)
 
 
 def main() -> None:
@@ -121,6 +176,10 @@ def main() -> None:
         lines, seconds = row(model)
         print(f"{model} p={p} m={m} ({seconds:.1f} s)")
         print("\n".join(lines))
+    print("controllable-memory V-Half / V-Min (span bubble, F = I = W) vs the README's forms")
+    for p in (8,) if args.quick else (8, 16, 32):
+        for m in (3 * p, 4 * p, 8 * p):
+            print(v_row(p, m))
 
 
 if __name__ == "__main__":

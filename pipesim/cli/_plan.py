@@ -242,6 +242,27 @@ def register(subparsers: Any) -> None:
         help="skip, by exact lower bounds, configurations that cannot appear in the printed "
         "plan (listed as pruned; same rows, not yet faster: docs/planner-speed.md)",
     )
+    from pipesim.iterations import DEFAULT_SYNC, SYNCS
+
+    sweep.add_argument(
+        "--optimizer-sync",
+        choices=SYNCS,
+        default=DEFAULT_SYNC,
+        help="rank by the steady-state iteration period under this optimizer "
+        f"synchronization (default {DEFAULT_SYNC}, Megatron-LM's: pipeline + data-parallel "
+        "traffic + optimizer step); post-validation or none re-simulate the fastest "
+        "configurations over iterations, where the next step starts during this one's drain, "
+        "and auto sweeps the schedule synthesized for that period (docs/steady-state.md)",
+    )
+    sweep.add_argument(
+        "--period-candidates",
+        type=positive_int,
+        default=DEFAULT_KEEP,
+        metavar="N",
+        help=f"with --optimizer-sync other than global: how many of the fastest "
+        f"configurations that fit are re-simulated under it (default {DEFAULT_KEEP}); the "
+        "others keep the global period, never shorter",
+    )
     sweep.add_argument(
         "--timeout",
         type=seconds,
@@ -390,10 +411,44 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print(_list())
         return 0
-    from pipesim.plan.hardware import get_accelerator, load_accelerator
-    from pipesim.plan.planner import plan
     from pipesim.plan.report import format_csv, format_table
 
+    _check_args(args)
+    workload = _workload(args)
+    accelerator = _accelerator(args.accelerator)
+    output = _output_kind(args.output) if args.output else None
+    result = _plan(args, workload, accelerator)
+    interrupted = result.stopped is not None and "interrupted" in result.stopped
+    if args.json:
+        print_json(result.to_dict())
+    elif args.csv:
+        sys.stdout.write(format_csv(result.points))
+    else:
+        print(format_table(result, top=args.top))
+    if output is not None:
+        sys.stdout.flush()
+        path = _write(result, args.output, output, cdn=args.cdn)
+        print(f"wrote {path}", file=sys.stderr)
+    best = result.recommended
+    if args.costs_out:
+        _write_costs(result, workload, args)
+    if interrupted:
+        return 130
+    if result.stopped is not None:  # a partial ranking answers nothing for sure
+        return 1
+    fits = any(point.fits for point in result.points)
+    require_fit(
+        args,
+        best is not None,
+        failure="no configuration fits the memory capacity"
+        if not fits
+        else f"configurations fit, but none reaches --min-mfu {result.min_mfu:.1%}",
+    )
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse missing or bad flags and unwritable outputs before the sweep."""
     missing = [
         flag
         for flag, value in (
@@ -413,22 +468,29 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.output, what="-o")
     if args.costs_out:
         check_writable(args.costs_out, what="--costs-out")
-    workload = _workload(args)
-    source = args.accelerator
-    accelerator = (
-        load_accelerator(source)
-        if source.lower().endswith(".json") or Path(source).is_file()
-        else get_accelerator(source)
-    )
     if args.timeout <= 0:
         raise PlanError(f"--timeout must be positive, got {args.timeout}")
-    output = _output_kind(args.output) if args.output else None
+
+
+def _accelerator(source: str) -> Any:
+    """A preset's name or an accelerator JSON file."""
+    from pipesim.plan.hardware import get_accelerator, load_accelerator
+
+    if source.lower().endswith(".json") or Path(source).is_file():
+        return load_accelerator(source)
+    return get_accelerator(source)
+
+
+def _plan(args: argparse.Namespace, workload: Any, accelerator: Any) -> Any:
+    """The sweep the flags ask for, with a progress bar on stderr."""
+    from pipesim.plan.planner import plan
+
     # Shown from the first second: evaluate_points reports 0 done when the sweep starts.
     progress = Progress(
         enabled=wanted(False if args.no_progress else None), desc="planning", unit="config"
     )
     try:
-        result = plan(
+        return plan(
             workload,
             devices=args.devices,
             accelerator=accelerator,
@@ -461,38 +523,13 @@ def run(args: argparse.Namespace) -> int:
             cluster=args.cluster,
             prune=args.prune,
             keep=max(args.top, DEFAULT_KEEP),
+            optimizer_sync=args.optimizer_sync,
+            period_candidates=args.period_candidates,
         )
     except LimitError as exc:  # a sweep past MAX_SWEEP_ACTIONS: too large a request
         raise usage_error(str(exc)) from None
     finally:
         progress.close()
-    interrupted = result.stopped is not None and "interrupted" in result.stopped
-    if args.json:
-        print_json(result.to_dict())
-    elif args.csv:
-        sys.stdout.write(format_csv(result.points))
-    else:
-        print(format_table(result, top=args.top))
-    if output is not None:
-        sys.stdout.flush()
-        path = _write(result, args.output, output, cdn=args.cdn)
-        print(f"wrote {path}", file=sys.stderr)
-    best = result.recommended
-    if args.costs_out:
-        _write_costs(result, workload, args)
-    if interrupted:
-        return 130
-    if result.stopped is not None:  # a partial ranking answers nothing for sure
-        return 1
-    fits = any(point.fits for point in result.points)
-    require_fit(
-        args,
-        best is not None,
-        failure="no configuration fits the memory capacity"
-        if not fits
-        else f"configurations fit, but none reaches --min-mfu {result.min_mfu:.1%}",
-    )
-    return 0
 
 
 def _output_kind(path: str) -> str:

@@ -199,7 +199,7 @@ def format_result(result: SynthesisResult) -> str:
     )
     if best is None:
         lines.append("no built-in schedule fits this memory limit")
-    proof = " (proven optimal)" if result.optimal else ""
+    proof = " (proven optimal)" if result.optimal and result.objective == "step" else ""
     lines.append(
         f"lower bound {_fmt(result.lower_bound)}{unit}: gap {float(result.gap):.1%}{proof}"
     )
@@ -207,10 +207,13 @@ def format_result(result: SynthesisResult) -> str:
         it = result.iterations
         ratio = it.period_bubble_ratio()
         assert it.period is not None and ratio is not None
+        bound = result.period_lower_bound
+        solver = "" if bound is None else f"; the solver's bound on it {_fmt(bound)}{unit}"
+        solver += " (proven optimal)" if result.optimal else ""
         lines.append(
             f"chosen by the steady-state iteration period ({it.sync} sync): "
             f"{_fmt(it.period.period)}{unit}, bubble against it "
-            f"{float(ratio):.1%} (the bound is one step's)"
+            f"{float(ratio):.1%} (the bound above is one step's{solver})"
         )
     return "\n".join(lines)
 

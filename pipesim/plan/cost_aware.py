@@ -8,16 +8,21 @@ auto`` sweeps every registered family plus every name registered here.
 
 A builder is ``build(*, n_ranks, n_microbatches, virtual, costs,
 memory_limit_bytes) -> Schedule``, named as ``"module:function"`` so the
-planner's workers import it only when a point asks for it.
+planner's workers import it only when a point asks for it. A spec made for one
+optimizer synchronization (``sync``, :mod:`pipesim.iterations`) gets it as the
+builder's ``sync`` keyword; ``auto`` sweeps the specs of the plan's sync.
 
 >>> cost_aware_names()
-('synth',)
+('synth', 'synth-pv', 'synth-none')
+>>> cost_aware_names(sync="post-validation")
+('synth-pv',)
 >>> get_cost_aware("synth").virtual_values
 (1,)
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,11 +41,16 @@ class CostAwareSpec:
     """``"module:function"``; see the module docstring for its signature."""
     virtual_values: tuple[int, ...] = (1,)
     """Stages per rank it takes (looped placement)."""
+    sync: str | None = None
+    """The optimizer synchronization it is made for (passed to the builder as ``sync``);
+    None: any, the builder takes no ``sync``."""
 
     def build(self) -> Callable[..., Schedule]:
         """The builder function (imported on first use)."""
         module, _, function = self.builder.partition(":")
         built: Callable[..., Schedule] = getattr(importlib.import_module(module), function)
+        if self.sync is not None:
+            return functools.partial(built, sync=self.sync)
         return built
 
 
@@ -55,9 +65,14 @@ def register_cost_aware(spec: CostAwareSpec, /) -> CostAwareSpec:
     return spec
 
 
-def cost_aware_names() -> tuple[str, ...]:
-    """Registered names, in registration order."""
-    return tuple(_REGISTRY)
+def cost_aware_names(*, sync: str | None = None) -> tuple[str, ...]:
+    """Registered names, in registration order; with ``sync``, those made for it (or for
+    any sync)."""
+    return tuple(
+        name
+        for name, spec in _REGISTRY.items()
+        if sync is None or spec.sync is None or spec.sync == sync
+    )
 
 
 def get_cost_aware(name: str, /) -> CostAwareSpec | None:
@@ -65,6 +80,14 @@ def get_cost_aware(name: str, /) -> CostAwareSpec | None:
     return _REGISTRY.get(name)
 
 
-register_cost_aware(
-    CostAwareSpec(name="synth", builder="pipesim.synth.synthesize:for_planner", virtual_values=(1,))
-)
+# One synthesized schedule per optimizer synchronization: each minimizes the
+# steady-state period the plan ranks by (pipesim.synth.synthesize.for_planner).
+for _name, _sync in (("synth", "global"), ("synth-pv", "post-validation"), ("synth-none", "none")):
+    register_cost_aware(
+        CostAwareSpec(
+            name=_name,
+            builder="pipesim.synth.synthesize:for_planner",
+            virtual_values=(1,),
+            sync=_sync,
+        )
+    )

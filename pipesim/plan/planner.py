@@ -39,6 +39,7 @@ from typing import TypeVar
 
 from pipesim.costs import CostModel
 from pipesim.errors import PlanError, brief
+from pipesim.iterations import DEFAULT_SYNC, check_sync
 from pipesim.plan.budget import check_sweep
 from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.hardware import Accelerator, get_accelerator
@@ -104,6 +105,9 @@ class Dimensions:
     """Expert-parallel sizes (each expert layer's routed experts split e ways)."""
     expert_tensor: tuple[int, ...] = (1,)
     """Expert tensor-parallel sizes (each routed expert split this many ways)."""
+    optimizer_sync: str = DEFAULT_SYNC
+    """The optimizer synchronization ranked by: ``auto`` sweeps the synthesized schedule
+    made for it (:mod:`pipesim.plan.cost_aware`)."""
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
@@ -343,7 +347,7 @@ def _axes(
     virtuals = _positive_ints("virtual", dims.virtual)
     names = tuple(schedule_names()) if dims.schedules is None else tuple(dims.schedules)
     if "auto" in names:  # every registered family and the schedules made from the costs
-        names = (*schedule_names(), *cost_aware_names())
+        names = (*schedule_names(), *cost_aware_names(sync=dims.optimizer_sync))
     if not names:
         raise PlanError("no schedules to sweep; give at least one (see `pipesim schedules`)")
     specs = {name: get_cost_aware(name) or get_spec(name) for name in names}  # or unknown name
@@ -522,6 +526,8 @@ def plan(
     cluster: str | None = None,
     prune: bool = False,
     keep: int = DEFAULT_KEEP,
+    optimizer_sync: str = DEFAULT_SYNC,
+    period_candidates: int = DEFAULT_KEEP,
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
@@ -558,12 +564,14 @@ def plan(
     :mod:`pipesim.plan.prune`); the others are listed as pruned. Exact (the printed rows are
     those of ``prune=False``, which simulates every configuration) but not yet faster on the
     sweeps measured (docs/planner-speed.md), so off by default; local processes only.
+    ``optimizer_sync``: rank by the steady-state iteration period under this optimizer
+    synchronization (:mod:`pipesim.iterations`; default ``global``, Megatron-LM's, whose
+    period is the pipeline + exposed data-parallel traffic + optimizer step the sweep
+    prices); under another the ``period_candidates`` fastest by that are re-simulated
+    under it (:mod:`pipesim.plan.period`) and ranked again, and ``auto`` sweeps the
+    schedule synthesized for it.
     """
-    if prune and cluster is not None:
-        raise PlanError(
-            "pruning runs the sweep in batches on local processes and cannot use a Dask "
-            f"cluster yet (cluster={cluster!r}): drop prune (--prune) or the cluster"
-        )
+    _check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
     workload = _with_dtype(_as_workload(model), dtype)
     if isinstance(accelerator, str):
         accelerator = get_accelerator(accelerator)
@@ -589,6 +597,7 @@ def plan(
         context=tuple(context_parallel),
         expert=tuple(expert_parallel),
         expert_tensor=tuple(expert_tensor_parallel),
+        optimizer_sync=optimizer_sync,
     )
     points, refused = sweep_points(
         devices=devices,
@@ -599,7 +608,54 @@ def plan(
         dimensions=dims,
     )
     check_sweep(points, devices=devices, global_batch=global_batch)
-    context = SweepContext(
+    context = _context(
+        workload,
+        accelerator,
+        devices=devices,
+        settings=settings,
+        overlaps=(tp_comm_overlap, overlap_p2p, overlap_grad_reduce),
+    )
+    evaluations, exact_below = _evaluations(
+        context,
+        points,
+        _Run(
+            prune=prune,
+            keep=keep,
+            workers=workers,
+            timeout_s=timeout_s,
+            progress=progress,
+            partial=partial,
+            cluster=cluster,
+        ),
+    )
+    result = _plan_result(context, settings, global_batch, points, evaluations, refused)
+    result = _by_period(result, context, sync=optimizer_sync, candidates=period_candidates)
+    return _unranked_beyond(result, exact_below)
+
+
+def _check_options(*, prune: bool, cluster: str | None, optimizer_sync: str) -> None:
+    """Refuse what :func:`plan` cannot do, before any work."""
+    if prune and cluster is not None:
+        raise PlanError(
+            "pruning runs the sweep in batches on local processes and cannot use a Dask "
+            f"cluster yet (cluster={cluster!r}): drop prune (--prune) or the cluster"
+        )
+    check_sync(optimizer_sync)
+
+
+def _context(
+    workload: Workload,
+    accelerator: Accelerator,
+    *,
+    devices: int,
+    settings: _Settings,
+    overlaps: tuple[bool, bool, bool],
+) -> SweepContext:
+    """What every worker needs; ``overlaps``: tensor-parallel collectives, pipeline sends,
+    data-parallel traffic (:func:`plan`'s ``tp_comm_overlap``, ``overlap_p2p``,
+    ``overlap_grad_reduce``)."""
+    tp_comm_overlap, overlap_p2p, overlap_grad_reduce = overlaps
+    return SweepContext(
         workload=workload,
         accelerator=accelerator,
         devices=devices,
@@ -611,30 +667,80 @@ def plan(
         overlap_p2p=overlap_p2p,
         overlap_grad_reduce=overlap_grad_reduce,
     )
-    exact_below = math.inf
-    if prune:
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Run:
+    """How the sweep runs (:func:`plan`'s arguments of the same names)."""
+
+    prune: bool
+    keep: int
+    workers: int | None
+    timeout_s: float
+    progress: Callable[[int, int], None] | None
+    partial: bool
+    cluster: str | None
+
+
+def _evaluations(
+    context: SweepContext, points: list[Point], run: _Run
+) -> tuple[list[Evaluation], float]:
+    """Every point's evaluation, and the step time below which the ranking is exact
+    (infinite unless pruned)."""
+    if run.prune:
         searched = evaluate_best_first(
             context,
             points,
-            keep=keep,
-            workers=workers,
-            timeout_s=timeout_s,
-            progress=progress,
-            partial=partial,
+            keep=run.keep,
+            workers=run.workers,
+            timeout_s=run.timeout_s,
+            progress=run.progress,
+            partial=run.partial,
         )
-        evaluations, exact_below = searched.evaluations, searched.exact_below_ns
-    else:
-        evaluations = evaluate_points(
-            context,
-            points,
-            workers=workers,
-            timeout_s=timeout_s,
-            progress=progress,
-            partial=partial,
-            cluster=cluster,
-        )
-    result = _plan_result(context, settings, global_batch, points, evaluations, refused)
-    return _unranked_beyond(result, exact_below)
+        return searched.evaluations, searched.exact_below_ns
+    evaluations = evaluate_points(
+        context,
+        points,
+        workers=run.workers,
+        timeout_s=run.timeout_s,
+        progress=run.progress,
+        partial=run.partial,
+        cluster=run.cluster,
+    )
+    return evaluations, math.inf
+
+
+def _by_period(
+    result: PlanResult, context: SweepContext, *, sync: str, candidates: int
+) -> PlanResult:
+    """``result`` ranked by the steady-state period under ``sync``. Under ``global`` that
+    is the sweep's step time already. Otherwise the ``candidates`` fastest that fit are
+    re-simulated under ``sync`` (:func:`pipesim.plan.period.period_ns`) and every point
+    ranked again: a period under ``post-validation`` or ``none`` is never longer than under
+    ``global`` (each rank is released no later), so the others keep an upper bound."""
+    if sync == DEFAULT_SYNC:
+        return replace(result, optimizer_sync=sync)
+    from pipesim.plan.period import period_ns
+
+    chosen = {id(p) for p in result.fitting[:candidates]}
+    points = []
+    for point in result.points:
+        if id(point) in chosen:
+            assert point.allreduce_time_ns is not None
+            ns = period_ns(
+                context, _sweep_point(point), after_ns=point.allreduce_time_ns, sync=sync
+            )
+            tokens, mfu = _throughput(
+                ns,
+                workload=context.workload,
+                accelerator=context.accelerator,
+                devices=context.devices,
+                global_batch=result.global_batch,
+            )
+            point = replace(point, step_time_ns=ns, tokens_per_s=tokens, mfu=mfu, period_sync=sync)
+        points.append(point)
+    ranked = _with_winner_sends(context, rank_points(points))
+    return replace(result, points=ranked, optimizer_sync=sync, period_candidates=len(chosen))
 
 
 def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
@@ -750,12 +856,7 @@ def _plan_result(
         [e.fingerprint for e in evaluations],
     )
     spec = workload.spec
-    ranked = rank_points(plan_points + refused)
-    if ranked and ranked[0].fits:  # what the winner's sends cost: one more simulation
-        best = ranked[0]
-        assert best.pipeline_time_ns is not None
-        sends = pipeline_comm_ns(context, _sweep_point(best), makespan_ns=best.pipeline_time_ns)
-        ranked = (replace(best, pp_comm_time_ns=sends), *ranked[1:])
+    ranked = _with_winner_sends(context, rank_points(plan_points + refused))
     return PlanResult(
         model=workload.name,
         accelerator=context.accelerator,
@@ -774,6 +875,18 @@ def _plan_result(
         overlap_p2p=context.overlap_p2p,
         dtype=None if spec is None else spec.dtype,
     )
+
+
+def _with_winner_sends(
+    context: SweepContext, ranked: tuple[PlanPoint, ...]
+) -> tuple[PlanPoint, ...]:
+    """``ranked`` with what the winner's sends cost (one more simulation), once."""
+    if not ranked or not ranked[0].fits or ranked[0].pp_comm_time_ns is not None:
+        return ranked
+    best = ranked[0]
+    assert best.pipeline_time_ns is not None
+    sends = pipeline_comm_ns(context, _sweep_point(best), makespan_ns=best.pipeline_time_ns)
+    return (replace(best, pp_comm_time_ns=sends), *ranked[1:])
 
 
 #: Which name an identical configuration keeps: the schedules frameworks run by name.

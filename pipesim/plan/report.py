@@ -165,6 +165,12 @@ def format_table(result: PlanResult, /, *, top: int = 10) -> str:
         f"{result.global_batch}: {len(result.points)} configurations, {len(simulated)} "
         f"simulated, {len(fitting)} fit"
     )
+    if result.optimizer_sync != "global":
+        head += (
+            f"; step s is the steady-state period under {result.optimizer_sync} optimizer "
+            f"sync for the {result.period_candidates} fastest re-simulated over iterations, "
+            "the global sync's (an upper bound) for the rest"
+        )
     shown = list(fitting[:top]) if fitting else simulated[:top]
     pareto_more = [p for p in result.pareto if p not in shown][:top]
     # one table in two parts: the same unit and column widths
@@ -220,13 +226,18 @@ def _winner_lines(result: PlanResult) -> list[str]:
         "iteration (s): "
         + ", ".join(
             f"{name} {parts[name]:.3g}"
-            for name in ("pipeline", *inside, "dp_comm", "optimizer", "step")
+            for name in ("pipeline", *inside, "dp_comm", "optimizer", *_overlap(parts), "step")
         )
         + f" ({', '.join(inside)} are inside pipeline; pp_comm, the time the sends between "
         "stages cost, mostly within bubble)",
         "Megatron-LM: " + megatron_args(result, best),
         "torchtitan:  " + torchtitan_args(result, best),
     ]
+
+
+def _overlap(parts: dict[str, float]) -> tuple[str, ...]:
+    """``next_step_overlap`` where the next step starts before this one's end."""
+    return ("next_step_overlap",) if parts.get("next_step_overlap", 0) > 0 else ()
 
 
 _CSV_FIELDS = (

@@ -98,6 +98,10 @@ class PlanPoint:
     """On the step-time / memory Pareto front (of configurations that fit)."""
     evaluated: bool = True
     """False when the sweep stopped (deadline, Ctrl-C) before reaching this point."""
+    period_sync: str = "global"
+    """The optimizer synchronization whose steady-state iteration period ``step_time_ns``
+    is (:mod:`pipesim.iterations`): ``global``, pipeline + dp_comm + optimizer; another
+    where the plan re-simulated this point under it (:mod:`pipesim.plan.period`)."""
 
     @property
     def feasible(self) -> bool:
@@ -182,6 +186,7 @@ class PlanPoint:
             "pareto": self.pareto,
             "reason": self.reason,
             "evaluated": self.evaluated,
+            "period_sync": self.period_sync,
         }
 
     def parts_s(self) -> dict[str, float] | None:
@@ -208,6 +213,12 @@ class PlanPoint:
             "dp_comm": s(self.dp_comm_time_ns),
             "dp_comm_hidden": s((self.dp_comm_total_ns or 0) - (self.dp_comm_time_ns or 0)),
             "optimizer": s(self.optimizer_time_ns),
+            # what the next step's start overlaps of this one's (a sync other than global)
+            "next_step_overlap": s(
+                (self.pipeline_time_ns or 0)
+                + (self.allreduce_time_ns or 0)
+                - (self.step_time_ns or 0)
+            ),
             "step": s(self.step_time_ns),
         }
 
@@ -294,6 +305,11 @@ class PlanResult:
     """Pipeline sends ran beside compute (``--overlap-p2p``)."""
     dtype: str | None = None
     """The training precision the plan priced (None: the model's own)."""
+    optimizer_sync: str = "global"
+    """The optimizer synchronization the plan ranks by (its steady-state period)."""
+    period_candidates: int = 0
+    """With a sync other than ``global``: the fastest configurations (by the global
+    period) re-simulated under it; the others keep the global period, never shorter."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -341,6 +357,8 @@ class PlanResult:
             "usable_memory_bytes": self.usable_memory_bytes,
             "min_mfu": self.min_mfu,
             "engine": self.engine,
+            "optimizer_sync": self.optimizer_sync,
+            "period_candidates": self.period_candidates,
             "complete": self.stopped is None,
             "stopped": self.stopped,
             "n_points": len(self.points),

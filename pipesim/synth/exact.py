@@ -11,8 +11,18 @@ The model (Qi et al. 2024 solve the same problem as an ILP, sec. 3.2):
 - each rank's activation bytes, a reservoir changed at the starts and ends of
   F, I and W exactly as the engine changes them (:func:`pipesim.memory.op_effects`);
   the level stays within the limit;
-- minimise the makespan. Micro-batches are interchangeable, so stage 0 takes
-  them in order (the only symmetry broken: every schedule can be renumbered so).
+- minimise the makespan, or (``objective="period"``) the steady-state iteration
+  period under an optimizer synchronization (:mod:`pipesim.iterations`): the step
+  repeated every ``P`` is feasible when each rank's next first action, ``P`` after
+  this one's, comes no earlier than its release (its optimizer step's end under the
+  rule), so ``P >= release[r] - first_start[r]`` on every rank; the engine runs the
+  same orders as early as their inputs allow, never later than that rigid
+  repetition, so the period it finds is at most the solver's ``P``.
+  Micro-batches are interchangeable (every micro-batch costs the same on a stage), so
+  each stage runs its F, its I and its W in micro-batch order: an exchange of two
+  passes of one op on one stage keeps every dependency and every memory level,
+  so every schedule can be renumbered so (the zero-bubble repository's scheduler,
+  ``zerobubble/scheduler/zb.py``, orders them the same way).
 
 Links are modelled without contention and senders never wait, a relaxation of
 the engine: the solver's bound is a lower bound for pipesim's makespan of any
@@ -37,14 +47,18 @@ from pipesim.cost_tables import message_bytes
 from pipesim.errors import PipesimError
 from pipesim.exact import Time, whole_or_fraction
 from pipesim.graph import validate
+from pipesim.iterations import DEFAULT_SYNC, check_sync
 from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
 from pipesim.synth.problem import Problem, durations_of
 
-__all__ = ["MAX_EXACT_ACTIONS", "ExactSolution", "solve_exact"]
+__all__ = ["MAX_EXACT_ACTIONS", "MAX_SEEDED_ACTIONS", "ExactSolution", "solve_exact"]
 
 #: Beyond this many actions the model is too big to solve or prove in seconds.
 MAX_EXACT_ACTIONS = 600
+#: With a seed schedule (``hint``) the solver improves on a known schedule within its
+#: time limit, never returning a worse one, so larger problems are worth a try.
+MAX_SEEDED_ACTIONS = 10_000
 
 _OPS = (Op.F, Op.I, Op.W)
 
@@ -63,6 +77,11 @@ class ExactSolution:
     """The solver proved ``makespan == bound``."""
     status: str
     wall_s: float
+    objective: str = "step"
+    """What was minimised: ``step`` (the makespan) or ``period``."""
+    period: Time | None = None
+    """With ``objective="period"``: the best schedule's period in the solver's model (an
+    upper bound on the engine's); ``bound`` is then a bound on the period."""
 
 
 def solve_exact(
@@ -72,22 +91,45 @@ def solve_exact(
     time_limit_s: float = 10.0,
     horizon: Time | None = None,
     workers: int = 1,
+    objective: str = "step",
+    sync: str = DEFAULT_SYNC,
+    hint: Schedule | None = None,
+    work_limit: float | None = None,
 ) -> ExactSolution:
     """Solve ``problem`` with CP-SAT; ``horizon`` (a known makespan) prunes the search.
+
+    ``objective``: ``step`` (the makespan) or ``period`` (the steady-state period under
+    the optimizer synchronization ``sync``). ``hint``: a schedule to start from (its
+    engine times), which lets problems of up to :data:`MAX_SEEDED_ACTIONS` actions be
+    tried. ``work_limit``: CP-SAT's deterministic time limit, so that with one worker
+    and its fixed seed the answer does not depend on the machine's speed or load
+    (``time_limit_s`` still caps the wall time).
 
     >>> from pipesim.synth.problem import make_problem
     >>> pb = make_problem(n_ranks=2, n_microbatches=2, memory_limit=2)
     >>> solve_exact(pb).bound  # rank 1 starts after one F, then 6 actions of work
     7
+    >>> solve_exact(pb, objective="period", sync="none").period  # rank 0 waits 1 for 1I0
+    7
     """
     cp_model = _import_cp_model()
-    _check_size(problem)
+    check_sync(sync)
+    if objective not in ("step", "period"):
+        raise PipesimError(f"objective must be step or period, got {objective!r}")
+    _check_size(problem, seeded=hint is not None)
     times = _ScaledTimes.of(problem)
-    top = times.to_int(horizon) if horizon is not None else times.serial_total(problem)
-    built = _build_model(cp_model, problem, times, top=top)
+    top = times.serial_total(problem)
+    if horizon is not None and objective == "step":
+        top = times.to_int(horizon)
+    built = _build_model(cp_model, problem, times, top=top, objective=objective, sync=sync)
+    if hint is not None:
+        _add_hint(built, problem, hint)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
     began = time.perf_counter()
     status = solver.solve(built.model)
     wall = time.perf_counter() - began
@@ -105,13 +147,15 @@ def _import_cp_model() -> Any:
     return cp_model
 
 
-def _check_size(problem: Problem) -> None:
-    """Refuse a problem of more than :data:`MAX_EXACT_ACTIONS` actions."""
+def _check_size(problem: Problem, *, seeded: bool = False) -> None:
+    """Refuse a problem of more than :data:`MAX_EXACT_ACTIONS` actions
+    (:data:`MAX_SEEDED_ACTIONS` with a seed schedule)."""
     n_stages, m = problem.n_stages, problem.n_microbatches
     n_actions = 3 * n_stages * m
-    if n_actions > MAX_EXACT_ACTIONS:
+    most = MAX_SEEDED_ACTIONS if seeded else MAX_EXACT_ACTIONS
+    if n_actions > most:
         raise PipesimError(
-            f"the exact solver is for small problems (at most {MAX_EXACT_ACTIONS} actions), "
+            f"the exact solver is for small problems (at most {most} actions), "
             f"this one has {n_actions} (3 x {n_stages} stages x {m} micro-batches); drop "
             "--exact or use fewer micro-batches"
         )
@@ -137,18 +181,26 @@ class _ScaledTimes:
     durations: dict[tuple[int, Op], int]
     delays_f: list[int]
     delays_i: list[int]
+    optimizer: list[int]
+    """Per rank its optimizer step (its stages' ``optimizer`` times summed)."""
+    sync_time: int
 
     @classmethod
     def of(cls, problem: Problem) -> _ScaledTimes:
         durations, delays_f, delays_i = _times(problem)
-        scale = math.lcm(
-            *(Fraction(t).denominator for t in (*durations.values(), *delays_f, *delays_i))
-        )
+        optimizer: list[Time] = [0] * problem.n_ranks
+        for stage, rank in enumerate(problem.placement):
+            optimizer[rank] += problem.costs.stage(stage).optimizer
+        sync_time = problem.costs.sync_time
+        every = (*durations.values(), *delays_f, *delays_i, *optimizer, sync_time)
+        scale = math.lcm(*(Fraction(t).denominator for t in every))
         return cls(
             scale=scale,
             durations={key: _scaled(d, scale) for key, d in durations.items()},
             delays_f=[_scaled(t, scale) for t in delays_f],
             delays_i=[_scaled(t, scale) for t in delays_i],
+            optimizer=[_scaled(t, scale) for t in optimizer],
+            sync_time=_scaled(sync_time, scale),
         )
 
     def to_int(self, t: Time) -> int:
@@ -158,9 +210,11 @@ class _ScaledTimes:
         return whole_or_fraction(Fraction(value, self.scale))
 
     def serial_total(self, problem: Problem) -> int:
-        """Every action and message one after another: no schedule needs a longer horizon."""
+        """Every action and message one after another, then every optimizer step and
+        synchronization: no schedule needs a longer horizon, nor a longer period."""
         m = problem.n_microbatches
-        return sum(self.durations.values()) * m + sum((*self.delays_f, *self.delays_i)) * m
+        work = sum(self.durations.values()) * m + sum((*self.delays_f, *self.delays_i)) * m
+        return work + sum(self.optimizer) + self.sync_time * problem.n_ranks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,18 +227,100 @@ class _Model:
     top: int
     """The horizon, scaled: every start and the makespan lie within ``[0, top]``."""
     times: _ScaledTimes
+    objective: str = "step"
+    period: Any = None
+    """With the ``period`` objective: the period's variable, which is minimised."""
 
 
-def _build_model(cp_model: Any, problem: Problem, times: _ScaledTimes, *, top: int) -> _Model:
-    """The module's model: intervals, data flow, memory, and the makespan to minimise."""
+def _build_model(
+    cp_model: Any,
+    problem: Problem,
+    times: _ScaledTimes,
+    *,
+    top: int,
+    objective: str = "step",
+    sync: str = DEFAULT_SYNC,
+) -> _Model:
+    """The module's model: intervals, data flow, memory, and the makespan (or the
+    period) to minimise."""
     model = cp_model.CpModel()
     start, end = _intervals(model, problem, times, top=top)
     _data_flow(model, problem, times, start, end)
     _memory(model, problem, start, end)
     makespan = model.new_int_var(0, top, "makespan")
     model.add_max_equality(makespan, list(end.values()))
-    model.minimize(makespan)
-    return _Model(model=model, start=start, makespan=makespan, top=top, times=times)
+    period = None
+    if objective == "period":
+        period = _period(model, problem, times, start, end, top=top, sync=sync)
+        model.minimize(period)
+    else:
+        model.minimize(makespan)
+    return _Model(
+        model=model,
+        start=start,
+        makespan=makespan,
+        top=top,
+        times=times,
+        objective=objective,
+        period=period,
+    )
+
+
+def _period(
+    model: Any,
+    problem: Problem,
+    times: _ScaledTimes,
+    start: dict[_Key, Any],
+    end: dict[_Key, Any],
+    *,
+    top: int,
+    sync: str,
+) -> Any:
+    """The period ``P``: at least every rank's release (its optimizer step's end under
+    ``sync``, the rules of :mod:`pipesim.iterations`) minus its first
+    start. In micro-batch order a rank's first action is the F of micro-batch 0 on one
+    of its stages and its last the W of the last micro-batch on one of them."""
+    last_k = problem.n_microbatches - 1
+    model.add(start[0, Op.F, 0] == 0)  # every action follows it: fix the time origin
+    first, last = [], []
+    for rank in range(problem.n_ranks):
+        stages = problem.stages_of(rank)
+        first.append(model.new_int_var(0, top, f"first{rank}"))
+        model.add_min_equality(first[-1], [start[s, Op.F, 0] for s in stages])
+        last.append(model.new_int_var(0, top, f"last{rank}"))
+        model.add_max_equality(last[-1], [end[s, Op.W, last_k] for s in stages])
+    ready: list[Any] = []
+    if sync == "none":
+        ready = last
+    elif sync == "global":
+        every = model.new_int_var(0, top, "all_done")
+        model.add_max_equality(every, last)
+        ready = [every + times.sync_time] * problem.n_ranks
+    else:  # post-validation: the partial reduction passes rank to rank
+        for rank, done in enumerate(last):
+            if not ready:
+                ready.append(done)
+                continue
+            here = model.new_int_var(0, 2 * top, f"ready{rank}")
+            model.add_max_equality(here, [done, ready[-1] + times.sync_time])
+            ready.append(here)
+    period = model.new_int_var(0, 2 * top, "period")
+    for rank in range(problem.n_ranks):
+        model.add(period >= ready[rank] + times.optimizer[rank] - first[rank])
+    return period
+
+
+def _add_hint(built: _Model, problem: Problem, hint: Schedule) -> None:
+    """Start the search from ``hint``'s engine times (as early as its orders allow)."""
+    from pipesim.engine import simulate
+
+    trace = simulate(hint, costs=problem.costs, check=False).trace
+    origin = min(record.start for record in trace.actions)
+    for record in trace.actions:
+        work = record.work
+        if isinstance(work, Action) and (work.stage, work.op, work.microbatch) in built.start:
+            value = built.times.to_int(record.start - origin)
+            built.model.add_hint(built.start[work.stage, work.op, work.microbatch], value)
 
 
 def _intervals(
@@ -218,7 +354,8 @@ def _data_flow(
     end: dict[_Key, Any],
 ) -> None:
     """F after the previous stage's F and its message, I after F and the next stage's I
-    and its message, W after I; stage 0 takes the micro-batches in order (symmetry)."""
+    and its message, W after I; each stage runs each op in micro-batch order (symmetry,
+    the module docstring)."""
     n_stages, m = problem.n_stages, problem.n_microbatches
     for s in range(n_stages):
         for k in range(m):
@@ -228,8 +365,10 @@ def _data_flow(
             if s + 1 < n_stages:
                 model.add(start[s, Op.I, k] >= end[s + 1, Op.I, k] + times.delays_i[s])
             model.add(start[s, Op.W, k] >= end[s, Op.I, k])
-    for k in range(1, m):
-        model.add(start[0, Op.F, k] >= end[0, Op.F, k - 1])
+    for s in range(n_stages):
+        for op in _OPS:
+            for k in range(1, m):
+                model.add(start[s, op, k] >= end[s, op, k - 1])
 
 
 def _solution(
@@ -241,7 +380,8 @@ def _solution(
     bound = times.to_time(math.ceil(solver.best_objective_bound - 1e-9))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # Infeasible within the horizon: nothing beats the horizon itself.
-        floor = times.to_time(built.top) if status == cp_model.INFEASIBLE else 0
+        infeasible = status == cp_model.INFEASIBLE and built.objective == "step"
+        floor = times.to_time(built.top) if infeasible else 0
         return ExactSolution(
             schedule=None,
             makespan=None,
@@ -249,17 +389,22 @@ def _solution(
             optimal=False,
             status=name,
             wall_s=wall_s,
+            objective=built.objective,
         )
     values = {key: solver.value(var) for key, var in built.start.items()}
     schedule = _orders(problem, values, times.durations)
-    objective = times.to_time(solver.value(built.makespan))
+    makespan = times.to_time(solver.value(built.makespan))
+    period = None if built.period is None else times.to_time(solver.value(built.period))
+    objective = makespan if period is None else period
     return ExactSolution(
         schedule=schedule,
-        makespan=objective,
+        makespan=makespan,
         bound=objective if status == cp_model.OPTIMAL else bound,
         optimal=status == cp_model.OPTIMAL,
         status=name,
         wall_s=wall_s,
+        objective=built.objective,
+        period=period,
     )
 
 

@@ -109,6 +109,9 @@ class SynthesisResult:
     iterations: Iterations | None = None
     """With the ``period`` objective: the winner's iterations re-simulated by the engine
     under the synchronization asked for (its period and the bubble against it)."""
+    period_lower_bound: Time | None = None
+    """With the ``period`` objective and the exact solver: its proven bound on the period
+    (of schedules that split every backward; None where a full B could be cheaper)."""
 
     @property
     def gap(self) -> Fraction:
@@ -148,6 +151,9 @@ class SynthesisResult:
             data["optimizer_sync"] = self.iterations.sync
             data["period"] = periods["period"]
             data["period_bubble_ratio"] = periods["period_bubble_ratio"]
+            data["period_lower_bound"] = (
+                None if self.period_lower_bound is None else as_number(self.period_lower_bound)
+            )
         return data
 
 
@@ -184,6 +190,10 @@ def synthesize(
     optimizer synchronization ``sync`` (:mod:`pipesim.iterations`) instead of one step's
     makespan: with ``post-validation`` the next iteration's work fills a step's fill and
     drain, so the longest per-rank span counts, as the zero-bubble paper's scheduler does.
+    With ``period`` and ``exact`` the solver minimizes the period itself, seeded with the
+    best candidate's schedule, within a deterministic work limit (``exact_time_limit_s``
+    x :data:`WORK_PER_SECOND`, one worker, a fixed seed: the same answer on any machine
+    that does that work within :data:`WALL_FACTOR` x ``exact_time_limit_s`` of wall time).
     """
     if objective not in OBJECTIVES:
         raise PipesimError(
@@ -207,9 +217,9 @@ def synthesize(
         builtins=builtins,
         quick=quick,
         progress=progress,
+        objective=objective,
+        sync=sync,
     )
-    if objective == "period":
-        pool = replace(pool, candidates=_with_periods(problem, pool.candidates, sync))
     result = _result(problem, pool, _choose(problem, pool.candidates))
     if objective == "step":
         return result
@@ -237,6 +247,8 @@ class _Pool:
     candidates: list[Candidate]
     bound: Time
     optimal: bool
+    period_bound: Time | None = None
+    """With the period objective and the solver: no schedule's period is shorter."""
 
 
 def _candidate_pool(
@@ -247,9 +259,12 @@ def _candidate_pool(
     builtins: bool,
     quick: bool,
     progress: Callable[[int, int], None] | None,
+    objective: str = "step",
+    sync: str = DEFAULT_SYNC,
 ) -> _Pool:
     """The greedy policies', the built-ins' and the solver's candidates, each ticked off
-    on ``progress`` as it is done."""
+    on ``progress`` as it is done; with the ``period`` objective only those that fit,
+    each with its period, and the solver minimizing the period."""
     total = len(policies(problem, quick=quick))
     total += (len(schedule_names()) if builtins else 0) + (1 if exact else 0)
     tick = _Ticks(progress, total=total)
@@ -257,11 +272,63 @@ def _candidate_pool(
     if builtins:
         candidates += builtin_candidates(problem, tick=tick)
     bound = lower_bound(problem)
+    if objective == "period":
+        candidates = _with_periods(problem, candidates, sync)
     if not exact:
         return _Pool(candidates=candidates, bound=bound, optimal=False)
-    pool = _with_exact(problem, candidates, bound=bound, time_limit_s=exact_time_limit_s)
+    if objective == "period":
+        pool = _with_exact_period(
+            problem, candidates, bound=bound, sync=sync, time_limit_s=exact_time_limit_s
+        )
+    else:
+        pool = _with_exact(problem, candidates, bound=bound, time_limit_s=exact_time_limit_s)
     tick()
     return pool
+
+
+#: CP-SAT's deterministic work limit per second of ``exact_time_limit_s`` for the period
+#: objective: with one worker and a fixed seed the answer is then the same on every
+#: machine and under any load, as long as the wall limit (:data:`WALL_FACTOR` times
+#: ``exact_time_limit_s``, a guard) is not reached first.
+WORK_PER_SECOND = 0.1
+WALL_FACTOR = 3
+
+
+def _with_exact_period(
+    problem: Problem,
+    candidates: list[Candidate],
+    *,
+    bound: Time,
+    sync: str,
+    time_limit_s: float,
+) -> _Pool:
+    """``candidates`` plus the solver's schedule minimizing the period under ``sync``,
+    seeded with the best candidate's (so larger problems can be tried, and the solver's
+    schedule is kept only if the engine finds its period no longer). The solver's bound is
+    on the period, not the makespan: ``bound`` stays the makespan's."""
+    from pipesim.synth.exact import solve_exact
+
+    seed = min(candidates, key=_rank, default=None)
+    solution = solve_exact(
+        problem,
+        objective="period",
+        sync=sync,
+        hint=None if seed is None else seed.schedule,
+        time_limit_s=time_limit_s * WALL_FACTOR,
+        work_limit=time_limit_s * WORK_PER_SECOND,
+    )
+    if solution.schedule is not None:
+        found = evaluate_candidate(problem, solution.schedule, name="exact")
+        if found.fits:
+            found = _with_periods(problem, [found], sync)[0]
+            candidates = [*candidates, found]
+    # A bound on the period of every schedule that splits its backwards and repeats every
+    # iteration (its steady iteration is one of the solver's rigid repetitions); links
+    # without contention, so it holds for the engine's period too.
+    period_bound = solution.bound if split_is_cheapest(problem) else None
+    return _Pool(
+        candidates=candidates, bound=bound, optimal=solution.optimal, period_bound=period_bound
+    )
 
 
 def _with_exact(
@@ -326,7 +393,10 @@ def _result(problem: Problem, pool: _Pool, choice: _Choice) -> SynthesisResult:
     validate(schedule)
     metrics = metrics_of(schedule, problem.costs, choice.step)
     # The solver's optimum ignores link contention: proven only if met here.
-    optimal = pool.optimal and metrics.makespan == pool.bound
+    if pool.period_bound is None:
+        optimal = pool.optimal and metrics.makespan == pool.bound
+    else:
+        optimal = best.period == pool.period_bound
     builtin = [c for c in choice.fitting if c.builtin]
     best_builtin = min(builtin, key=_rank) if builtin else None
     builtin_metrics = None
@@ -344,6 +414,7 @@ def _result(problem: Problem, pool: _Pool, choice: _Choice) -> SynthesisResult:
         candidates=tuple(choice.candidates),
         best_builtin=best_builtin,
         best_builtin_metrics=builtin_metrics,
+        period_lower_bound=pool.period_bound,
     )
 
 
@@ -371,9 +442,13 @@ def for_planner(
     virtual: int,
     costs: CostModel,
     memory_limit_bytes: int,
+    sync: str = DEFAULT_SYNC,
 ) -> Schedule:
     """The planner's builder (:mod:`pipesim.plan.cost_aware`): the synthesized schedule
-    for this configuration, within the device memory left for activations."""
+    for this configuration, within the device memory left for activations, chosen by the
+    steady-state period under ``sync``. (The sweep prices the optimizer step after the
+    pipeline, so ``costs`` carry none: under ``global`` the period is then the step's
+    makespan, and the step objective gives the same schedule for less work.)"""
     return synthesize(
         n_ranks=n_ranks,
         n_microbatches=n_microbatches,
@@ -381,6 +456,8 @@ def for_planner(
         costs=costs,
         virtual=virtual,
         quick=True,
+        objective="step" if sync == "global" else "period",
+        sync=sync,
     ).schedule
 
 
