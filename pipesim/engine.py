@@ -202,56 +202,99 @@ def _run(
     """Run the step; a run that cannot finish is :func:`deadlock_error`, naming where each
     stuck rank waits when ``name_blocked``. Each rank's clock starts at its ``release``
     time (0 without)."""
-    env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
-    structure = step.structure
-    n_ranks = structure.schedule.n_ranks
-    # Per node its start and end; per arrival (message or signal) its arrival time once
-    # known (-1 before), and the event its consumer waits on (made only if it blocks,
-    # dropped once it fired); whether it goes over a link that costs time.
-    starts, ends, arrival_at = _time_columns(step)
-    waiters: list[Any] = [None] * structure.n_arrivals
-    on_link = _on_link(step)
+    run = _RunState(step, release=release)
+    for rank, program in enumerate(step.structure.programs):
+        run.env.process(run.run_rank(rank, program))
+    run.env.run()
+    stuck = [rank for rank in range(run.n_ranks) if run.waiting_at[rank] != _DONE]
+    if stuck:
+        blocked = [run.waiting_at[rank] for rank in stuck] if name_blocked else []
+        raise deadlock_error(step.structure, blocked=blocked)
+    left = run.rendezvous.times if run.rendezvous is not None else None
+    return _trace(step, run.starts, run.ends, run.links, run.peaks, run.blocked_at, left, release)
 
-    def deliver(arrival: int) -> None:  # a link's message arrives now
-        arrival_at[arrival] = env.now
-        waiter = waiters[arrival]
+
+_DONE = -2
+"""``_RunState.waiting_at`` of a rank that ran its whole program."""
+
+
+class _RunState:
+    """One run of the engine: its SimPy environment, what it has found so far (per node
+    its start and end, per arrival its time), and the rules it reads from the compiled
+    step. :meth:`run_rank` is the process of one rank."""
+
+    def __init__(self, step: CompiledStep, *, release: Sequence[Time] | None) -> None:
+        structure = step.structure
+        self.env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
+        self.step = step
+        self.n_ranks = structure.schedule.n_ranks
+        self.release = release
+        """Per rank when its first work may start (None: 0 everywhere)."""
+        self.starts, self.ends, self.arrival_at = _time_columns(step)
+        """Per node its start and end; per arrival (message or signal) its arrival time
+        once known (-1 before)."""
+        self.waiters: list[Any] = [None] * structure.n_arrivals
+        """Per arrival the event its consumer waits on: made only if it blocks, dropped
+        once it fired."""
+        self.on_link = _on_link(step)
+        """Per arrival, 1 for a message whose link costs time."""
+        self.links = _Links(self.env, step, self.deliver) if any(self.on_link) else None
+        self.rendezvous = (
+            _Rendezvous(self.env, step, self.links, self.deliver)
+            if step.costs.send_mode != "eager"
+            else None
+        )
+        self.peaks: list[tuple[int, int]] = [(0, 0)] * self.n_ranks
+        """Per rank the most activation bytes and stage-micro-batches it held at once."""
+        self.waiting_at = [-1] * self.n_ranks
+        """Per rank the node it last blocked at; ``_DONE`` once it ran its program."""
+        self.blocked_at: dict[int, Time] = {}
+        """Node -> when its rank began to wait for it (only sends and receives report it,
+        ``CommRecord.posted``)."""
+        self.posts = (
+            self.rendezvous.posts
+            if self.rendezvous is not None
+            else (posted_after(structure) if any(step.posting) else None)
+        )
+        """Per node (-1: before a rank's first) the receives posted after it; None when
+        posting costs nothing and no send waits for it (``Link.post_overhead``,
+        :func:`pipesim.cost_tables.post_times`)."""
+        self.receivers = [m.dst_rank for m in structure.messages]
+        """Per message its receiving rank."""
+        self.leads = step.leads if self.rendezvous is None else {}
+        """Messages that leave before their producer ends (:func:`pipesim.step.send_leads`;
+        a rendezvous send leaves when its producer ends and its receive is posted)."""
+        self.early = send_order(structure, self.leads)
+        """Such a producer's outputs in the order they leave."""
+
+    def deliver(self, arrival: int) -> None:
+        """A link's message arrives now."""
+        self.arrival_at[arrival] = self.env.now
+        waiter = self.waiters[arrival]
         if waiter is not None:
             waiter.succeed()
 
-    links = _Links(env, step, deliver) if any(on_link) else None
-    rendezvous = _Rendezvous(env, step, links, deliver) if step.costs.send_mode != "eager" else None
-    overlap_comm = step.costs.overlap_comm
-    durations, effects = step.durations, step.effects
-    inputs, outputs = structure.inputs, structure.outputs
-    timeout, event = env.timeout, env.event
-    peaks = [(0, 0)] * n_ranks
-    waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
-    blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
-    has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
-    # Per node (-1: before a rank's first), the receives posted after it, and what posting
-    # each costs its rank (Link.post_overhead, pipesim.cost_tables.post_times).
-    posting = step.posting
-    posts = (
-        rendezvous.posts
-        if rendezvous is not None
-        else (posted_after(structure) if any(posting) else None)
-    )
-    n_messages = structure.n_messages
-    receivers = [m.dst_rank for m in structure.messages]
-    # Messages that leave before their producer ends (pipesim.step.send_leads; a
-    # rendezvous send leaves when its producer ends and its receive is posted), and such
-    # a producer's outputs in the order they leave.
-    leads = step.leads if rendezvous is None else {}
-    early = send_order(structure, leads)
+    def run_rank(self, rank: int, order: Sequence[int]) -> Any:
+        """The SimPy process of ``rank``: run ``order`` (semantics in the module docstring).
 
-    def run_rank(rank: int, order: Sequence[int]) -> Any:
+        The hot loop of the engine: it reads the run state through locals (attribute
+        reads per node would cost a tenth of its speed)."""
+        env, timeout, event = self.env, self.env.timeout, self.env.event
+        step, structure = self.step, self.step.structure
+        durations, effects = step.durations, step.effects
+        inputs, outputs = structure.inputs, structure.outputs
+        starts, ends, arrival_at, waiters = self.starts, self.ends, self.arrival_at, self.waiters
+        waiting_at, blocked_at, posts = self.waiting_at, self.blocked_at, self.posts
+        on_link, links, rendezvous = self.on_link, self.links, self.rendezvous
+        leads, early, n_messages = self.leads, self.early, structure.n_messages
+        has_comms, overlap_comm = bool(structure.comms), step.costs.overlap_comm
         held_bytes = inflight = peak_bytes = peak_inflight = 0
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
-        clock: Time = 0 if release is None else release[rank]
+        clock: Time = 0 if self.release is None else self.release[rank]
         if posts is not None and -1 in posts:  # receives posted before the rank's first node
-            mine = [m for m in posts[-1] if receivers[m] == rank]
-            clock = yield from post_receives(mine, clock)
+            mine = [m for m in posts[-1] if self.receivers[m] == rank]
+            clock = yield from self.post_receives(mine, clock)
         for node in order:
             start = clock
             for arrival in inputs[node]:
@@ -315,31 +358,22 @@ def _run(
                 clock = env.now
             if posts is not None and node in posts:
                 # After its sends, the rank posts the receives the lowering puts here.
-                clock = yield from post_receives(posts[node], clock)
-        waiting_at[rank] = -2
-        peaks[rank] = (peak_bytes, peak_inflight)
+                clock = yield from self.post_receives(posts[node], clock)
+        waiting_at[rank] = _DONE
+        self.peaks[rank] = (peak_bytes, peak_inflight)
 
-    def post_receives(messages: Sequence[int], clock: Time) -> Any:
+    def post_receives(self, messages: Sequence[int], clock: Time) -> Any:
         """Post ``messages``' receives from ``clock`` on, one after the other, each paying
         its posting time; returns when the rank is done."""
+        env, rendezvous, posting = self.env, self.rendezvous, self.step.posting
         for message in messages:
             if rendezvous is not None:
                 if clock != env.now:
-                    yield timeout(clock - env.now)
+                    yield env.timeout(clock - env.now)
                 rendezvous.post((message,))
             if posting:
                 clock += posting[message]
         return clock
-
-    for rank, program in enumerate(structure.programs):
-        env.process(run_rank(rank, program))
-    env.run()
-    stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
-    if stuck:
-        blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
-        raise deadlock_error(structure, blocked=blocked)
-    left = rendezvous.times if rendezvous is not None else None
-    return _trace(step, starts, ends, links, peaks, blocked_at, left, release)
 
 
 def _senders(structure: StepStructure) -> list[int]:
