@@ -98,6 +98,7 @@ from pipesim.costs import CostModel
 from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import check_structure
+from pipesim.memory import held_levels, rank_peaks
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
@@ -211,7 +212,7 @@ def _run(
         blocked = [run.waiting_at[rank] for rank in stuck] if name_blocked else []
         raise deadlock_error(step.structure, blocked=blocked)
     left = run.rendezvous.times if run.rendezvous is not None else None
-    return _trace(step, run.starts, run.ends, run.links, run.peaks, run.blocked_at, left, release)
+    return _trace(step, run.starts, run.ends, run.links, run.blocked_at, left, release)
 
 
 _DONE = -2
@@ -244,8 +245,6 @@ class _RunState:
             if step.costs.send_mode != "eager"
             else None
         )
-        self.peaks: list[tuple[int, int]] = [(0, 0)] * self.n_ranks
-        """Per rank the most activation bytes and stage-micro-batches it held at once."""
         self.waiting_at = [-1] * self.n_ranks
         """Per rank the node it last blocked at; ``_DONE`` once it ran its program."""
         self.blocked_at: dict[int, Time] = {}
@@ -281,14 +280,13 @@ class _RunState:
         reads per node would cost a tenth of its speed)."""
         env, timeout, event = self.env, self.env.timeout, self.env.event
         step, structure = self.step, self.step.structure
-        durations, effects = step.durations, step.effects
+        durations = step.durations
         inputs, outputs = structure.inputs, structure.outputs
         starts, ends, arrival_at, waiters = self.starts, self.ends, self.arrival_at, self.waiters
         waiting_at, blocked_at, posts = self.waiting_at, self.blocked_at, self.posts
         on_link, links, rendezvous = self.on_link, self.links, self.rendezvous
         leads, early, n_messages = self.leads, self.early, structure.n_messages
         has_comms, overlap_comm = bool(structure.comms), step.costs.overlap_comm
-        held_bytes = inflight = peak_bytes = peak_inflight = 0
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
         clock: Time = 0 if self.release is None else self.release[rank]
@@ -309,14 +307,6 @@ class _RunState:
                     start = at
             if has_comms and start != clock:
                 blocked_at[node] = clock
-            s_bytes, s_count, e_bytes, e_count = effects[node]
-            if s_bytes or s_count:
-                held_bytes += s_bytes
-                inflight += s_count
-                if held_bytes > peak_bytes:
-                    peak_bytes = held_bytes
-                if inflight > peak_inflight:
-                    peak_inflight = inflight
             starts[node] = start
             ends[node] = clock = start + durations[node]
             if rendezvous is not None:
@@ -328,13 +318,6 @@ class _RunState:
                 if clock != env.now:
                     yield timeout(clock - env.now)
                 rendezvous.answer(rank, node)
-            if e_bytes or e_count:
-                held_bytes += e_bytes
-                inflight += e_count
-                if held_bytes > peak_bytes:
-                    peak_bytes = held_bytes
-                if inflight > peak_inflight:
-                    peak_inflight = inflight
             sending = None
             # An overlapped pair's first message leaves before its end (send_leads).
             for arrival in early[node] if early and node in early else outputs[node]:
@@ -360,7 +343,6 @@ class _RunState:
                 # After its sends, the rank posts the receives the lowering puts here.
                 clock = yield from self.post_receives(posts[node], clock)
         waiting_at[rank] = _DONE
-        self.peaks[rank] = (peak_bytes, peak_inflight)
 
     def post_receives(self, messages: Sequence[int], clock: Time) -> Any:
         """Post ``messages``' receives from ``clock`` on, one after the other, each paying
@@ -613,7 +595,6 @@ def _trace(
     starts: Sequence[Time],
     ends: Sequence[Time],
     links: _Links | None,
-    peaks: Sequence[tuple[int, int]],
     blocked_at: Mapping[int, Time],
     left: tuple[dict[int, Time], dict[int, Time]] | None = None,
     release: Sequence[Time] | None = None,
@@ -629,11 +610,13 @@ def _trace(
         busy = tuple(sum([durations[n] for n in p], start=0) for p in structure.programs)
     else:  # a rank's nodes are consecutive
         busy = tuple(sum(durations[o.start : o.stop], start=0) for o in structure.orders)
+    # A rank's memory changes in its program order whatever the times (pipesim.memory).
+    peak_bytes, peak_inflight = rank_peaks(step.effects, structure.orders)
     totals = TraceTotals(
         makespan=max((*finish, *(links.end.values() if links else ()))),
         busy=busy,
-        peak_activation_bytes=tuple(p[0] for p in peaks),
-        peak_inflight=tuple(p[1] for p in peaks),
+        peak_activation_bytes=peak_bytes,
+        peak_inflight=peak_inflight,
     )
     link_times = (links.start, links.end) if links else ({}, {})
     if left is not None:  # rendezvous: free-link messages leave when their receive is posted
@@ -713,22 +696,18 @@ def comm_records(
 def memory_records(
     step: CompiledStep, starts: Sequence[Time], ends: Sequence[Time]
 ) -> tuple[MemoryRecord, ...]:
-    """Each rank's memory after every change: its works' effects (:mod:`pipesim.memory`)
-    applied in program order at their starts and ends; sorted by (time, rank)."""
+    """Each rank's memory after every change (:func:`pipesim.memory.held_levels`), at the
+    start or end of the work that made it; sorted by (time, rank)."""
     rows: list[tuple[Time, int, int, int]] = []
     effects = step.effects
     for rank, order in enumerate(step.structure.orders):
-        held = inflight = 0
-        for node in order:
+        held, inflight = held_levels(effects, order)
+        for i, node in enumerate(order):
             start_bytes, start_count, end_bytes, end_count = effects[node]
             if start_bytes or start_count:
-                held += start_bytes
-                inflight += start_count
-                rows.append((starts[node], rank, held, inflight))
+                rows.append((starts[node], rank, held[2 * i], inflight[2 * i]))
             if end_bytes or end_count:
-                held += end_bytes
-                inflight += end_count
-                rows.append((ends[node], rank, held, inflight))
+                rows.append((ends[node], rank, held[2 * i + 1], inflight[2 * i + 1]))
     rows.sort(key=_BY_TIME_THEN_RANK)
     return tuple(
         [
