@@ -63,7 +63,7 @@ executor would measure of a simulated step, so predictions and measurements
 are compared on the same span (:func:`measured_makespan`, :func:`predict`).
 
 >>> from pipesim.costs import CostModel, Link
->>> from pipesim.engine import run_compiled, simulate
+>>> from pipesim.engine import answers_at_node_end, run_compiled, simulate
 >>> from pipesim.schedules import generate
 >>> truth = CostModel.uniform(forward=40, backward=90, input_grad=50, weight_grad=45,
 ...                           link=Link(latency=3, send_overhead=2, receive_overhead=4),
@@ -85,13 +85,14 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from pipesim.actions import Action, Op, Overlap, Work
 from pipesim.comms import receive_posts
 from pipesim.cost_tables import comm_overhead
 from pipesim.costs import CostModel, Link, StageCost, costs_to_dict
-from pipesim.engine import run_compiled, simulate
+from pipesim.engine import answers_at_node_end, run_compiled, simulate
 from pipesim.errors import CostError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
@@ -398,6 +399,45 @@ def measured_makespan(trace: Trace, /) -> Time:
 
 
 # -- the fit -----------------------------------------------------------------------------
+class _Source(NamedTuple):
+    """A message's producer, as measured."""
+
+    end: Time
+    """Its compute end."""
+    sent: int
+    """How many messages it sends (its send overheads come before this one leaves)."""
+
+
+class _Post(NamedTuple):
+    """Where a message's receive is posted: after a node of the receiving rank and its sends
+    (:func:`pipesim.comms.receive_posts`)."""
+
+    end: Time
+    """That node's compute end."""
+    sent: int
+    """How many messages that node sends."""
+    ahead: int
+    """How many receives its rank posts there before this one."""
+    node: int
+    """The node."""
+
+
+class _Span(NamedTuple):
+    """One node of a sending rank, as measured: to tell whether the rank was computing, or
+    waking up for the node, when a receive was posted to it."""
+
+    start: Time
+    """Compute start."""
+    end: Time
+    """Compute end."""
+    taken: int
+    """Messages it takes."""
+    sent: int
+    """Messages it sends."""
+    takes_from: frozenset[int]
+    """The nodes whose messages it takes."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Transition:
     step: int
@@ -409,20 +449,17 @@ class _Transition:
     start_b: Time
     sent_a: int
     taken_b: int
-    sources: tuple[tuple[Time, int], ...]
-    """Per message ``b`` takes: its producer's compute end and how many messages it sends."""
+    sources: tuple[_Source, ...]
+    """Per message ``b`` takes: its producer."""
     posts_a: int
     """Receives ``a``'s rank posts after ``a`` (and its sends), before ``b``."""
     late_posts_a: int
     """Of those, the receives whose messages had been sent when ``a`` ended."""
-    posts: tuple[tuple[Time, int, int, int] | None, ...]
-    """Per message ``b`` takes: the compute end of the node after which its receive is
-    posted, how many messages that node sends, how many receives its rank posts there
-    before this one, and the node (None: posted before the rank's first)."""
-    senders: tuple[tuple[tuple[Time, Time, int, int, frozenset[int]], ...], ...]
-    """Per message ``b`` takes: its sending rank's nodes in order, each as compute start,
-    compute end, messages taken, messages sent and the nodes whose messages it takes (to
-    tell whether it was computing, or waking up, when the receive was posted)."""
+    posts: tuple[_Post | None, ...]
+    """Per message ``b`` takes: where its receive is posted (None: before the rank's
+    first node)."""
+    senders: tuple[tuple[_Span, ...], ...]
+    """Per message ``b`` takes: its sending rank's nodes in order."""
     sent_pairs: frozenset[tuple[int, int]]
     """The (source, destination) rank pairs of the messages ``a`` sends."""
     taken_pairs: frozenset[tuple[int, int]]
@@ -431,54 +468,73 @@ class _Transition:
     """The rank pairs of the receives posted between ``a`` and ``b``."""
 
 
+class _Posting(NamedTuple):
+    """Per node of one measured step, the receives its rank posts after it."""
+
+    posts: list[_Post | None]
+    """Per message, where its receive is posted."""
+    ahead: dict[int, int]
+    """Per node, how many receives are posted after it."""
+    late: dict[int, int]
+    """Per node, how many of those are for messages sent before it ended."""
+    pairs: dict[int, set[tuple[int, int]]]
+    """Per node, the rank pairs of those receives."""
+
+
+def _posting(counts: _Counts, records: Sequence[ActionRecord]) -> _Posting:
+    structure = counts.structure
+    found = _Posting([], defaultdict(int), defaultdict(int), defaultdict(set))
+    for message, node in zip(structure.messages, receive_posts(structure), strict=True):
+        found.posts.append(
+            None
+            if node < 0
+            else _Post(records[node].end, counts.sent[node], found.ahead[node], node)
+        )
+        found.ahead[node] += 1
+        found.pairs[node].add((message.src_rank, message.dst_rank))
+        if node >= 0 and records[message.producer_node].end < records[node].end:
+            found.late[node] += 1
+    return found
+
+
+def _spans(counts: _Counts, records: Sequence[ActionRecord]) -> list[tuple[_Span, ...]]:
+    """Per rank its nodes as :class:`_Span`\\ s, in order."""
+    structure = counts.structure
+    n_messages = len(structure.messages)
+    return [
+        tuple(
+            _Span(
+                records[n].start,
+                records[n].end,
+                counts.taken[n],
+                counts.sent[n],
+                frozenset(
+                    structure.messages[i].producer_node
+                    for i in structure.inputs[n]
+                    if i < n_messages
+                ),
+            )
+            for n in order
+        )
+        for order in structure.orders
+    ]
+
+
 def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
+    """Every pair of consecutive units of work ``a -> b`` of a rank, in every step."""
     found = []
     for index, step in enumerate(steps):
         counts = _counts(step.schedule)
         structure = counts.structure
         records = _records_by_node(structure, step.trace)
-        # Per message: the compute end of the node its receive is posted after, how many
-        # messages that node sends and receives its rank posts there before this one
-        # (None: posted before the rank's first node).
-        after = receive_posts(structure)
-        ahead: dict[int, int] = defaultdict(int)
-        posted_pairs: dict[int, set[tuple[int, int]]] = defaultdict(set)
-        late: dict[int, int] = defaultdict(int)
-        posts: list[tuple[Time, int, int, int] | None] = []
-        for message, node in zip(structure.messages, after, strict=True):
-            posts.append(
-                None if node < 0 else (records[node].end, counts.sent[node], ahead[node], node)
-            )
-            ahead[node] += 1
-            posted_pairs[node].add((message.src_rank, message.dst_rank))
-            if node >= 0 and records[message.producer_node].end < records[node].end:
-                late[node] += 1
+        posting = _posting(counts, records)
+        spans = _spans(counts, records)
         n_messages = len(structure.messages)
-        spans = [
-            tuple(
-                (
-                    records[n].start,
-                    records[n].end,
-                    counts.taken[n],
-                    counts.sent[n],
-                    frozenset(
-                        structure.messages[i].producer_node
-                        for i in structure.inputs[n]
-                        if i < n_messages
-                    ),
-                )
-                for n in o
-            )
-            for o in structure.orders
-        ]
         for order in structure.orders:
             for a, b in itertools.pairwise(order):
                 taken = [i for i in structure.inputs[b] if i < n_messages]
                 ins = [structure.messages[i] for i in taken]
                 outs = [structure.messages[i] for i in structure.outputs[a] if i < n_messages]
-                sources = tuple(
-                    (records[m.producer_node].end, counts.sent[m.producer_node]) for m in ins
-                )
                 found.append(
                     _Transition(
                         step=index,
@@ -488,14 +544,17 @@ def _transitions(steps: Sequence[MeasuredStep]) -> list[_Transition]:
                         start_b=records[b].start,
                         sent_a=counts.sent[a],
                         taken_b=counts.taken[b],
-                        posts_a=ahead[a],
-                        late_posts_a=late[a],
-                        sources=sources,
-                        posts=tuple(posts[i] for i in taken),
+                        posts_a=posting.ahead[a],
+                        late_posts_a=posting.late[a],
+                        sources=tuple(
+                            _Source(records[m.producer_node].end, counts.sent[m.producer_node])
+                            for m in ins
+                        ),
+                        posts=tuple(posting.posts[i] for i in taken),
                         senders=tuple(spans[m.src_rank] for m in ins),
                         sent_pairs=frozenset((m.src_rank, m.dst_rank) for m in outs),
                         taken_pairs=frozenset((m.src_rank, m.dst_rank) for m in ins),
-                        posted_pairs=frozenset(posted_pairs[a]),
+                        posted_pairs=frozenset(posting.pairs[a]),
                     )
                 )
     return found
@@ -549,8 +608,8 @@ def _message_costs(
     posting: list[Sample] = [(t.step, Fraction(t.gap - dispatch, t.sent_a)) for t in local]
     send = robust(posting) if posting else base.send_overhead
 
-    def departure(source: tuple[Time, int]) -> Time:
-        return source[0] + send * source[1]
+    def departure(source: _Source) -> Time:
+        return source.end + send * source.sent
 
     taken = [t for t in found if t.taken_b]
     # Waited: the rank was free before the message even left, so b's compute starts
@@ -577,6 +636,53 @@ def _message_costs(
     return link, {"send_overhead": posting, "receive_overhead": arrived, "latency": values}
 
 
+@dataclass(frozen=True, slots=True)
+class _Rendezvous:
+    """The rendezvous overheads fitted before the receive overhead (rules 2 and 2b), and
+    the times they put on a transition."""
+
+    dispatch: Time
+    send: Time
+    """Per message sent."""
+    post: Time
+    """Per receive posted."""
+    base: Link
+    """Where a figure without samples comes from."""
+
+    def sent(self, source: _Source) -> Time:
+        """When a message is sent: its producer's end and its send overheads."""
+        return source.end + self.send * source.sent
+
+    def posted(self, post: _Post) -> Time:
+        """When a receive is posted: after its node, that node's sends and the receives
+        posted there before it."""
+        return post.end + self.send * post.sent + self.post * post.ahead
+
+    def free(self, t: _Transition) -> Time:
+        """When ``a``'s rank is done with ``a``'s sends and the receives it posts."""
+        return t.end_a + self.send * t.sent_a + self.post * t.posts_a
+
+
+class _Departure(NamedTuple):
+    """When the last message a unit of work takes could leave (no handshake counted)."""
+
+    at: Time
+    node_end: Time | None
+    """When its receive came second while its sender was inside a node or waking up for
+    one: that node's end (it answers then, or a handshake after the receive); else None."""
+
+
+class _Waited(NamedTuple):
+    """A transition whose ``b`` waited for its last message."""
+
+    transition: _Transition
+    value: Time
+    """``b``'s compute start less the dispatch less the departure: latency (+ the
+    sender's answer) + receive overhead * messages taken."""
+    node_end: Time | None
+    """As :attr:`_Departure.node_end`."""
+
+
 def _rendezvous_costs(
     found: Sequence[_Transition], dispatch: Time, *, fallback: Link | None = None
 ) -> tuple[Link, dict[str, list[Sample]]]:
@@ -594,94 +700,111 @@ def _rendezvous_costs(
         (t.step, Fraction(t.gap - dispatch - post * t.posts_a, t.sent_a)) for t in local
     ]
     send = robust(posting) if posting else base.send_overhead
-
-    def free(t: _Transition) -> Time:
-        """When ``a``'s rank is done with ``a``'s sends and the receives it posts."""
-        return t.end_a + send * t.sent_a + post * t.posts_a
-
-    def leaves(t: _Transition, receive: Time) -> tuple[Time, Time | None]:
-        """When the last message ``b`` takes could leave, no handshake counted, and, when
-        its receive came second while its sender was inside a node or waking up for one
-        (it takes a message of the node the receive was posted after), when that node
-        ends (else None): the engine's rule (:mod:`pipesim.engine`)."""
-        times: list[tuple[Time, Time | None]] = []
-        for (end, k), at, spans in zip(t.sources, t.posts, t.senders, strict=True):
-            sent = end + send * k
-            posted = sent if at is None else at[0] + send * at[1] + post * at[2]
-            if at is None or posted <= sent:
-                times.append((sent, None))
-                continue
-            ends = None
-            for s, e, n_taken, n_sent, takes in spans:
-                begins, done = s - dispatch - receive * n_taken, e + send * n_sent
-                if begins < posted < done or (begins >= posted and at[3] in takes):
-                    ends = done
-                if begins >= posted or ends is not None:
-                    break
-            times.append((posted, ends))
-        return max(times, key=lambda x: x[0])
-
-    def fit(receive: Time) -> tuple[Time, Link, dict[str, list[Sample]]]:
-        taken = [(t, *leaves(t, receive)) for t in found if t.taken_b]
-        # A late receive posted right before the work that needs it (after ``a``'s sends)
-        # is waited for too: the handshake follows it.
-        waited = [
-            (t, t.start_b - dispatch - last, ends)
-            for t, last, ends in taken
-            if last > free(t) or (ends is not None and last >= t.end_a + send * t.sent_a)
-        ]
-        # As rule 3: latency (+ the sender's answer) + receive * taken, per kind, bound
-        # which messages had arrived when the rank became free.
-        bounds = {
-            kind: median(values)
-            if (values := [v for _, v, e in waited if (e is None) is kind])
-            else None
-            for kind in (True, False)
-        }
-
-        def had_arrived(t: _Transition, last: Time, ends: Time | None) -> bool:
-            bound = bounds[ends is None]
-            if bound is None:
-                return last <= t.start_a
-            return last + bound <= free(t)
-
-        arrived: list[Sample] = [
-            (t.step, Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b))
-            for t, last, ends in taken
-            if had_arrived(t, last, ends)
-        ]
-        new_receive = robust(arrived) if arrived else base.receive_overhead
-        early = [(t.step, v - new_receive * t.taken_b) for t, v, ends in waited if ends is None]
-        # A median of all, unlike the overheads: a step has few such messages (one or two
-        # per run of the 2-stage calibration), and whole process pairs deliver one late.
-        latency = median([v for _, v in early]) if early else base.latency
-        # The handshake, where it (not the end of the sender's node) released the message.
-        answers = [
-            (t.step, v - new_receive * t.taken_b - latency, ends - (t.start_b - dispatch - v))
-            for t, v, ends in waited
-            if ends is not None
-        ]
-        limited = [(k, a) for k, a, until_end in answers if a < until_end]
-        handshake = robust(limited) if limited else base.handshake
-        counts: dict[str, list[Sample]] = {
-            "receive_overhead": arrived,
-            "latency": early,
-            "handshake": limited,
-        }
-        link = Link(
-            latency=_whole(latency),
-            send_overhead=_whole(send),
-            receive_overhead=_whole(new_receive),
-            handshake=_whole(handshake),
-            post_overhead=_whole(post),
-        )
-        return new_receive, link, counts
-
+    fitted = _Rendezvous(dispatch=dispatch, send=send, post=post, base=base)
     # Whether the sender was inside a node depends on the receive overhead at its start:
     # fit once without it, then again with the receive overhead found.
-    receive, _, _ = fit(0)
-    _, link, fitted = fit(receive)
-    return link, {"send_overhead": posting, "post_overhead": posted, **fitted}
+    receive, _, _ = _fit_rendezvous(found, fitted, receive=0)
+    _, link, samples = _fit_rendezvous(found, fitted, receive=receive)
+    return link, {"send_overhead": posting, "post_overhead": posted, **samples}
+
+
+def _departure(t: _Transition, fitted: _Rendezvous, receive: Time) -> _Departure:
+    """When the last message ``b`` takes could leave, by the engine's rule: once sent and
+    its receive posted; a receive posted second is answered at the end of the sender's
+    node when :func:`pipesim.engine.answers_at_node_end` says so."""
+    departures: list[_Departure] = []
+    for source, post, spans in zip(t.sources, t.posts, t.senders, strict=True):
+        sent = fitted.sent(source)
+        posted = sent if post is None else fitted.posted(post)
+        if post is None or posted <= sent:
+            departures.append(_Departure(sent, None))
+            continue
+        node_end = None
+        for span in spans:
+            begins = span.start - fitted.dispatch - receive * span.taken
+            done = span.end + fitted.send * span.sent
+            if answers_at_node_end(posted, begins, done, woken=post.node in span.takes_from):
+                node_end = done
+                break
+            if begins >= posted:
+                break
+        departures.append(_Departure(posted, node_end))
+    return max(departures, key=attrgetter("at"))
+
+
+def _fit_rendezvous(
+    found: Sequence[_Transition], fitted: _Rendezvous, *, receive: Time
+) -> tuple[Time, Link, dict[str, list[Sample]]]:
+    """Rules 3-5 given the overheads of rule 2 and a receive overhead for telling whether
+    a sender was inside a node: the receive overhead, latency and handshake found."""
+    dispatch, send, post, base = fitted.dispatch, fitted.send, fitted.post, fitted.base
+    taken = [(t, _departure(t, fitted, receive)) for t in found if t.taken_b]
+    # A late receive posted right before the work that needs it (after ``a``'s sends)
+    # is waited for too: the handshake follows it.
+    waited = [
+        _Waited(t, t.start_b - dispatch - left.at, left.node_end)
+        for t, left in taken
+        if left.at > fitted.free(t)
+        or (left.node_end is not None and left.at >= t.end_a + send * t.sent_a)
+    ]
+    # As rule 3: latency (+ the sender's answer) + receive * taken, per kind (True: left
+    # at once), bound which messages had arrived when the rank became free.
+    bounds = {
+        kind: median(values)
+        if (values := [w.value for w in waited if (w.node_end is None) is kind])
+        else None
+        for kind in (True, False)
+    }
+
+    def had_arrived(t: _Transition, left: _Departure) -> bool:
+        bound = bounds[left.node_end is None]
+        if bound is None:
+            return left.at <= t.start_a
+        return left.at + bound <= fitted.free(t)
+
+    arrived: list[Sample] = [
+        (t.step, Fraction(t.gap - dispatch - send * t.sent_a - post * t.posts_a, t.taken_b))
+        for t, left in taken
+        if had_arrived(t, left)
+    ]
+    new_receive = robust(arrived) if arrived else base.receive_overhead
+    early = [
+        (w.transition.step, w.value - new_receive * w.transition.taken_b)
+        for w in waited
+        if w.node_end is None
+    ]
+    # A median of all, unlike the overheads: a step has few such messages (one or two
+    # per run of the 2-stage calibration), and whole process pairs deliver one late.
+    latency = median([v for _, v in early]) if early else base.latency
+    limited = _handshakes(waited, fitted, receive=new_receive, latency=latency)
+    handshake = robust(limited) if limited else base.handshake
+    link = Link(
+        latency=_whole(latency),
+        send_overhead=_whole(send),
+        receive_overhead=_whole(new_receive),
+        handshake=_whole(handshake),
+        post_overhead=_whole(post),
+    )
+    return new_receive, link, {"receive_overhead": arrived, "latency": early, "handshake": limited}
+
+
+def _handshakes(
+    waited: Sequence[_Waited], fitted: _Rendezvous, *, receive: Time, latency: Time
+) -> list[Sample]:
+    """The handshake samples: per waited message answered by a computing sender, how long
+    after its receive it left, where that came before the sender's node ended (the
+    handshake, not the node's end, released it)."""
+    samples: list[Sample] = []
+    for w in waited:
+        if w.node_end is None:
+            continue
+        t = w.transition
+        answer = w.value - receive * t.taken_b - latency
+        # The departure was b's compute start less the dispatch less the value.
+        until_node_end = w.node_end - (t.start_b - fitted.dispatch - w.value)
+        if answer < until_node_end:
+            samples.append((t.step, answer))
+    return samples
 
 
 def fit_costs(

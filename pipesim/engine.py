@@ -358,6 +358,25 @@ class _RunState:
         return clock
 
 
+def answers_at_node_end(posted: Time, begins: Time, ends: Time, /, *, woken: bool) -> bool:
+    """The rendezvous answer rule (:class:`_Rendezvous`): whether a sender answers a receive
+    posted at ``posted``, after its message was sent, at the end of its node running from
+    ``begins`` to ``ends``: it is inside the node, or starts it no earlier than the
+    receive, ``woken`` by a message its poster sent since its last unit of work (it runs
+    that node first). Otherwise it answers at once, or its next node is judged. A tie is
+    no later: a sender whose node ends when the receive is posted, or starts one then, is
+    judged by the node it runs next, whatever the order SimPy runs equal-time events in.
+    The engine applies it as it runs; :mod:`pipesim.calibration` inverts it from measured
+    steps.
+
+    >>> answers_at_node_end(5, 0, 10, woken=False), answers_at_node_end(10, 0, 10, woken=False)
+    (True, False)
+    >>> answers_at_node_end(5, 5, 9, woken=True), answers_at_node_end(5, 5, 9, woken=False)
+    (True, False)
+    """
+    return begins < posted < ends or (posted <= begins and woken)
+
+
 def _senders(structure: StepStructure) -> list[int]:
     """Per message, the node whose end hands it to its link: its SEND in a comms schedule,
     else its producer."""
@@ -490,24 +509,28 @@ class _Rendezvous:
                 self._leave(message)
 
     def _answered_by(self, message: int) -> int:
-        """The node whose end answers ``message``'s receive, posted now after its send: the
-        node its sender runs past now, or the node it is waking up for (it waits for a
-        message the poster sent since its last unit of work); -1: answered now.
-
-        A tie is no later: a sender whose node ends now, or that starts one now, is judged
-        by the node it runs next, whatever the order SimPy runs equal-time events in."""
+        """The node whose end answers ``message``'s receive, posted now after its send
+        (:func:`answers_at_node_end`): the node its sender runs, or the node it runs next
+        when woken for it; -1: answered now."""
         structure, now = self.step.structure, self.env.now
         rank = structure.rank_of_node(self.senders[message])
         position = self.begun[rank]
-        if self.inside[rank]:
-            if self.since[rank] < now < self.until[rank]:
-                return structure.programs[rank][position - 1]
-            if self.since[rank] == now:
-                position -= 1
         program = structure.programs[rank]
+        if self.inside[rank]:
+            if answers_at_node_end(now, self.since[rank], self.until[rank], woken=False):
+                return program[position - 1]
+            if self.since[rank] == now:  # the node it starts now is the one it runs next
+                position -= 1
         if position >= len(program):
             return -1
         node = program[position]
+        # The node it runs next begins now at the earliest (its end is not known yet).
+        return node if answers_at_node_end(now, now, now, woken=self._woken(node, message)) else -1
+
+    def _woken(self, node: int, message: int) -> bool:
+        """Whether ``node`` takes a message that ``message``'s poster sent since its last
+        unit of work (the poster sends, then posts): its sender is waking up for it."""
+        structure = self.step.structure
         poster = structure.messages[message].dst_rank
         window = self.work_ended[poster]
         for arrival in structure.inputs[node]:
@@ -516,8 +539,8 @@ class _Rendezvous:
                 and structure.messages[arrival].src_rank == poster
                 and self.left_at[arrival] >= window >= 0
             ):
-                return node  # woken by the poster's message: it runs that node first
-        return -1
+                return True
+        return False
 
     def begin(self, rank: int, until: Time) -> None:
         """``rank`` starts a node now that ends at ``until``."""
