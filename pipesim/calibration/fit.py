@@ -68,6 +68,37 @@ def fit_costs(
             "one cut, so calibrate each cut from its own steps"
         )
     (count,) = n_stages
+    stages, assumed, samples = _fit_compute(steps, count, stage_bytes)
+    link, dispatch, overheads, by_pair = _fit_overheads(steps, send_mode)
+    costs = CostModel(
+        stages=tuple(stages),
+        link=link,
+        dispatch_overhead=dispatch,
+        time_unit=time_unit,
+        send_mode=send_mode,
+    )
+    terms = {
+        f"{s}{op.value}": _stats(samples[(s, op)], _term_value(costs, f"{s}{op.value}"))
+        for s in range(count)
+        for op in Op
+        if samples[(s, op)]
+    }
+    for name, values in overheads.items():
+        terms[name] = _stats(values, _term_value(costs, name))
+    return CalibrationFit(
+        costs=costs,
+        assumed=tuple(assumed),
+        samples={name: t.samples for name, t in terms.items()},
+        pair_links=by_pair,
+        terms=terms,
+    )
+
+
+def _fit_compute(
+    steps: Sequence[MeasuredStep], count: int, stage_bytes: Sequence[StageCost]
+) -> tuple[list[StageCost], list[str], dict[tuple[int, Op], list[Sample]]]:
+    """Rule 1 of :mod:`pipesim.calibration`: per stage its compute times (the byte fields
+    from ``stage_bytes``), the ops assumed, and per (stage, op) the samples."""
     samples: dict[tuple[int, Op], list[Sample]] = defaultdict(list)
     pairs: dict[int, list[Time]] = defaultdict(list)
     for index, step in enumerate(steps):
@@ -102,29 +133,7 @@ def fit_costs(
                 overlap=_whole(median(pairs[stage])) if pairs[stage] else None,
             )
         )
-    link, dispatch, overheads, by_pair = _fit_overheads(steps, send_mode)
-    costs = CostModel(
-        stages=tuple(stages),
-        link=link,
-        dispatch_overhead=dispatch,
-        time_unit=time_unit,
-        send_mode=send_mode,
-    )
-    terms = {
-        f"{s}{op.value}": _stats(samples[(s, op)], _term_value(costs, f"{s}{op.value}"))
-        for s in range(count)
-        for op in Op
-        if samples[(s, op)]
-    }
-    for name, values in overheads.items():
-        terms[name] = _stats(values, _term_value(costs, name))
-    return CalibrationFit(
-        costs=costs,
-        assumed=tuple(assumed),
-        samples={name: t.samples for name, t in terms.items()},
-        pair_links=by_pair,
-        terms=terms,
-    )
+    return stages, assumed, samples
 
 
 def _term_value(costs: CostModel, name: str) -> Time:
