@@ -175,7 +175,7 @@ def level_peaks(
 def _peak(levels: Iterable[int]) -> int:
     """The highest of a rank's levels; 0, what it holds before its first work, if none is
     higher."""
-    return max(0, max(levels, default=0))
+    return max(max(levels, default=0), 0)
 
 
 def rank_peaks(
