@@ -24,28 +24,17 @@ __all__ = ["deadlock_error", "find_cycle"]
 def find_cycle(structure: StepStructure, /) -> tuple[str, ...]:
     """One wait cycle as action strings, each a prerequisite of the next (empty if none).
 
-    Kahn's algorithm leaves exactly the nodes on or behind a cycle; networkx's
-    ``find_cycle`` names one cycle among them.
+    networkx's ``find_cycle`` over the step's dependency edges.
     """
-    succ = structure.successors()
-    indegree = [0] * structure.n_nodes
-    for targets in succ:
-        for t in targets:
-            indegree[t] += 1
-    ready = [n for n, d in enumerate(indegree) if d == 0]
-    while ready:
-        node = ready.pop()
-        for t in succ[node]:
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
-    left = {n for n, d in enumerate(indegree) if d > 0}
-    if not left:
+    graph = nx.DiGraph()
+    graph.add_edges_from(
+        (node, t) for node, targets in enumerate(structure.successors()) for t in targets
+    )
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
         return ()
-    sub = nx.DiGraph()
-    for node in left:
-        sub.add_edges_from((node, t) for t in succ[node] if t in left)
-    return tuple(str(structure.works[u]) for u, _ in nx.find_cycle(sub))
+    return tuple(str(structure.works[u]) for u, _ in cycle)
 
 
 def deadlock_error(structure: StepStructure, /, *, blocked: Sequence[int] = ()) -> DeadlockError:

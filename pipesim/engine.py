@@ -98,6 +98,7 @@ from pipesim.costs import CostModel
 from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import check_structure
+from pipesim.memory import held_levels, rank_peaks
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
@@ -202,56 +203,96 @@ def _run(
     """Run the step; a run that cannot finish is :func:`deadlock_error`, naming where each
     stuck rank waits when ``name_blocked``. Each rank's clock starts at its ``release``
     time (0 without)."""
-    env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
-    structure = step.structure
-    n_ranks = structure.schedule.n_ranks
-    # Per node its start and end; per arrival (message or signal) its arrival time once
-    # known (-1 before), and the event its consumer waits on (made only if it blocks,
-    # dropped once it fired); whether it goes over a link that costs time.
-    starts, ends, arrival_at = _time_columns(step)
-    waiters: list[Any] = [None] * structure.n_arrivals
-    on_link = _on_link(step)
+    run = _RunState(step, release=release)
+    for rank, program in enumerate(step.structure.programs):
+        run.env.process(run.run_rank(rank, program))
+    run.env.run()
+    stuck = [rank for rank in range(run.n_ranks) if run.waiting_at[rank] != _DONE]
+    if stuck:
+        blocked = [run.waiting_at[rank] for rank in stuck] if name_blocked else []
+        raise deadlock_error(step.structure, blocked=blocked)
+    left = run.rendezvous.times if run.rendezvous is not None else None
+    return _trace(step, run.starts, run.ends, run.links, run.blocked_at, left, release)
 
-    def deliver(arrival: int) -> None:  # a link's message arrives now
-        arrival_at[arrival] = env.now
-        waiter = waiters[arrival]
+
+_DONE = -2
+"""``_RunState.waiting_at`` of a rank that ran its whole program."""
+
+
+class _RunState:
+    """One run of the engine: its SimPy environment, what it has found so far (per node
+    its start and end, per arrival its time), and the rules it reads from the compiled
+    step. :meth:`run_rank` is the process of one rank."""
+
+    def __init__(self, step: CompiledStep, *, release: Sequence[Time] | None) -> None:
+        structure = step.structure
+        self.env: Any = simpy.Environment()  # typed by simpy as float time; ours is exact
+        self.step = step
+        self.n_ranks = structure.schedule.n_ranks
+        self.release = release
+        """Per rank when its first work may start (None: 0 everywhere)."""
+        self.starts, self.ends, self.arrival_at = _time_columns(step)
+        """Per node its start and end; per arrival (message or signal) its arrival time
+        once known (-1 before)."""
+        self.waiters: list[Any] = [None] * structure.n_arrivals
+        """Per arrival the event its consumer waits on: made only if it blocks, dropped
+        once it fired."""
+        self.on_link = _on_link(step)
+        """Per arrival, 1 for a message whose link costs time."""
+        self.links = _Links(self.env, step, self.deliver) if any(self.on_link) else None
+        self.rendezvous = (
+            _Rendezvous(self.env, step, self.links, self.deliver)
+            if step.costs.send_mode != "eager"
+            else None
+        )
+        self.waiting_at = [-1] * self.n_ranks
+        """Per rank the node it last blocked at; ``_DONE`` once it ran its program."""
+        self.blocked_at: dict[int, Time] = {}
+        """Node -> when its rank began to wait for it (only sends and receives report it,
+        ``CommRecord.posted``)."""
+        self.posts = (
+            self.rendezvous.posts
+            if self.rendezvous is not None
+            else (posted_after(structure) if any(step.posting) else None)
+        )
+        """Per node (-1: before a rank's first) the receives posted after it; None when
+        posting costs nothing and no send waits for it (``Link.post_overhead``,
+        :func:`pipesim.cost_tables.post_times`)."""
+        self.receivers = [m.dst_rank for m in structure.messages]
+        """Per message its receiving rank."""
+        self.leads = step.leads if self.rendezvous is None else {}
+        """Messages that leave before their producer ends (:func:`pipesim.step.send_leads`;
+        a rendezvous send leaves when its producer ends and its receive is posted)."""
+        self.early = send_order(structure, self.leads)
+        """Such a producer's outputs in the order they leave."""
+
+    def deliver(self, arrival: int) -> None:
+        """A link's message arrives now."""
+        self.arrival_at[arrival] = self.env.now
+        waiter = self.waiters[arrival]
         if waiter is not None:
             waiter.succeed()
 
-    links = _Links(env, step, deliver) if any(on_link) else None
-    rendezvous = _Rendezvous(env, step, links, deliver) if step.costs.send_mode != "eager" else None
-    overlap_comm = step.costs.overlap_comm
-    durations, effects = step.durations, step.effects
-    inputs, outputs = structure.inputs, structure.outputs
-    timeout, event = env.timeout, env.event
-    peaks = [(0, 0)] * n_ranks
-    waiting_at = [-1] * n_ranks  # the node a rank last blocked at; -2 when done
-    blocked_at: dict[int, Time] = {}  # node -> when its rank began to wait for it
-    has_comms = bool(structure.comms)  # only sends and receives report it (CommRecord.posted)
-    # Per node (-1: before a rank's first), the receives posted after it, and what posting
-    # each costs its rank (Link.post_overhead, pipesim.cost_tables.post_times).
-    posting = step.posting
-    posts = (
-        rendezvous.posts
-        if rendezvous is not None
-        else (posted_after(structure) if any(posting) else None)
-    )
-    n_messages = structure.n_messages
-    receivers = [m.dst_rank for m in structure.messages]
-    # Messages that leave before their producer ends (pipesim.step.send_leads; a
-    # rendezvous send leaves when its producer ends and its receive is posted), and such
-    # a producer's outputs in the order they leave.
-    leads = step.leads if rendezvous is None else {}
-    early = send_order(structure, leads)
+    def run_rank(self, rank: int, order: Sequence[int]) -> Any:
+        """The SimPy process of ``rank``: run ``order`` (semantics in the module docstring).
 
-    def run_rank(rank: int, order: Sequence[int]) -> Any:
-        held_bytes = inflight = peak_bytes = peak_inflight = 0
+        The hot loop of the engine: it reads the run state through locals (attribute
+        reads per node would cost a tenth of its speed)."""
+        env, timeout, event = self.env, self.env.timeout, self.env.event
+        step, structure = self.step, self.step.structure
+        durations = step.durations
+        inputs, outputs = structure.inputs, structure.outputs
+        starts, ends, arrival_at, waiters = self.starts, self.ends, self.arrival_at, self.waiters
+        waiting_at, blocked_at, posts = self.waiting_at, self.blocked_at, self.posts
+        on_link, links, rendezvous = self.on_link, self.links, self.rendezvous
+        leads, early, n_messages = self.leads, self.early, structure.n_messages
+        has_comms, overlap_comm = bool(structure.comms), step.costs.overlap_comm
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
-        clock: Time = 0 if release is None else release[rank]
+        clock: Time = 0 if self.release is None else self.release[rank]
         if posts is not None and -1 in posts:  # receives posted before the rank's first node
-            mine = [m for m in posts[-1] if receivers[m] == rank]
-            clock = yield from post_receives(mine, clock)
+            mine = [m for m in posts[-1] if self.receivers[m] == rank]
+            clock = yield from self.post_receives(mine, clock)
         for node in order:
             start = clock
             for arrival in inputs[node]:
@@ -266,14 +307,6 @@ def _run(
                     start = at
             if has_comms and start != clock:
                 blocked_at[node] = clock
-            s_bytes, s_count, e_bytes, e_count = effects[node]
-            if s_bytes or s_count:
-                held_bytes += s_bytes
-                inflight += s_count
-                if held_bytes > peak_bytes:
-                    peak_bytes = held_bytes
-                if inflight > peak_inflight:
-                    peak_inflight = inflight
             starts[node] = start
             ends[node] = clock = start + durations[node]
             if rendezvous is not None:
@@ -285,13 +318,6 @@ def _run(
                 if clock != env.now:
                     yield timeout(clock - env.now)
                 rendezvous.answer(rank, node)
-            if e_bytes or e_count:
-                held_bytes += e_bytes
-                inflight += e_count
-                if held_bytes > peak_bytes:
-                    peak_bytes = held_bytes
-                if inflight > peak_inflight:
-                    peak_inflight = inflight
             sending = None
             # An overlapped pair's first message leaves before its end (send_leads).
             for arrival in early[node] if early and node in early else outputs[node]:
@@ -315,31 +341,40 @@ def _run(
                 clock = env.now
             if posts is not None and node in posts:
                 # After its sends, the rank posts the receives the lowering puts here.
-                clock = yield from post_receives(posts[node], clock)
-        waiting_at[rank] = -2
-        peaks[rank] = (peak_bytes, peak_inflight)
+                clock = yield from self.post_receives(posts[node], clock)
+        waiting_at[rank] = _DONE
 
-    def post_receives(messages: Sequence[int], clock: Time) -> Any:
+    def post_receives(self, messages: Sequence[int], clock: Time) -> Any:
         """Post ``messages``' receives from ``clock`` on, one after the other, each paying
         its posting time; returns when the rank is done."""
+        env, rendezvous, posting = self.env, self.rendezvous, self.step.posting
         for message in messages:
             if rendezvous is not None:
                 if clock != env.now:
-                    yield timeout(clock - env.now)
+                    yield env.timeout(clock - env.now)
                 rendezvous.post((message,))
             if posting:
                 clock += posting[message]
         return clock
 
-    for rank, program in enumerate(structure.programs):
-        env.process(run_rank(rank, program))
-    env.run()
-    stuck = [rank for rank in range(n_ranks) if waiting_at[rank] != -2]
-    if stuck:
-        blocked = [waiting_at[rank] for rank in stuck] if name_blocked else []
-        raise deadlock_error(structure, blocked=blocked)
-    left = rendezvous.times if rendezvous is not None else None
-    return _trace(step, starts, ends, links, peaks, blocked_at, left, release)
+
+def answers_at_node_end(posted: Time, begins: Time, ends: Time, /, *, woken: bool) -> bool:
+    """The rendezvous answer rule (:class:`_Rendezvous`): whether a sender answers a receive
+    posted at ``posted``, after its message was sent, at the end of its node running from
+    ``begins`` to ``ends``: it is inside the node, or starts it no earlier than the
+    receive, ``woken`` by a message its poster sent since its last unit of work (it runs
+    that node first). Otherwise it answers at once, or its next node is judged. A tie is
+    no later: a sender whose node ends when the receive is posted, or starts one then, is
+    judged by the node it runs next, whatever the order SimPy runs equal-time events in.
+    The engine applies it as it runs; :mod:`pipesim.calibration` inverts it from measured
+    steps.
+
+    >>> answers_at_node_end(5, 0, 10, woken=False), answers_at_node_end(10, 0, 10, woken=False)
+    (True, False)
+    >>> answers_at_node_end(5, 5, 9, woken=True), answers_at_node_end(5, 5, 9, woken=False)
+    (True, False)
+    """
+    return begins < posted < ends or (posted <= begins and woken)
 
 
 def _senders(structure: StepStructure) -> list[int]:
@@ -474,24 +509,28 @@ class _Rendezvous:
                 self._leave(message)
 
     def _answered_by(self, message: int) -> int:
-        """The node whose end answers ``message``'s receive, posted now after its send: the
-        node its sender runs past now, or the node it is waking up for (it waits for a
-        message the poster sent since its last unit of work); -1: answered now.
-
-        A tie is no later: a sender whose node ends now, or that starts one now, is judged
-        by the node it runs next, whatever the order SimPy runs equal-time events in."""
+        """The node whose end answers ``message``'s receive, posted now after its send
+        (:func:`answers_at_node_end`): the node its sender runs, or the node it runs next
+        when woken for it; -1: answered now."""
         structure, now = self.step.structure, self.env.now
         rank = structure.rank_of_node(self.senders[message])
         position = self.begun[rank]
-        if self.inside[rank]:
-            if self.since[rank] < now < self.until[rank]:
-                return structure.programs[rank][position - 1]
-            if self.since[rank] == now:
-                position -= 1
         program = structure.programs[rank]
+        if self.inside[rank]:
+            if answers_at_node_end(now, self.since[rank], self.until[rank], woken=False):
+                return program[position - 1]
+            if self.since[rank] == now:  # the node it starts now is the one it runs next
+                position -= 1
         if position >= len(program):
             return -1
         node = program[position]
+        # The node it runs next begins now at the earliest (its end is not known yet).
+        return node if answers_at_node_end(now, now, now, woken=self._woken(node, message)) else -1
+
+    def _woken(self, node: int, message: int) -> bool:
+        """Whether ``node`` takes a message that ``message``'s poster sent since its last
+        unit of work (the poster sends, then posts): its sender is waking up for it."""
+        structure = self.step.structure
         poster = structure.messages[message].dst_rank
         window = self.work_ended[poster]
         for arrival in structure.inputs[node]:
@@ -500,8 +539,8 @@ class _Rendezvous:
                 and structure.messages[arrival].src_rank == poster
                 and self.left_at[arrival] >= window >= 0
             ):
-                return node  # woken by the poster's message: it runs that node first
-        return -1
+                return True
+        return False
 
     def begin(self, rank: int, until: Time) -> None:
         """``rank`` starts a node now that ends at ``until``."""
@@ -579,7 +618,6 @@ def _trace(
     starts: Sequence[Time],
     ends: Sequence[Time],
     links: _Links | None,
-    peaks: Sequence[tuple[int, int]],
     blocked_at: Mapping[int, Time],
     left: tuple[dict[int, Time], dict[int, Time]] | None = None,
     release: Sequence[Time] | None = None,
@@ -595,11 +633,13 @@ def _trace(
         busy = tuple(sum([durations[n] for n in p], start=0) for p in structure.programs)
     else:  # a rank's nodes are consecutive
         busy = tuple(sum(durations[o.start : o.stop], start=0) for o in structure.orders)
+    # A rank's memory changes in its program order whatever the times (pipesim.memory).
+    peak_bytes, peak_inflight = rank_peaks(step.effects, structure.orders)
     totals = TraceTotals(
         makespan=max((*finish, *(links.end.values() if links else ()))),
         busy=busy,
-        peak_activation_bytes=tuple(p[0] for p in peaks),
-        peak_inflight=tuple(p[1] for p in peaks),
+        peak_activation_bytes=peak_bytes,
+        peak_inflight=peak_inflight,
     )
     link_times = (links.start, links.end) if links else ({}, {})
     if left is not None:  # rendezvous: free-link messages leave when their receive is posted
@@ -679,22 +719,18 @@ def comm_records(
 def memory_records(
     step: CompiledStep, starts: Sequence[Time], ends: Sequence[Time]
 ) -> tuple[MemoryRecord, ...]:
-    """Each rank's memory after every change: its works' effects (:mod:`pipesim.memory`)
-    applied in program order at their starts and ends; sorted by (time, rank)."""
+    """Each rank's memory after every change (:func:`pipesim.memory.held_levels`), at the
+    start or end of the work that made it; sorted by (time, rank)."""
     rows: list[tuple[Time, int, int, int]] = []
     effects = step.effects
     for rank, order in enumerate(step.structure.orders):
-        held = inflight = 0
-        for node in order:
+        held, inflight = held_levels(effects, order)
+        for i, node in enumerate(order):
             start_bytes, start_count, end_bytes, end_count = effects[node]
             if start_bytes or start_count:
-                held += start_bytes
-                inflight += start_count
-                rows.append((starts[node], rank, held, inflight))
+                rows.append((starts[node], rank, held[2 * i], inflight[2 * i]))
             if end_bytes or end_count:
-                held += end_bytes
-                inflight += end_count
-                rows.append((ends[node], rank, held, inflight))
+                rows.append((ends[node], rank, held[2 * i + 1], inflight[2 * i + 1]))
     rows.sort(key=_BY_TIME_THEN_RANK)
     return tuple(
         [

@@ -49,7 +49,8 @@ Effect(start_bytes=2, start_count=0, end_bytes=0, end_count=0)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 from pipesim.actions import OP_INDEX, Work
@@ -58,8 +59,11 @@ from pipesim.costs import CostModel, StageCost
 __all__ = [
     "NO_EFFECT",
     "Effect",
+    "held_levels",
+    "level_peaks",
     "microbatch_peak",
     "op_effects",
+    "rank_peaks",
     "stage_effects",
     "work_effect",
 ]
@@ -121,3 +125,73 @@ def work_effect(table: Sequence[tuple[Effect, ...]], work: Work, /) -> Effect:
         e = table[action.stage][OP_INDEX[action.op]]
         sb, sc, eb, ec = sb + e[0], sc + e[1], eb + e[2], ec + e[3]
     return Effect(sb, sc, eb, ec)
+
+
+def held_levels(effects: Sequence[Effect], order: Iterable[int], /) -> tuple[list[int], list[int]]:
+    """What a rank holds after each change, running ``order`` (node ids into ``effects``):
+    activation bytes and stage-micro-batches in flight after each node's start effect
+    (even positions) and end effect (odd positions), applied in program order from
+    nothing. A rank's memory changes only where its own work starts and ends, in its
+    program order, so the levels do not depend on timing.
+
+    >>> f, b = Effect(10, 1, 0, 0), Effect(0, 0, -10, -1)
+    >>> held_levels([f, b], [0, 0, 1, 1])
+    ([10, 10, 20, 20, 20, 10, 10, 0], [1, 1, 2, 2, 2, 1, 1, 0])
+    """
+    rows = [effects[node] for node in order]
+    if not rows:
+        return [], []
+    start_bytes, start_count, end_bytes, end_count = zip(*rows, strict=True)
+    changes: list[int] = [0] * (2 * len(rows))
+    changes[0::2], changes[1::2] = start_bytes, end_bytes
+    held = list(accumulate(changes))
+    changes[0::2], changes[1::2] = start_count, end_count
+    return held, list(accumulate(changes))
+
+
+def level_peaks(
+    levels: Iterable[tuple[int, int, int]], /, *, n_ranks: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per rank its peak: the most activation bytes and the most stage-micro-batches in
+    flight it held at once, over ``levels`` ``(rank, bytes, count)`` (0 for a rank that
+    held nothing). The one rule of a memory peak; :func:`rank_peaks` reads it from a
+    compiled step, :meth:`pipesim.trace.Trace.totals` from a trace's records.
+
+    The planner's fast evaluators keep their own copies in their per-node loops, for
+    speed (``pipesim/plan/fastsim.py`` ``_memory_peaks``, ``pipesim/plan/onepass.py``),
+    pinned equal to the engine by the differential tests (``tests/test_plan_fastsim.py``).
+
+    >>> level_peaks([(0, 10, 1), (1, 4, 1), (0, 20, 2), (0, 0, 0)], n_ranks=3)
+    ((20, 4, 0), (2, 1, 0))
+    """
+    held: list[list[int]] = [[] for _ in range(n_ranks)]
+    inflight: list[list[int]] = [[] for _ in range(n_ranks)]
+    for rank, n_bytes, count in levels:
+        held[rank].append(n_bytes)
+        inflight[rank].append(count)
+    return tuple(map(_peak, held)), tuple(map(_peak, inflight))
+
+
+def _peak(levels: Iterable[int]) -> int:
+    """The highest of a rank's levels; 0, what it holds before its first work, if none is
+    higher."""
+    return max(max(levels, default=0), 0)
+
+
+def rank_peaks(
+    effects: Sequence[Effect], orders: Sequence[Iterable[int]], /
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`level_peaks` of each rank running its order (``orders[rank]``, node ids
+    into ``effects``): the peaks of its :func:`held_levels`.
+
+    >>> f, b = Effect(10, 1, 0, 0), Effect(0, 0, -10, -1)
+    >>> rank_peaks([f, b], [[0, 1, 0, 1], [0, 0, 1, 1], []])
+    ((10, 20, 0), (1, 2, 0))
+    """
+    peak_bytes: list[int] = []
+    peak_count: list[int] = []
+    for order in orders:  # one rank's levels at a time: a large step holds millions
+        held, inflight = held_levels(effects, order)
+        peak_bytes.append(_peak(held))
+        peak_count.append(_peak(inflight))
+    return tuple(peak_bytes), tuple(peak_count)

@@ -422,7 +422,12 @@ def _topological_order(
     n_arrivals: int,
 ) -> Sequence[int] | None:
     """Sweep the ranks, advancing each as far as its next work's arrivals have been
-    produced, until all work is placed; None when a sweep makes no progress."""
+    produced, until all work is placed; None when a sweep makes no progress.
+
+    Written out rather than networkx's ``topological_sort``: it reads the arrivals as
+    they are, where networkx needs a graph of every dependency edge built first (an order
+    of magnitude more time and memory on a large step); the wait cycle, when there is
+    one, is networkx's (:func:`pipesim.deadlock.find_cycle`)."""
     produced = bytearray(n_arrivals)
     positions = [0] * len(orders)
     order = array("l")

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipesim.actions import Action, Comm, Op, Work
 from pipesim.exact import Time
+from pipesim.memory import level_peaks
 
 __all__ = ["ActionRecord", "CommRecord", "MemoryRecord", "Trace", "TraceTotals", "TransferRecord"]
 
@@ -200,17 +201,16 @@ class Trace:
                 busy[record.rank] += record.end - record.start
             for comm in self.comms:  # a send or receive holds its rank for its overhead
                 busy[comm.rank] += comm.end - comm.start
-            peak_bytes = [0] * self.n_ranks
-            peak_inflight = [0] * self.n_ranks
-            for sample in self.memory:
-                peak_bytes[sample.rank] = max(peak_bytes[sample.rank], sample.activation_bytes)
-                peak_inflight[sample.rank] = max(peak_inflight[sample.rank], sample.inflight)
+            peak_bytes, peak_inflight = level_peaks(
+                ((m.rank, m.activation_bytes, m.inflight) for m in self.memory),
+                n_ranks=self.n_ranks,
+            )
             ends = [r.end for r in self.actions] + [t.end for t in self.transfers]
             totals = TraceTotals(
                 makespan=max(ends, default=0),
                 busy=tuple(busy),
-                peak_activation_bytes=tuple(peak_bytes),
-                peak_inflight=tuple(peak_inflight),
+                peak_activation_bytes=peak_bytes,
+                peak_inflight=peak_inflight,
             )
             object.__setattr__(self, "_totals", totals)
         assert self._totals is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim import CostModel, generate, simulate
+from pipesim import CostModel, StageCost, generate, simulate
 from pipesim.plan.fastsim import compile_schedule, evaluate
 from pipesim.plan.fasttrace import fast_trace
 from pipesim.plan.onepass import quick_step
@@ -145,3 +145,25 @@ def test_fused_backward_frees_everything_at_its_end(act: int, kept: int) -> None
     sim = simulate(generate("1f1b", n_ranks=2, n_microbatches=2), costs=model)
     assert curve(sim.trace, 0) == [(0, act, 1), (1, 2 * act, 2), (6, act, 1), (9, 0, 0)]
     assert curve(sim.trace, 1) == [(1, act, 1), (4, 0, 0), (4, act, 1), (7, 0, 0)]
+
+
+def test_1f1b_peaks_by_hand_from_the_engine_and_from_its_records() -> None:
+    # 1F1B p=3 m=5, 7 bytes per forward: rank r runs p - r forwards before its first
+    # backward (Narayanan et al. 2021), so it holds 3, 2 and 1 micro-batches at its peak.
+    model = CostModel(stages=(StageCost(activation_bytes=7),))
+    trace = simulate(generate("1f1b", n_ranks=3, n_microbatches=5), costs=model).trace
+    expected = ((21, 14, 7), (3, 2, 1))
+    totals = trace.totals()
+    assert (totals.peak_activation_bytes, totals.peak_inflight) == expected
+    # The same peaks from the records alone, as for a trace read from a file.
+    rebuilt = Trace(n_ranks=3, actions=trace.actions, memory=trace.memory).totals()
+    assert (rebuilt.peak_activation_bytes, rebuilt.peak_inflight) == expected
+
+
+def test_forward_only_peaks_at_one_microbatch() -> None:
+    # Inference: each F frees its own activations when it ends, so a rank never holds
+    # more than one micro-batch, however many pass through it.
+    model = CostModel(stages=(StageCost(activation_bytes=7),))
+    schedule = generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True)
+    totals = simulate(schedule, costs=model).trace.totals()
+    assert (totals.peak_activation_bytes, totals.peak_inflight) == ((7, 7), (1, 1))

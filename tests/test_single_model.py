@@ -38,6 +38,17 @@ RULES: dict[str, tuple[re.Pattern[str], set[str]]] = {
         ),
         {"pipesim/memory.py"},
     ),
+    # A rank's memory peak: the highest of its levels (pipesim.memory.level_peaks).
+    "memory peaks": (
+        re.compile(r">\s*peak\w*\b|\bmax\(\s*(max\(|peak\w*(\[[^\]]*\])?\s*,)"),
+        {"pipesim/memory.py"},
+    ),
+    # Rendezvous: a receive posted late is answered at the end of the node its sender is
+    # inside (pipesim.engine.answers_at_node_end).
+    "rendezvous answer": (
+        re.compile(r"\w+(\[\w+\])?\s*<\s*(posted|now)\s*<"),
+        {"pipesim/engine.py"},
+    ),
     # One DeadlockError builder (the class itself lives in errors.py).
     "deadlock error": (
         re.compile(r"\bDeadlockError\("),
@@ -52,13 +63,21 @@ NOT_THE_RULE = {
     "outputs what the last of them outputs",
     ("dependency (copy boundaries)", "verify/locate.py"): "maps a stage to its copy-0 twin "
     "(verify.locate.twin, used by compare and locate)",
+    ("memory peaks", "pipesim/plan/fastsim.py"): "the fast evaluator's copy, for speed, "
+    "pinned equal to the engine by tests/test_plan_fastsim.py",
+    ("memory peaks", "pipesim/plan/onepass.py"): "the one-pass evaluator's per-action loop, "
+    "for speed, pinned equal to the engine by tests/test_plan_fastsim.py",
     ("deadlock error", "pipesim/comms.py"): "a cycle of blocking sends and receives in a comms "
     "program, not the compute step's wait cycle",
 }
 
 #: Files still restating a rule, known and waiting for their own change. The test fails
 #: when one of them stops restating it, so that the entry is removed here.
-PENDING: set[tuple[str, str]] = set()
+PENDING: set[tuple[str, str]] = {
+    ("memory peaks", "pipesim/plan/bounds.py"),
+    ("memory peaks", "pipesim/synth/synthesize.py"),
+    ("memory peaks", "pipesim/schedules/controllable.py"),
+}
 
 #: Restatements as they stood before pipesim/step.py (git history), one per rule.
 OLD_CODE = {
@@ -66,7 +85,16 @@ OLD_CODE = {
     "message size": "return self.stage(producer.stage - 1).output_bytes if producer.stage",
     "memory effects": "freed_bytes += cost.activation_bytes - cost.weight_grad_bytes",
     "deadlock error": 'raise DeadlockError(f"simulation stopped with ranks {stuck}")',
+    "memory peaks": "peak_bytes[rank] = max(peak_bytes[rank], sample.activation_bytes)",
+    "rendezvous answer": "if self.since[rank] < now < self.until[rank]:",
 }
+#: More restatements as they stood before pipesim.memory.level_peaks and
+#: pipesim.engine.answers_at_node_end (git history).
+OLD_PEAK_AND_ANSWER_LINES = [
+    ("memory peaks", "if held_bytes > peak_bytes:"),
+    ("memory peaks", "if h > peak:"),
+    ("rendezvous answer", "if begins < posted < done or (begins >= posted and at[3] in takes):"),
+]
 OLD_MEMORY_LINES = [
     "c -= kept[stage] > 0",
     "count -= wgb[stage] == 0",
@@ -106,6 +134,11 @@ def offenders() -> set[tuple[str, str]]:
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_each_pattern_catches_the_old_restatement(rule: str) -> None:
     assert RULES[rule][0].search(OLD_CODE[rule])
+
+
+@pytest.mark.parametrize(("rule", "line"), OLD_PEAK_AND_ANSWER_LINES)
+def test_peak_and_answer_patterns_catch_each_old_form(rule: str, line: str) -> None:
+    assert RULES[rule][0].search(line)
 
 
 @pytest.mark.parametrize("line", OLD_MEMORY_LINES)
