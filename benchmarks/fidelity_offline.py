@@ -59,7 +59,7 @@ from pipesim.exact import Time
 from pipesim.scaling import AffineCosts
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_dict
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 from pipesim.trace import ActionRecord, Trace
 
 

@@ -52,7 +52,7 @@ from pipesim.costs import CostModel
 from pipesim.errors import CostError
 from pipesim.exact import Time, to_time
 from pipesim.schedule import Schedule
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 
 __all__ = [
     "SAMPLES_META_KEY",

@@ -63,7 +63,7 @@ from pipesim.csv_rows import check_last_row, read_rows
 from pipesim.errors import DeadlockError, ParseError, ScheduleError, summarise
 from pipesim.graph import check_structure, validate
 from pipesim.schedule import Schedule
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.structure import StepStructure, step_structure
 
 __all__ = [
     "Comm",
@@ -206,7 +206,8 @@ def _messages(
 ) -> tuple[Message, ...]:
     """:func:`messages` from a validated structure and its global order."""
     by_producer: dict[Action, list[Action]] = defaultdict(list)
-    # The dependency rules are pipesim.dependencies'; a hand-over is a data edge between two stages.
+    # The dependency rules are pipesim.step.dependencies'; a hand-over is a data edge
+    # between two stages.
     for _, _, producer, consumer in structure.data_edges():
         if producer.stage != consumer.stage:
             by_producer[producer].append(consumer)

@@ -5,7 +5,7 @@ micro-batch. :meth:`CostModel.uniform` is the shorthand for identical stages;
 ``stages`` with one entry per stage describes uneven ones. A single entry is
 broadcast to every stage by :meth:`CostModel.for_stages`.
 
-Memory model (per rank, activations only): see :mod:`pipesim.memory`, where it is
+Memory model (per rank, activations only): see :mod:`pipesim.step.memory`, where it is
 written once.
 
 Link model: a message of ``n`` bytes holds its link (one per ordered pair of
@@ -19,7 +19,7 @@ cost the rank time that a link latency cannot express): each cross-rank
 message costs its sender ``Link.send_overhead`` after the work that produced
 it and its receiver ``Link.receive_overhead`` before the work that needs it,
 and every unit of work costs its rank ``CostModel.dispatch_overhead`` more.
-:func:`pipesim.cost_tables.cost_tables` adds them to the durations (the rule is
+:func:`pipesim.step.cost_tables.cost_tables` adds them to the durations (the rule is
 written there once), so a unit of work holds its rank for
 ``dispatch + receives + compute + sends``; all are 0 by default.
 
@@ -89,7 +89,7 @@ class StageCost:
     """Bytes one micro-batch holds on this stage from the end of I until W ends: what W
     needs, the inputs of the weight matmuls (kept from F) and the gradients of their
     outputs (which I computes and hands to W), so it may exceed ``activation_bytes``
-    (:mod:`pipesim.memory`). Omitted (None): ``activation_bytes * 16 // 17``
+    (:mod:`pipesim.step.memory`). Omitted (None): ``activation_bytes * 16 // 17``
     (:data:`W_SHARE`, Qi et al. 2024, Table 1: ``M_W = 32sbh`` of ``M_B = 34sbh`` per
     transformer layer once the ``5as^2b`` attention scores are not stored)."""
     output_bytes: int = 0

@@ -22,10 +22,10 @@ clock, so that a link serves its messages in the order and at the times they are
 sent, and the message's arrival time is known only when it arrives.
 
 Activation memory per rank changes by each work's memory effect
-(:mod:`pipesim.memory`) when it starts and when it ends.
+(:mod:`pipesim.step.memory`) when it starts and when it ends.
 
 A comms schedule (:class:`pipesim.comms.CommSchedule`) runs its sends and
-receives as nodes of their own, in program order (:func:`pipesim.structure.step_structure`):
+receives as nodes of their own, in program order (:func:`pipesim.step.structure.step_structure`):
 
 - **eager (buffered) send**: a SEND holds its rank for the link's
   ``send_overhead``, then hands the message to the link and the rank moves on;
@@ -67,7 +67,7 @@ the measurements).
 **Posting a receive** (``Link.post_overhead``, compute schedules): after a node and its
 sends, the rank posts the receives the lowering puts there, one after the other, each
 holding it ``post_overhead`` (in a comms schedule its RECV node holds it,
-:func:`pipesim.cost_tables.comm_durations`); a rendezvous receive counts as posted when
+:func:`pipesim.step.cost_tables.comm_durations`); a rendezvous receive counts as posted when
 its posting begins.
 This is the one place the message timing rule is written; the fast evaluators and the
 longest path model eager sends only and refuse rendezvous costs
@@ -95,15 +95,15 @@ import simpy
 
 from pipesim.comms import CommSchedule, receive_posts, validate_comms
 from pipesim.costs import CostModel
-from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import check_structure
-from pipesim.memory import held_levels, rank_peaks
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.nogc import paused_gc
 from pipesim.schedule import Schedule
 from pipesim.step import CompiledStep, compile_step, send_order
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.deadlock import deadlock_error
+from pipesim.step.memory import held_levels, rank_peaks
+from pipesim.step.structure import StepStructure, step_structure
 from pipesim.trace import (
     ActionRecord,
     CommRecord,
@@ -257,7 +257,7 @@ class _RunState:
         )
         """Per node (-1: before a rank's first) the receives posted after it; None when
         posting costs nothing and no send waits for it (``Link.post_overhead``,
-        :func:`pipesim.cost_tables.post_times`)."""
+        :func:`pipesim.step.cost_tables.post_times`)."""
         self.receivers = [m.dst_rank for m in structure.messages]
         """Per message its receiving rank."""
         self.leads = step.leads if self.rendezvous is None else {}
@@ -633,7 +633,7 @@ def _trace(
         busy = tuple(sum([durations[n] for n in p], start=0) for p in structure.programs)
     else:  # a rank's nodes are consecutive
         busy = tuple(sum(durations[o.start : o.stop], start=0) for o in structure.orders)
-    # A rank's memory changes in its program order whatever the times (pipesim.memory).
+    # A rank's memory changes in its program order whatever the times (pipesim.step.memory).
     peak_bytes, peak_inflight = rank_peaks(step.effects, structure.orders)
     totals = TraceTotals(
         makespan=max((*finish, *(links.end.values() if links else ()))),
@@ -719,7 +719,7 @@ def comm_records(
 def memory_records(
     step: CompiledStep, starts: Sequence[Time], ends: Sequence[Time]
 ) -> tuple[MemoryRecord, ...]:
-    """Each rank's memory after every change (:func:`pipesim.memory.held_levels`), at the
+    """Each rank's memory after every change (:func:`pipesim.step.memory.held_levels`), at the
     start or end of the work that made it; sorted by (time, rank)."""
     rows: list[tuple[Time, int, int, int]] = []
     effects = step.effects

@@ -33,12 +33,12 @@ import networkx as nx
 
 from pipesim.actions import N_OPS, Action, Comm, Op, Work, action_code, code_parts
 from pipesim.costs import CostModel, require_eager
-from pipesim.deadlock import deadlock_error
 from pipesim.errors import ScheduleError, and_more, summarise
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step import CompiledStep, compile_step
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.deadlock import deadlock_error
+from pipesim.step.structure import StepStructure, step_structure
 
 if TYPE_CHECKING:  # pipesim.comms validates with this module: imported where used
     from pipesim.comms import CommSchedule
@@ -67,7 +67,7 @@ class DataDependency:
 
 def data_dependencies(schedule: Schedule, /) -> Iterator[DataDependency]:
     """Every data dependency between the actions the schedule actually contains
-    (rules in :mod:`pipesim.dependencies`)."""
+    (rules in :mod:`pipesim.step.dependencies`)."""
     for _, _, producer, consumer in step_structure(schedule).data_edges():
         yield DataDependency(producer=producer, consumer=consumer)
 
@@ -348,7 +348,7 @@ def _missing_actions(schedule: Schedule, structure: StepStructure) -> Iterator[s
     training = not schedule.forward_only
     has, width = structure.has_key, structure.width
     for stage in range(schedule.n_stages):
-        # the first action key of each op of this stage (pipesim.numbering.action_key)
+        # the first action key of each op of this stage (pipesim.step.numbering.action_key)
         f_code, b_code, i_code, w_code = (action_code(stage, op) * width for op in Op)
         for mb in schedule.copy_bounds(stage)[1]:
             inside = mb < width

@@ -15,7 +15,7 @@ from typing import Any
 
 from pipesim.actions import Action, Comm, Op, Work
 from pipesim.exact import Time
-from pipesim.memory import level_peaks
+from pipesim.step.memory import level_peaks
 
 __all__ = ["ActionRecord", "CommRecord", "MemoryRecord", "Trace", "TraceTotals", "TransferRecord"]
 

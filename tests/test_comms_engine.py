@@ -1,4 +1,5 @@
-"""The engine on comms schedules: explicit SEND / RECV actions (pipesim.engine, pipesim.structure).
+"""The engine on comms schedules: explicit SEND / RECV actions (pipesim.engine,
+pipesim.step.structure).
 
 Oracles: the compute schedule (free sends and receives posted as torch's runtime posts them
 give the same step, record for record), the longest path of the comms graph
@@ -78,7 +79,7 @@ def test_makespan_is_the_longest_path_of_the_comms_graph(
     path = critical_path(comms, costs=OVERHEADS, blocking_receives=blocking)
     assert sim.metrics.makespan == path.length
     # A rank is busy for the same total with explicit comms: the overheads move from the
-    # work to the sends and receives (pipesim.cost_tables.overhead_tables).
+    # work to the sends and receives (pipesim.step.cost_tables.overhead_tables).
     compute = simulate(comms.schedule, costs=OVERHEADS)
     assert sim.trace.totals().busy == compute.trace.totals().busy
 

@@ -1,4 +1,4 @@
-"""The memory model (pipesim/memory.py) worked by hand on ZB-H1 p=2 m=2, checked against
+"""The memory model (pipesim/step/memory.py) worked by hand on ZB-H1 p=2 m=2, checked against
 Qi et al. 2024's closed form and read back from every evaluator.
 
 Timeline (F = I = W = 1, free links), worked from the two orders below: rank 0 runs
@@ -127,7 +127,7 @@ def test_zb_h1_output_gradients_above_the_activations_by_hand() -> None:
     for peaks in every_evaluator(model):
         assert peaks == ((22, 24), (2, 2))
     # Qi et al.'s p M_B (= 20) assumes M_W <= M_B; here rank 1 peaks at 24 = p * max(M_B,
-    # M_W), the unit a limit in micro-batches counts (pipesim.memory.microbatch_peak): at
+    # M_W), the unit a limit in micro-batches counts (pipesim.step.memory.microbatch_peak): at
     # limit p ZB-H1 fits, so the synthesizer never does worse than it.
     result = synthesize(n_ranks=2, n_microbatches=2, memory_limit=2, costs=model)
     assert result.problem.limit_bytes == (24, 24)

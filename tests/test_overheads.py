@@ -1,4 +1,5 @@
-"""Per-message and per-action overheads that block a rank (pipesim.costs, pipesim.cost_tables)."""
+"""Per-message and per-action overheads that block a rank (pipesim.costs,
+pipesim.step.cost_tables)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from fractions import Fraction
 import pytest
 
 from pipesim.actions import Action, Op
-from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, Link, StageCost, costs_from_dict, costs_to_dict
 from pipesim.engine import simulate
 from pipesim.schedules import generate, schedule_names
 from pipesim.step import compile_step
+from pipesim.step.cost_tables import cost_tables
 
 _SEND, _TAKE, _DISPATCH = 3, 5, Fraction(1, 2)
 

@@ -19,7 +19,7 @@ from pipesim.plan import evaluate, quick_step
 from pipesim.plan.fastsim import compile_schedule
 from pipesim.plan.fasttrace import fast_trace
 from pipesim.schedules import generate
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 from pipesim.synth.problem import make_problem
 from pipesim.trace import Trace
 

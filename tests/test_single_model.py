@@ -1,7 +1,8 @@
 """Every rule of the step model is written once: the dependency rules, the
-message-size rule, the memory model and the deadlock error live in pipesim/dependencies.py,
-pipesim/cost_tables.py, pipesim/memory.py and pipesim/deadlock.py (read through the compiled
-step, pipesim/step.py); no other production file restates them.
+message-size rule, the memory model and the deadlock error live in
+pipesim/step/dependencies.py, pipesim/step/cost_tables.py, pipesim/step/memory.py and
+pipesim/step/deadlock.py (read through the compiled step, pipesim/step/compile.py); no other
+production file restates them.
 
 The check reads code only (comments and docstrings are stripped with ``tokenize``),
 and each pattern is first shown to catch the restatement it was written against
@@ -26,22 +27,22 @@ RULES: dict[str, tuple[re.Pattern[str], set[str]]] = {
     # A copy's first stage reads the input, its last computes the loss: stage % per_copy.
     "dependency (copy boundaries)": (
         re.compile(r"%\s*\(?\s*(self\.)?per_copy\b"),
-        {"pipesim/dependencies.py"},
+        {"pipesim/step/dependencies.py"},
     ),
     # Messages: F sends its stage's output_bytes, a gradient the previous stage's.
-    "message size": (re.compile(r"\.output_bytes\b"), {"pipesim/cost_tables.py"}),
+    "message size": (re.compile(r"\.output_bytes\b"), {"pipesim/step/cost_tables.py"}),
     # Memory: I frees all but weight_grad_bytes, W the rest; the count drops with the last byte.
     "memory effects": (
         re.compile(
             r"activation_bytes\s*-|-\s*[\w.\[\]]*weight_grad_bytes|-\s*(kept|wgb)\b|"
             r"(weight_grad_bytes|kept|wgb)(\[\w+\])?\s*(==|>)\s*0"
         ),
-        {"pipesim/memory.py"},
+        {"pipesim/step/memory.py"},
     ),
-    # A rank's memory peak: the highest of its levels (pipesim.memory.level_peaks).
+    # A rank's memory peak: the highest of its levels (pipesim.step.memory.level_peaks).
     "memory peaks": (
         re.compile(r">\s*peak\w*\b|\bmax\(\s*(max\(|peak\w*(\[[^\]]*\])?\s*,)"),
-        {"pipesim/memory.py"},
+        {"pipesim/step/memory.py"},
     ),
     # Rendezvous: a receive posted late is answered at the end of the node its sender is
     # inside (pipesim.engine.answers_at_node_end).
@@ -52,7 +53,7 @@ RULES: dict[str, tuple[re.Pattern[str], set[str]]] = {
     # One DeadlockError builder (the class itself lives in errors.py).
     "deadlock error": (
         re.compile(r"\bDeadlockError\("),
-        {"pipesim/deadlock.py", "pipesim/errors.py"},
+        {"pipesim/step/deadlock.py", "pipesim/errors.py"},
     ),
 }
 
@@ -79,7 +80,7 @@ PENDING: set[tuple[str, str]] = {
     ("memory peaks", "pipesim/schedules/controllable.py"),
 }
 
-#: Restatements as they stood before pipesim/step.py (git history), one per rule.
+#: Restatements as they stood before pipesim/step/compile.py (git history), one per rule.
 OLD_CODE = {
     "dependency (copy boundaries)": "f_waits = [s % per_copy != 0 and placement[s - 1] != p]",
     "message size": "return self.stage(producer.stage - 1).output_bytes if producer.stage",
@@ -88,7 +89,7 @@ OLD_CODE = {
     "memory peaks": "peak_bytes[rank] = max(peak_bytes[rank], sample.activation_bytes)",
     "rendezvous answer": "if self.since[rank] < now < self.until[rank]:",
 }
-#: More restatements as they stood before pipesim.memory.level_peaks and
+#: More restatements as they stood before pipesim.step.memory.level_peaks and
 #: pipesim.engine.answers_at_node_end (git history).
 OLD_PEAK_AND_ANSWER_LINES = [
     ("memory peaks", "if held_bytes > peak_bytes:"),

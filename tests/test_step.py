@@ -1,21 +1,21 @@
 """The compiled step (pipesim.step and the modules it is built from: structure, wiring,
-dependencies, cost_tables, deadlock) and the memory model (pipesim.memory), by hand."""
+dependencies, cost_tables, deadlock) and the memory model (pipesim.step.memory), by hand."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, parse_action
-from pipesim.cost_tables import cost_tables, message_bytes
 from pipesim.costs import CostModel, Link, StageCost
-from pipesim.deadlock import deadlock_error
-from pipesim.dependencies import prerequisites
 from pipesim.errors import DeadlockError
-from pipesim.memory import Effect, op_effects, work_effect
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 from pipesim.step import compile_step
-from pipesim.structure import step_structure
+from pipesim.step.cost_tables import cost_tables, message_bytes
+from pipesim.step.deadlock import deadlock_error
+from pipesim.step.dependencies import prerequisites
+from pipesim.step.memory import Effect, op_effects, work_effect
+from pipesim.step.structure import step_structure
 
 
 def act(text: str) -> Action:

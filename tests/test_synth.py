@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from pipesim import CostModel, Link, StageCost, critical_path, generate, simulate, validate
 from pipesim.errors import CostError, PipesimError, ScheduleError
-from pipesim.memory import microbatch_peak
 from pipesim.schedule import Schedule
+from pipesim.step.memory import microbatch_peak
 from pipesim.synth import lower_bound, make_problem, parse_memory_limit, synthesize
 from pipesim.synth.heuristic import greedy_run, links_never_queue, policies
 from pipesim.synth.synthesize import order_peaks

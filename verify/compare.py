@@ -44,7 +44,7 @@ from pipesim.exact import Time
 from pipesim.graph import data_dependencies, validate
 from pipesim.metrics import error_percent
 from pipesim.schedule import Schedule
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 from pipesim.trace import Trace
 from verify.bit_identity import exact_settings
 from verify.calibrate import as_run_schedule, calibrate, measured_trace

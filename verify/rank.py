@@ -35,7 +35,7 @@ from pipesim.actions import Action
 from pipesim.comms import Comm, Message, lower_comms, messages
 from pipesim.schedule import Schedule
 from pipesim.schedule_io import schedule_from_json, schedule_to_json
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 from verify.allocator import minor_page_faults
 from verify.bit_identity import exact_settings
 from verify.compare import build_stages, split_microbatches, step_rows

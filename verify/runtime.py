@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from pipesim.actions import Action, Op
 from pipesim.schedule import Schedule
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.structure import StepStructure, step_structure
 from verify.errors import VerifyError
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 
@@ -151,7 +151,8 @@ class StageRuntime:
         self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
         self.n_microbatches = schedule.n_microbatches
         # Schedule.n_copies: the stages form independent model copies (DualPipe keeps two);
-        # which stage reads the input and which computes the loss is pipesim.dependencies' rule.
+        # which stage reads the input and which computes the loss is
+        # pipesim.step.dependencies' rule.
         self.structure = step_structure(schedule) if structure is None else structure
         self.mbs_per_copy = schedule.n_microbatches // schedule.n_copies
         self.params = {s: [p for p in m.parameters() if p.requires_grad] for s, m in stages.items()}

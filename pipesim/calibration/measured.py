@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pipesim.actions import Action, Op, Work
-from pipesim.cost_tables import comm_overhead
 from pipesim.costs import CostModel
 from pipesim.errors import CostError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.cost_tables import comm_overhead
+from pipesim.step.structure import StepStructure, step_structure
 from pipesim.trace import ActionRecord, Trace
 
 __all__ = ["MeasuredStep", "calibration_schedule", "compute_only", "measured_makespan"]
@@ -99,7 +99,7 @@ def compute_only(trace: Trace, schedule: Schedule, costs: CostModel, /) -> Trace
 def _message_overheads(structure: StepStructure, costs: CostModel) -> tuple[list[Time], list[Time]]:
     """Per node, the receive overheads of the messages it takes and the send overheads of
     those it sends, each message over its own rank pair's link (as the engine charges
-    them: :func:`pipesim.cost_tables.comm_overhead` of :meth:`CostModel.link_between`)."""
+    them: :func:`pipesim.step.cost_tables.comm_overhead` of :meth:`CostModel.link_between`)."""
     messages = structure.messages
     n = len(messages)
 

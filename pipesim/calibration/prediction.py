@@ -19,7 +19,7 @@ from pipesim.errors import CostError
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step import compile_step
-from pipesim.structure import step_structure
+from pipesim.step.structure import step_structure
 
 __all__ = ["compute_span", "costs_for", "cut_stages", "predict", "replay"]
 

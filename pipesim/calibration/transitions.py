@@ -13,7 +13,7 @@ from pipesim.calibration.measured import MeasuredStep, _records_by_node
 from pipesim.comms import receive_posts
 from pipesim.exact import Time
 from pipesim.schedule import Schedule
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.structure import StepStructure, step_structure
 from pipesim.trace import ActionRecord
 
 

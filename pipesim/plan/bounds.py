@@ -8,14 +8,14 @@ cost model (``docs/planner-speed.md`` has the proof):
 - **Work.** A rank runs its work one unit at a time, so from the start of its first
   unit to the end of its last it spends at least its total duration: each of its
   stages runs F and B (or I and W) once per micro-batch of its model copy. Durations
-  are read from :func:`pipesim.cost_tables.cost_tables` (overheads included), and an
+  are read from :func:`pipesim.step.cost_tables.cost_tables` (overheads included), and an
   overlapped pair lasts the sum of its parts (less one dispatch per extra part) when
   the stages give no ``overlap`` time, as :meth:`pipesim.costs.CostModel.duration`
   prices it.
 - **Fill and drain.** A rank's first unit cannot start before the chain of work one
   micro-batch needs before it (the forwards of the stages before it), and after its
   last unit the chain that depends on it still runs (the rest of that micro-batch's
-  backward). The chains follow :func:`pipesim.dependencies.prerequisites`; sends only
+  backward). The chains follow :func:`pipesim.step.dependencies.prerequisites`; sends only
   ever add time, so links are left out.
 - **Memory.** Static memory (weights, gradients, optimizer state) and the
   recomputation transient are the sweep's own numbers; activations held never go
@@ -35,16 +35,16 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import OP_INDEX, Action, Op
-from pipesim.cost_tables import cost_tables
-from pipesim.dependencies import prerequisites
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
-from pipesim.memory import Effect, stage_effects, work_effect
 from pipesim.plan import sweep
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.iteration import static_bytes
 from pipesim.plan.sweep import Point, SweepContext
 from pipesim.schedules import generate
+from pipesim.step.cost_tables import cost_tables
+from pipesim.step.dependencies import prerequisites
+from pipesim.step.memory import Effect, stage_effects, work_effect
 
 __all__ = ["Bound", "Shape", "bound", "shape"]
 
@@ -328,7 +328,7 @@ def _memory_bound(
 
 
 def _warmup_peak(order: tuple[object, ...], per_stage: Sequence[tuple[Effect, ...]]) -> int:
-    """The most activation bytes held over ``order`` (pipesim.memory: each unit's effect
+    """The most activation bytes held over ``order`` (pipesim.step.memory: each unit's effect
     at its start, then at its end), from nothing held."""
     held = peak = 0
     for work in order:

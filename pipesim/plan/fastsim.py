@@ -17,9 +17,9 @@ stays the reference, and this module computes the *same* numbers faster:
   the peaks do not depend on timing at all.
 
 The topological order and the message wiring depend only on the schedule: they
-are the :class:`~pipesim.structure.StepStructure` that :func:`compile_schedule`
+are the :class:`~pipesim.step.structure.StepStructure` that :func:`compile_schedule`
 builds once and :func:`evaluate` reuses for any cost model, reading durations,
-memory effects and message sizes from :func:`pipesim.cost_tables.cost_tables`.
+memory effects and message sizes from :func:`pipesim.step.cost_tables.cost_tables`.
 Arithmetic is whatever exact numbers the costs hold (ints or Fractions), as in
 the engine: results are identical, not merely close
 (``tests/test_plan_fastsim.py`` checks every record of the trace on random
@@ -41,14 +41,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesim.costs import CostModel, require_eager
-from pipesim.deadlock import deadlock_error
 from pipesim.exact import Time
 from pipesim.graph import validate
-from pipesim.memory import Effect
 from pipesim.metrics import Metrics, metrics_from_totals
 from pipesim.schedule import Schedule
 from pipesim.step import message_columns, send_leads, send_order, structure_tables
-from pipesim.structure import StepStructure, step_structure
+from pipesim.step.deadlock import deadlock_error
+from pipesim.step.memory import Effect
+from pipesim.step.structure import StepStructure, step_structure
 
 __all__ = [
     "StepResult",
@@ -61,8 +61,8 @@ __all__ = [
 
 def compile_schedule(schedule: Schedule, /) -> StepStructure:
     """The cost-independent part of evaluating ``schedule`` (no validation): its
-    :class:`~pipesim.structure.StepStructure`, which the engine reads too. A schedule
-    whose waits form a cycle is the DeadlockError of :func:`pipesim.deadlock.deadlock_error`.
+    :class:`~pipesim.step.structure.StepStructure`, which the engine reads too. A schedule
+    whose waits form a cycle is the DeadlockError of :func:`pipesim.step.deadlock.deadlock_error`.
     """
     structure = step_structure(schedule)
     if structure.topological is None:
@@ -148,7 +148,7 @@ def _memory_peaks(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per rank: the most activation bytes and stage-micro-batches held at once.
 
-    Each work changes its rank's memory by its effect (:mod:`pipesim.memory`)
+    Each work changes its rank's memory by its effect (:mod:`pipesim.step.memory`)
     at its start and at its end, in program order, so timing does not matter.
     """
     keys = structure.keys

@@ -39,7 +39,7 @@ selective recomputation drops the ``5as/(ht)`` term; full recomputation keeps
 only the block input, ``2 s h`` bytes (``2sh/t`` with sequence parallelism,
 as Megatron-LM checkpoints the sequence-split hidden states), and re-creates
 one block's activations at a time in the backward (``LayerCost.transient_bytes``).
-What W still needs after I (``weight_grad_bytes``, :mod:`pipesim.memory`) are the
+What W still needs after I (``weight_grad_bytes``, :mod:`pipesim.step.memory`) are the
 inputs of the four weight matmuls (``14 s h`` for GPT at t=1, kept from F) and the
 gradients of their outputs, which I computes and hands to W (``18 s h``: QKV
 ``6sh``, output projection ``2sh``, MLP ``8sh + 2sh``); together Qi et al. 2024's

@@ -14,13 +14,13 @@ from __future__ import annotations
 import heapq
 
 from pipesim.actions import OP_INDEX, Action, Op
-from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, require_eager
-from pipesim.dependencies import forward_source, gradient_source
 from pipesim.exact import Time
-from pipesim.numbering import action_key
 from pipesim.plan.fastsim import StepResult
 from pipesim.schedule import Schedule
+from pipesim.step.cost_tables import cost_tables
+from pipesim.step.dependencies import forward_source, gradient_source
+from pipesim.step.numbering import action_key
 
 __all__ = ["quick_step"]
 
@@ -44,7 +44,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
     require_eager(costs, evaluator="the one-pass evaluator (pipesim.plan.onepass)")
-    # Durations, memory effects and message sizes: the shared tables (pipesim.cost_tables).
+    # Durations, memory effects and message sizes: the shared tables (pipesim.step.cost_tables).
     tables = cost_tables(
         costs,
         n_stages=n_stages,
@@ -57,7 +57,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     per_copy = n_stages // schedule.n_copies
     overlap_comm = costs.overlap_comm
     # Which stage's F output F of s reads, and whose gradient B / I of s reads
-    # (pipesim.dependencies' rules); a message exists only between two ranks.
+    # (pipesim.step.dependencies' rules); a message exists only between two ranks.
     f_src = [forward_source(s, per_copy=per_copy) for s in range(n_stages)]
     g_src = [gradient_source(s, per_copy=per_copy) for s in range(n_stages)]
     f_waits = [src is not None and placement[src] != placement[s] for s, src in enumerate(f_src)]
@@ -152,7 +152,7 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
             spent += duration
             if end > makespan:
                 makespan = end
-            # memory: the work's effect at its start, then at its end (pipesim.memory)
+            # memory: the work's effect at its start, then at its end (pipesim.step.memory)
             start_bytes, start_count, end_bytes, end_count = effects[cost_key]
             h += start_bytes
             c += start_count

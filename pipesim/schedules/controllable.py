@@ -46,12 +46,12 @@ from __future__ import annotations
 
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import StageCost
-from pipesim.dependencies import prerequisites
 from pipesim.errors import ScheduleError
-from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 from pipesim.schedules.zbv import require_two_stages_per_rank, v_placement
+from pipesim.step.dependencies import prerequisites
+from pipesim.step.memory import op_effects
 
 __all__ = ["BLOCKS", "block_slots", "repeated_orders", "v_half", "v_min"]
 
@@ -62,7 +62,7 @@ BLOCKS = ("v-half", "v-min")
 _INTERVAL = 6
 
 # One chunk's activations as one unit, all held from F until W (the paper's count;
-# pipesim.memory's effects of a stage whose weight_grad_bytes equal its activations).
+# pipesim.step.memory's effects of a stage whose weight_grad_bytes equal its activations).
 _UNIT = op_effects(StageCost(activation_bytes=1, weight_grad_bytes=1), forward_only=False)
 _HELD = {op: _UNIT[OP_INDEX[op]].start_bytes + _UNIT[OP_INDEX[op]].end_bytes for op in Op}
 

@@ -13,7 +13,7 @@ for the engine's contended links too):
   single micro-batch.
 
 Durations include the dispatch and message overheads the engine charges
-(:func:`pipesim.cost_tables.cost_tables`). Where overlapped F&B pairs are allowed
+(:func:`pipesim.step.cost_tables.cost_tables`). Where overlapped F&B pairs are allowed
 (``Problem.overlap_fb``), a pair may do a forward of one chunk and the full
 backward of the other in less than their sum: a rank's work then counts each
 such forward-backward couple at the cheaper of the two, and a pass on the path
@@ -30,8 +30,8 @@ parallelogram, ``(p - 1) F + 3 m F``, so the gap of a good schedule is small.
 from __future__ import annotations
 
 from pipesim.actions import Action, Op, action_code
-from pipesim.cost_tables import message_bytes
 from pipesim.exact import Time
+from pipesim.step.cost_tables import message_bytes
 from pipesim.synth.problem import Problem, durations_of, fb_pairs
 
 __all__ = ["lower_bound", "split_is_cheapest"]

@@ -9,7 +9,7 @@ The model (Qi et al. 2024 solve the same problem as an ILP, sec. 3.2):
   latency and transfer time; I of ``s`` after F of ``s`` and after I of
   ``s + 1`` plus the message; W after I;
 - each rank's activation bytes, a reservoir changed at the starts and ends of
-  F, I and W exactly as the engine changes them (:func:`pipesim.memory.op_effects`);
+  F, I and W exactly as the engine changes them (:func:`pipesim.step.memory.op_effects`);
   the level stays within the limit;
 - minimise the makespan, or (``objective="period"``) the steady-state iteration
   period under an optimizer synchronization (:mod:`pipesim.iterations`): the step
@@ -43,13 +43,13 @@ from fractions import Fraction
 from typing import Any
 
 from pipesim.actions import Action, Op, action_code
-from pipesim.cost_tables import message_bytes
 from pipesim.errors import PipesimError
 from pipesim.exact import Time, whole_or_fraction
 from pipesim.graph import validate
 from pipesim.iterations import DEFAULT_SYNC, check_sync
-from pipesim.memory import op_effects
 from pipesim.schedule import Schedule
+from pipesim.step.cost_tables import message_bytes
+from pipesim.step.memory import op_effects
 from pipesim.synth.problem import Problem, durations_of
 
 __all__ = ["MAX_EXACT_ACTIONS", "MAX_SEEDED_ACTIONS", "ExactSolution", "solve_exact"]
@@ -428,7 +428,7 @@ def _times(problem: Problem) -> tuple[dict[tuple[int, Op], Time], list[Time], li
 
 
 def _memory(model: Any, problem: Problem, start: dict[Any, Any], end: dict[Any, Any]) -> None:
-    """Each rank's activation bytes as a reservoir within its limit (pipesim.memory)."""
+    """Each rank's activation bytes as a reservoir within its limit (pipesim.step.memory)."""
     mem = problem.memory_costs
     for rank in range(problem.n_ranks):
         times, changes = [], []

@@ -8,8 +8,8 @@ the gaps and is forced when memory must be freed.
 
 The scheduler is a discrete-event simulation of the engine's model (per-stage
 durations, message latency and bytes / bandwidth, and the memory model of
-:mod:`pipesim.memory`). Its memory book reserves, when F starts, the most the
-micro-batch will hold on the stage (:func:`pipesim.memory.microbatch_peak`: the
+:mod:`pipesim.step.memory`). Its memory book reserves, when F starts, the most the
+micro-batch will hold on the stage (:func:`pipesim.step.memory.microbatch_peak`: the
 activations, or the ``weight_grad_bytes`` I hands to W if they are more), lets
 I free down to the ``weight_grad_bytes`` and W the rest, so the engine's level
 never exceeds the book. Each rank, when it is free, picks among the actions
@@ -61,10 +61,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap, Work, action_code
-from pipesim.cost_tables import message_bytes
 from pipesim.exact import Time
-from pipesim.memory import microbatch_peak, op_effects
 from pipesim.schedules.controllable import repeated_orders
+from pipesim.step.cost_tables import message_bytes
+from pipesim.step.memory import microbatch_peak, op_effects
 from pipesim.synth.policies import Policy, pair_pays, policies
 from pipesim.synth.problem import Problem, durations_of, fb_pairs
 
@@ -157,7 +157,7 @@ class _Greedy:
         self.f = [table[action_code(s, Op.F)] for s in range(n_stages)]
         self.i = [table[action_code(s, Op.I)] for s in range(n_stages)]
         self.w = [table[action_code(s, Op.W)] for s in range(n_stages)]
-        # Memory from the one memory model (pipesim.memory). The book: F reserves the
+        # Memory from the one memory model (pipesim.step.memory). The book: F reserves the
         # micro-batch's peak on the stage (what I adds at its start included), I frees
         # at its end what it frees in the engine, W the rest; the engine's level is at
         # most the book's at every instant.

@@ -6,14 +6,14 @@ lower bound, the exact solver) reads the same object, so the rules are
 written once.
 
 Memory limit (``memory_limit``): a per-rank ceiling on activation bytes, in
-the engine's model (:mod:`pipesim.memory`: F allocates its stage's
+the engine's model (:mod:`pipesim.step.memory`: F allocates its stage's
 ``activation_bytes`` at its start, I turns them into the ``weight_grad_bytes``
 W needs, output gradients included, W frees those). :func:`parse_memory_limit`
 reads it as
 
 - a number of micro-batches (``8``, ``2.5``, ``16/3``): that many times the
   most one micro-batch holds on *each rank* in that model
-  (:func:`pipesim.memory.microbatch_peak` summed over the stages the rank
+  (:func:`pipesim.step.memory.microbatch_peak` summed over the stages the rank
   holds; with ``virtual = 2`` one micro-batch is both chunks), the unit of Qi
   et al.'s ``p M_B`` and ``(2p - 1) M_B``. That is ``activation_bytes`` unless
   ``weight_grad_bytes`` is larger: then a micro-batch between I and W holds
@@ -42,13 +42,13 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipesim.actions import Action, Op, Overlap
-from pipesim.cost_tables import cost_tables
 from pipesim.costs import CostModel, StageCost, require_eager
 from pipesim.errors import CostError, PipesimError, ScheduleError, brief
 from pipesim.exact import Time, to_fraction
 from pipesim.limits import MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, check_actions, check_range
-from pipesim.memory import microbatch_peak
 from pipesim.schedules.zbv import v_placement
+from pipesim.step.cost_tables import cost_tables
+from pipesim.step.memory import microbatch_peak
 from pipesim.units import parse_bytes
 
 __all__ = ["PLACEMENTS", "MemoryLimit", "Problem", "make_problem", "parse_memory_limit"]
@@ -149,13 +149,13 @@ class Problem:
 
     def microbatch_bytes(self, rank: int) -> int:
         """The unit of a limit in micro-batches: the most one micro-batch holds on each
-        of ``rank``'s stages, summed (:func:`pipesim.memory.microbatch_peak`)."""
+        of ``rank``'s stages, summed (:func:`pipesim.step.memory.microbatch_peak`)."""
         return sum(microbatch_peak(self.memory_costs.stage(s)) for s in self.stages_of(rank))
 
 
 def durations_of(problem: Problem, /) -> list[Time]:
     """Per action code (:func:`pipesim.actions.action_code`): compute plus the dispatch
-    and message overheads (:func:`pipesim.cost_tables.cost_tables`, the engine's own
+    and message overheads (:func:`pipesim.step.cost_tables.cost_tables`, the engine's own
     table)."""
     tables = cost_tables(
         problem.costs,
@@ -169,8 +169,8 @@ def durations_of(problem: Problem, /) -> list[Time]:
 def fb_pairs(problem: Problem, /) -> dict[tuple[int, int], Time]:
     """Per ``(forward stage, backward stage)`` pair a rank may overlap (its two chunks, either
     way round; none without ``overlap_fb``): the pair's duration as the engine takes it
-    (:func:`pipesim.cost_tables.cost_tables`: ``StageCost.overlap`` of the forward's stage, else
-    the parts' sum, one dispatch, the parts' message overheads).
+    (:func:`pipesim.step.cost_tables.cost_tables`: ``StageCost.overlap`` of the forward's
+    stage, else the parts' sum, one dispatch, the parts' message overheads).
 
     >>> from pipesim.costs import CostModel
     >>> costs = CostModel.uniform(forward=2, backward=4, overlap=5)

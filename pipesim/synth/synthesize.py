@@ -40,11 +40,11 @@ from pipesim.iterations import (
     simulate_iterations,
     steady_period,
 )
-from pipesim.memory import stage_effects, work_effect
 from pipesim.metrics import Metrics
 from pipesim.plan.fastsim import StepResult, compile_schedule, evaluate, metrics_of
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
+from pipesim.step.memory import stage_effects, work_effect
 from pipesim.synth.bound import lower_bound, split_is_cheapest
 from pipesim.synth.heuristic import greedy_run, links_never_queue
 from pipesim.synth.policies import Policy, policies
@@ -506,7 +506,7 @@ def _greedy_candidate(problem: Problem, policy: Policy, *, trusted: bool) -> Can
 
 def order_peaks(problem: Problem, orders: Sequence[Sequence[Work]]) -> tuple[int, ...]:
     """Per rank, the most bytes held (``memory_costs``): each action's effects
-    (:mod:`pipesim.memory`, an overlapped unit's summed) at its start and its end in
+    (:mod:`pipesim.step.memory`, an overlapped unit's summed) at its start and its end in
     program order, as the evaluator applies them; no timing needed."""
     table = stage_effects(problem.memory_costs, n_stages=problem.n_stages, forward_only=False)
     changes = {

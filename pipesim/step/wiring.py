@@ -1,4 +1,4 @@
-"""Wiring a step: apply the dependency rules (:mod:`pipesim.dependencies`) to every
+"""Wiring a step: apply the dependency rules (:mod:`pipesim.step.dependencies`) to every
 action present, turn each cross-rank data edge into a message between two ranks (per
 ordered rank pair, a link), and record per node the arrivals it waits for and sends;
 for a comms schedule, move each message's departure to its SEND node and (blocking
@@ -7,7 +7,7 @@ receives) its arrival to its RECV node.
 Messages are numbered in edge order (by consumer node, then prerequisite order), so a
 producer sends its messages in increasing id.
 
->>> from pipesim.numbering import number_works
+>>> from pipesim.step.numbering import number_works
 >>> from pipesim.schedules import generate
 >>> schedule = generate("gpipe", n_ranks=2, n_microbatches=1)
 >>> works = [w for order in schedule.orders for w in order]
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipesim.actions import Action, Comm, Work, action_code, code_parts
-from pipesim.dependencies import prerequisites
-from pipesim.numbering import Numbering, part_of
 from pipesim.schedule import Schedule
+from pipesim.step.dependencies import prerequisites
+from pipesim.step.numbering import Numbering, part_of
 
 __all__ = ["Edges", "MessageRow", "Wiring", "message_row", "place_comms", "wire"]
 

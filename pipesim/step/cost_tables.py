@@ -1,6 +1,6 @@
 """A cost model as small tables per cost key and stage: what each unit of work costs
 (duration, with the overheads it pays for its messages), its memory effect
-(:mod:`pipesim.memory`), and the message-size rule: F sends its stage's
+(:mod:`pipesim.step.memory`), and the message-size rule: F sends its stage's
 ``output_bytes``; the gradient B or I of stage s sends back has the shape of stage
 s-1's output. The engine's compiled step (:func:`pipesim.step.compile_step`), the
 planner's evaluators and the synthesizer read these tables.
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from pipesim.actions import Action, Op, Overlap, action_code
 from pipesim.costs import CostModel, Link
-from pipesim.dependencies import forward_source, gradient_source
 from pipesim.exact import Time
-from pipesim.memory import Effect, stage_effects, work_effect
-from pipesim.structure import StepStructure
+from pipesim.step.dependencies import forward_source, gradient_source
+from pipesim.step.memory import Effect, stage_effects, work_effect
+from pipesim.step.structure import StepStructure
 
 __all__ = [
     "CostTables",
@@ -64,7 +64,7 @@ class CostTables:
     durations: list[Time]
     """Per cost key: how long that work runs."""
     effects: list[Effect]
-    """Per cost key: its memory effect (:mod:`pipesim.memory`)."""
+    """Per cost key: its memory effect (:mod:`pipesim.step.memory`)."""
     forward_bytes: list[int]
     """Per stage: bytes its F sends (:func:`message_bytes`)."""
     gradient_bytes: list[int]

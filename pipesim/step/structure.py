@@ -6,8 +6,8 @@ signals, per node the arrivals it waits for and produces, and on demand a topolo
 order (None when the waits form a cycle). The planner builds it once per schedule and
 prices it under many cost models (:func:`pipesim.step.compile_step`).
 
-Built from :mod:`pipesim.numbering` (keys and the key -> node table) and
-:mod:`pipesim.wiring` (edges, messages, a comms schedule's sends and receives).
+Built from :mod:`pipesim.step.numbering` (keys and the key -> node table) and
+:mod:`pipesim.step.wiring` (edges, messages, a comms schedule's sends and receives).
 
 >>> from pipesim.schedules import generate
 >>> structure = step_structure(generate("1f1b", n_ranks=2, n_microbatches=2))
@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import cast, overload
 
 from pipesim.actions import Action, Comm, Overlap, Work
-from pipesim.dependencies import forward_source, gradient_source
-from pipesim.numbering import (
+from pipesim.schedule import Schedule
+from pipesim.step.dependencies import forward_source, gradient_source
+from pipesim.step.numbering import (
     KeyTable,
     Numbering,
     SparseKeys,
@@ -36,8 +37,7 @@ from pipesim.numbering import (
     number_works,
     part_keys,
 )
-from pipesim.schedule import Schedule
-from pipesim.wiring import Edges, MessageRow, Wiring, message_row, place_comms, wire
+from pipesim.step.wiring import Edges, MessageRow, Wiring, message_row, place_comms, wire
 
 __all__ = ["StepStructure", "step_structure"]
 
@@ -65,7 +65,7 @@ class StepStructure:
     """Micro-batch stride of the action keys: ``n_microbatches``, or one more than the
     largest micro-batch named when that is larger."""
     node_at: KeyTable
-    """Action key (:func:`pipesim.numbering.action_key`) -> the node running
+    """Action key (:func:`pipesim.step.numbering.action_key`) -> the node running
     that action (the first if duplicated), -1 if none; see :meth:`node_of`. A dense table
     has room for 8 codes past the largest key present (every prerequisite key of a key
     present can be read without a bounds check); keys past its end are absent too."""
@@ -427,7 +427,7 @@ def _topological_order(
     Written out rather than networkx's ``topological_sort``: it reads the arrivals as
     they are, where networkx needs a graph of every dependency edge built first (an order
     of magnitude more time and memory on a large step); the wait cycle, when there is
-    one, is networkx's (:func:`pipesim.deadlock.find_cycle`)."""
+    one, is networkx's (:func:`pipesim.step.deadlock.find_cycle`)."""
     produced = bytearray(n_arrivals)
     positions = [0] * len(orders)
     order = array("l")

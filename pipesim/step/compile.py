@@ -1,26 +1,6 @@
-"""The compiled step: one pipeline step as tables every evaluator, view and executor reads.
-
-A step is built in two layers, so that the planner builds the first once per schedule
-and reuses it for many cost models:
-
-- :func:`~pipesim.structure.step_structure` -> :class:`~pipesim.structure.StepStructure`,
-  independent of costs (:mod:`pipesim.structure`, from :mod:`pipesim.numbering` and
-  :mod:`pipesim.wiring`);
-- :func:`compile_step` -> :class:`CompiledStep` (this module), one row per unit of
-  work: duration and memory effect, and per message its bytes, link, occupancy and
-  latency.
-
-The model's rules, each written once, live in one module each:
-
-- **dependencies**: :mod:`pipesim.dependencies` (:func:`forward_source`,
-  :func:`gradient_source`, :func:`prerequisites`);
-- **message sizes** and what work costs: :mod:`pipesim.cost_tables`
-  (:func:`message_bytes`, :func:`cost_tables`, the overheads);
-- **memory**: :mod:`pipesim.memory`;
-- **the deadlock error**: :mod:`pipesim.deadlock` (:func:`deadlock_error`).
-
-Their public names are importable from here too (``__all__``); the code of pipesim
-imports each from its home.
+"""The compiled step's tables under a cost model: :func:`compile_step` turns a
+:class:`~pipesim.step.structure.StepStructure` into a :class:`CompiledStep`, one row per
+unit of work and one column set per message (see :mod:`pipesim.step` for the cluster).
 
 >>> from pipesim.costs import CostModel
 >>> from pipesim.schedules import generate
@@ -40,46 +20,25 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipesim.actions import Overlap, action_code
-from pipesim.cost_tables import (
+from pipesim.costs import CostModel, Link
+from pipesim.exact import Time
+from pipesim.schedule import Schedule
+from pipesim.step.cost_tables import (
     CostTables,
     comm_durations,
-    comm_overhead,
     cost_tables,
-    message_bytes,
-    overhead_tables,
     post_times,
 )
-from pipesim.costs import CostModel, Link
-from pipesim.deadlock import deadlock_error, find_cycle
-from pipesim.dependencies import forward_source, gradient_source, prerequisites
-from pipesim.exact import Time
-from pipesim.memory import NO_EFFECT, Effect
-from pipesim.schedule import Schedule
-from pipesim.structure import StepStructure, step_structure
-from pipesim.wiring import MessageRow
+from pipesim.step.memory import NO_EFFECT, Effect
+from pipesim.step.structure import StepStructure, step_structure
 
 __all__ = [
     "CompiledStep",
-    "CostTables",
-    "MessageRow",
     "StepRow",
-    "StepStructure",
-    "comm_durations",
-    "comm_overhead",
     "compile_step",
-    "cost_tables",
-    "deadlock_error",
-    "find_cycle",
-    "forward_source",
-    "gradient_source",
-    "message_bytes",
     "message_columns",
-    "overhead_tables",
-    "post_times",
-    "prerequisites",
     "send_leads",
     "send_order",
-    "step_structure",
     "structure_tables",
 ]
 
@@ -257,7 +216,7 @@ def compile_step(schedule: Schedule | StepStructure, costs: CostModel, /) -> Com
     sizes, occupancy, latency, pair_links = message_columns(structure, costs, tables)
     node_durations = list(map(durations.__getitem__, structure.keys))
     node_effects = list(map(effects.__getitem__, structure.keys))
-    if structure.comms:  # sends and receives hold no memory (pipesim.memory)
+    if structure.comms:  # sends and receives hold no memory (pipesim.step.memory)
         node_durations += comm_durations(structure, pair_links)
         node_effects += [NO_EFFECT] * len(structure.comms)
     return CompiledStep(

@@ -2,7 +2,7 @@
 
 >>> from pipesim.actions import parse_action
 >>> from pipesim.schedule import Schedule
->>> from pipesim.structure import step_structure
+>>> from pipesim.step.structure import step_structure
 >>> stuck = Schedule.from_orders([[parse_action("0B0"), parse_action("0F0")]],
 ...                              placement=(0,), n_microbatches=1)
 >>> deadlock_error(step_structure(stuck)).cycle  # each waits for the next: order, data
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import networkx as nx
 
 from pipesim.errors import DeadlockError
-from pipesim.structure import StepStructure
+from pipesim.step.structure import StepStructure
 
 __all__ = ["deadlock_error", "find_cycle"]
 

@@ -33,7 +33,7 @@ F's ``34sbh``, Korthikanti et al. 2023, Table 2) plus their output gradients (QK
 
 An :class:`~pipesim.actions.Overlap` has the summed effects of its parts. The
 SimPy engine, the planner's evaluators, the synthesizer and the compiled step all
-read these tables (through :mod:`pipesim.cost_tables`); no other module restates them.
+read these tables (through :mod:`pipesim.step.cost_tables`); no other module restates them.
 
 >>> from pipesim.costs import StageCost
 >>> table = op_effects(StageCost(activation_bytes=10, weight_grad_bytes=4), forward_only=False)

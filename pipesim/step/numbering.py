@@ -1,5 +1,5 @@
 """Numbering a step's work: every unit of work's cost key and action key(s), and the
-table from action key to node (:class:`pipesim.structure.StepStructure` keeps it).
+table from action key to node (:class:`pipesim.step.structure.StepStructure` keeps it).
 
 An action's key is ``action_code(stage, op) * width + microbatch``: its *code*
 ``4 * stage + op index`` (:func:`pipesim.actions.action_code`, the cost key of a simple

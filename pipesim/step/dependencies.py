@@ -6,7 +6,7 @@ and, below the last stage, the input gradient of stage s+1 (its B or I); W of
 stage s needs I of stage s. With ``Schedule.n_copies > 1`` "s-1" and "s+1" stay
 inside one model copy: a copy's first stage reads the input, its last computes the
 loss. Every evaluator, view and executor reads these three functions (through
-:mod:`pipesim.wiring`, :mod:`pipesim.cost_tables` or directly); none restates them.
+:mod:`pipesim.step.wiring`, :mod:`pipesim.step.cost_tables` or directly); none restates them.
 
 >>> prerequisites(1, Op.B, 0, per_copy=2)  # the last stage: only its own forward
 ((1, <Op.F: 'F'>, 0),)
