@@ -38,8 +38,11 @@ notebooks: $(VENV)/.installed
 	$(PIP) install -e '.[notebooks]'
 	$(BIN)/jupyter lab notebooks/
 
+# Two pytest-xdist workers, one per core of the 2-core CI machine: most tests wait on a
+# child process, a browser or a kernel part of the time. TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= 2
 test: browser-deps $(VENV)/.installed-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15
 
 # While editing: every test but the slow, multi-process, browser and notebook ones.
 # `make test` stays the CI command.
