@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from pipesim.errors import CostError
 from pipesim.exact import Time
 
 __all__ = ["BLOCKS", "Sample", "TermStats", "mean", "median", "median_of_means", "robust"]
@@ -53,7 +54,7 @@ def median(values: Sequence[Time], /) -> Time:
     (2, Fraction(5, 2))
     """
     if not values:
-        raise ValueError("median of no values")
+        raise CostError("cannot take the median of no measured values: measure at least one step")
     ordered = sorted(values)
     half = len(ordered) // 2
     if len(ordered) % 2:
@@ -69,7 +70,7 @@ def mean(values: Sequence[Time], /) -> Time:
     (Fraction(7, 3), 3)
     """
     if not values:
-        raise ValueError("mean of no values")
+        raise CostError("cannot take the mean of no measured values: measure at least one step")
     value = Fraction(sum(values), len(values))
     return value.numerator if value.denominator == 1 else value
 
@@ -93,7 +94,9 @@ def median_of_means(groups: Sequence[Sequence[Time]], /) -> Time:
     """
     means = [mean(g) for g in groups if g]
     if not means:
-        raise ValueError("median of means of no values")
+        raise CostError(
+            "cannot take the median of means of no measured values: measure at least one step"
+        )
     return median(means)
 
 
@@ -111,7 +114,7 @@ def robust(samples: Sequence[Sample], /, *, blocks: int = BLOCKS) -> Time:
     Fraction(7, 2)
     """
     if not samples:
-        raise ValueError("robust figure of no samples")
+        raise CostError("cannot fit a figure from no samples: measure at least one step")
     by_step: dict[int, list[Time]] = defaultdict(list)
     for step, value in samples:
         by_step[step].append(value)
