@@ -24,9 +24,11 @@ This package imports torch; install it with ``pip install 'pipesim[verify]'``.
 - :mod:`verify.locate`: the action where a wrong gradient arose (a re-run checked per B / W);
 - :mod:`verify.calibrate`: measured times -> Trace, cost model, predicted vs measured;
 - :mod:`verify.measured`: the measured step as a trace file for ``pipesim plot --measured``;
-- :mod:`verify.bit_identity`: the settings exactness needs, set or refused;
+- :mod:`verify.bit_identity`: the settings bit-identity needs, set or refused;
 - :mod:`verify.fidelity`: calibrate on real ranks once, measure other schedules;
-- :mod:`verify.allocator`: whether CPU rank processes keep the memory they free.
+- :mod:`verify.allocator`: whether CPU rank processes keep the memory they free;
+- :mod:`verify.report`: the report (what was compared, what matched, what it cost);
+- :mod:`verify.errors`: verify's errors, part of pipesim's one hierarchy.
 
 >>> from pipesim.schedules import generate
 >>> verify(generate("gpipe", n_ranks=2, n_microbatches=4), model="mlp").bit_identical

@@ -62,6 +62,14 @@ are rounded to whole units. :func:`compute_only` is the converse: what an
 executor would measure of a simulated step, so predictions and measurements
 are compared on the same span (:func:`measured_makespan`, :func:`predict`).
 
+The modules: :mod:`~pipesim.calibration.fit` (:func:`fit_costs`, rule 1, the assembly
+and the stability of each figure), :mod:`~pipesim.calibration.overheads` (rules 2-5),
+:mod:`~pipesim.calibration.transitions` (the measured gaps the rules read),
+:mod:`~pipesim.calibration.statistics` (medians, means, :func:`robust`),
+:mod:`~pipesim.calibration.measured` (the calibration schedule, a simulated step as an
+executor measures it) and :mod:`~pipesim.calibration.prediction` (predictions spanned as
+an executor measures them). Every public name imports from :mod:`pipesim.calibration`.
+
 >>> from pipesim.costs import CostModel, Link
 >>> from pipesim.engine import answers_at_node_end, run_compiled, simulate
 >>> from pipesim.schedules import generate

@@ -10,6 +10,21 @@ verify`` documents its own); argparse's own usage errors exit with 2; running ou
 of memory or stack says so in one line too. Anything else is a bug in pipesim:
 one line ``pipesim: internal error: ...`` says how to report it, and the
 traceback follows only with ``--debug`` (or ``PIPESIM_DEBUG=1``).
+
+The modules, one a verb (``register`` and its ``run``) or a part they share:
+
+- :mod:`~pipesim.cli._simulate`: ``simulate``, one step as a table, JSON or the cycle grid;
+- :mod:`~pipesim.cli._schedules`: ``schedules``, ``schedule`` and ``validate``;
+- :mod:`~pipesim.cli._plot`: ``plot``, timelines and comparisons as HTML or an image;
+- :mod:`~pipesim.cli._trace`: ``trace``, a simulated step for Perfetto;
+- :mod:`~pipesim.cli._synthesize`: ``synthesize``, a schedule for these costs;
+- :mod:`~pipesim.cli._verify`: ``verify``, the replay on torch devices;
+- :mod:`~pipesim.cli._calibrate`: ``calibrate``, a cost file from real ranks or traces;
+- :mod:`~pipesim.cli._plan`: ``plan``, the capacity planner;
+- :mod:`~pipesim.cli._completion`: ``completion``, a shell completion script;
+- :mod:`~pipesim.cli._common`: the flags the verbs share (sizes, costs, schedule sources);
+- :mod:`~pipesim.cli._model_flags`: the model flags of ``verify`` and ``calibrate``;
+- :mod:`~pipesim.cli._progress`: the progress bar of the long verbs.
 """
 
 from __future__ import annotations

@@ -7,13 +7,30 @@ front of step time versus memory.
 
 - :mod:`~pipesim.plan.model`, :mod:`~pipesim.plan.layers`: model presets and the
   per-layer FLOP / activation formulas (Narayanan et al. 2021; Korthikanti et al. 2023);
+  :mod:`~pipesim.plan.moe`, :mod:`~pipesim.plan.mla`: mixture-of-experts blocks and
+  multi-head latent attention;
 - :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
-- :mod:`~pipesim.partition`: layers -> stages, minimising the slowest stage;
-- :mod:`~pipesim.plan.measured`: a cost file's stages at any micro-batch size;
+- :mod:`~pipesim.plan.kernels`: what one layer runs on one GPU, pass by pass;
+  :mod:`~pipesim.plan.gpu`: what each kernel costs there;
+  :mod:`~pipesim.plan.collectives`: ring collectives on a link;
+  :mod:`~pipesim.plan.overlap`: an overlapped F&B pair (DualPipe) from its parts;
+- :mod:`~pipesim.plan.workload`: the layers the planner cuts into stages
+  (:mod:`~pipesim.partition` cuts them); :mod:`~pipesim.plan.measured`: a cost file's
+  stages at any micro-batch size;
+- :mod:`~pipesim.plan.iteration`: around the pipeline: static memory, data-parallel
+  traffic and its overlap, the optimizer step;
+- :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
+  :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
+  :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
   :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
-- :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep, on all cores;
-- :mod:`~pipesim.plan.result`, :mod:`~pipesim.plan.report`: ranking, tables, JSON, CSV, HTML.
+- :mod:`~pipesim.plan.bounds`, :mod:`~pipesim.plan.prune`: exact lower bounds and the
+  branch and bound over them (``prune=True``);
+- :mod:`~pipesim.plan.period`: a configuration's steady-state period under an
+  optimizer synchronization; :mod:`~pipesim.plan.cost_aware`: schedules made from the
+  costs (``--schedules auto``);
+- :mod:`~pipesim.plan.result`, :mod:`~pipesim.plan.report`: ranking, tables, JSON, CSV,
+  HTML; :mod:`~pipesim.plan.frameworks`: the winner as Megatron-LM and torchtitan flags.
 
 >>> result = plan("llama2-7b", devices=8, accelerator="h100-sxm", global_batch=64,
 ...               stages=[2, 4], microbatch_sizes=[1], workers=1)

@@ -19,6 +19,14 @@ Every figure reads a Trace and its schedule (a Simulation has both; a measured
 Trace is passed with ``schedule=``), see :mod:`pipesim.views`. Times are drawn
 in the cost model's unit, bytes in binary units (:mod:`pipesim.units`).
 
+The modules: :mod:`~pipesim.plot.timeline` (the timeline), :mod:`~pipesim.plot.memory`
+(memory curves), :mod:`~pipesim.plot.binned` (large timelines as binned pictures),
+:mod:`~pipesim.plot.iterations` (several training iterations),
+:mod:`~pipesim.plot.overlay` (measured under predicted), :mod:`~pipesim.plot.comms`
+(a comms schedule's sends and receives), :mod:`~pipesim.plot.style`
+(colours, names, number formats), :mod:`~pipesim.plot.html` and
+:mod:`~pipesim.plot.image` (writing HTML and images).
+
 >>> from pipesim import generate, simulate
 >>> from pipesim.plot import timeline_figure
 >>> sim = simulate(generate("1f1b", n_ranks=4, n_microbatches=8))

@@ -1,5 +1,14 @@
 """Built-in schedule generators and the registry that names them.
 
+One module per family, each citing its source: :mod:`~pipesim.schedules.sequential`,
+:mod:`~pipesim.schedules.gpipe`, :mod:`~pipesim.schedules.one_f_one_b`,
+:mod:`~pipesim.schedules.interleaved`, :mod:`~pipesim.schedules.interleaved_zb`,
+:mod:`~pipesim.schedules.looped_bfs`, :mod:`~pipesim.schedules.zero_bubble` (ZB-H1,
+ZB-H2), :mod:`~pipesim.schedules.zbv`, :mod:`~pipesim.schedules.controllable` (V-Half,
+V-Min), :mod:`~pipesim.schedules.dualpipe` (DualPipe, DualPipeV); the checks and builders
+they share in :mod:`~pipesim.schedules._common`; the names, rules and sources in
+:mod:`~pipesim.schedules.registry`. A new family is a new module and its registry entry.
+
 >>> from pipesim.schedules import generate, schedule_names
 >>> "1f1b" in schedule_names()
 True
