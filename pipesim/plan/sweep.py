@@ -71,6 +71,7 @@ from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
 from pipesim.plan.partition import partition
 from pipesim.plan.result import PlanPoint
+from pipesim.plan.steady import Pattern, find_pattern
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
@@ -239,6 +240,8 @@ _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 _MAX_SCHEDULES = 64
+_PATTERNS: dict[int, tuple[Schedule, Pattern | None]] = {}  # by id(schedule)
+_STEADY = [True]  # extrapolate steady states (pipesim.plan.steady); PIPESIM_STEADY=0: no
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
 
@@ -266,6 +269,10 @@ def _install(context: SweepContext) -> None:
     _SIMULATED.clear()
     _PREFIXES.clear()
     _ITERATIONS.clear()
+    _PATTERNS.clear()
+    # a switch for measuring what the extrapolation saves (benchmarks/bench_plan.py):
+    # both ways give identical results
+    _STEADY[0] = os.environ.get("PIPESIM_STEADY", "1") != "0"
 
 
 _OPCODES = {op: i for i, op in enumerate(Op)}
@@ -887,13 +894,25 @@ def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Me
     if context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
     else:
-        step = quick_step(schedule, costs)
+        step = quick_step(schedule, costs, pattern=_pattern(schedule))
         if step is None:  # overlapped works (DualPipe): the compiled path
             step = evaluate(compile_schedule(schedule), costs)
         metrics = metrics_of(schedule, costs, step)
     _SIMULATED.clear()
     _SIMULATED[key] = (schedule, costs, metrics)
     return metrics
+
+
+def _pattern(schedule: Schedule) -> Pattern | None:
+    """The schedule's repeating run (cost-independent: found once per schedule)."""
+    if not _STEADY[0]:
+        return None
+    found = _PATTERNS.get(id(schedule))
+    if found is None or found[0] is not schedule:
+        if len(_PATTERNS) >= _MAX_SCHEDULES:
+            _PATTERNS.pop(next(iter(_PATTERNS)))
+        found = _PATTERNS[id(schedule)] = (schedule, find_pattern(schedule))
+    return found[1]
 
 
 def _rank_iteration(
