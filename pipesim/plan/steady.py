@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pipesim.actions import Action
+from pipesim.actions import OP_INDEX, Action
 from pipesim.exact import Time
 from pipesim.numbering import action_key
 from pipesim.schedule import Schedule
@@ -64,22 +64,42 @@ class Pattern:
     """Per rank: one past the last position whose action repeats ``lengths[r]`` later."""
 
 
-def find_pattern(schedule: Schedule, /) -> Pattern | None:
+def action_keys(schedule: Schedule, /) -> list[list[int]] | None:
+    """Each rank's order as :func:`pipesim.numbering.action_key` ints (stride: the
+    micro-batch count); None when a rank runs an overlapped work.
+
+    >>> from pipesim.schedules import generate
+    >>> action_keys(generate("1f1b", n_ranks=2, n_microbatches=2))
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    """
+    width = schedule.n_microbatches
+    op_index = OP_INDEX
+    keys = []
+    for order in schedule.orders:
+        if any(type(work) is not Action for work in order):
+            return None
+        # action_key, inlined: the sweep reads every action of every schedule here
+        keys.append(
+            [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr]
+        )
+    return keys
+
+
+def find_pattern(schedule: Schedule, /, *, keys: list[list[int]] | None = None) -> Pattern | None:
     """The repeating run of ``schedule``'s orders (see :class:`Pattern`), with the smallest
     shift that covers the middle of every rank's order; None when there is none (overlapped
     works, a rank whose work is not the same per micro-batch, a shift-variant
-    ``happens_before``, fewer than four periods).
+    ``happens_before``, fewer than four periods). ``keys``: :func:`action_keys` of
+    ``schedule``, when the caller has them.
 
     >>> from pipesim.schedules import generate
     >>> find_pattern(generate("interleaved-1f1b", n_ranks=2, n_microbatches=32, virtual=2)).shift
     2
     """
     width = schedule.n_microbatches
-    codes: list[list[int]] = []
-    for order in schedule.orders:
-        if any(type(work) is not Action for work in order):
-            return None
-        codes.append([action_key(work, width) for work in order])  # type: ignore[arg-type]
+    codes = action_keys(schedule) if keys is None else keys
+    if codes is None:
+        return None
     if any(not order or len(order) % width for order in codes):
         return None
     per_microbatch = [len(order) // width for order in codes]
