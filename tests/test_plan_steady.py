@@ -23,9 +23,11 @@ from pipesim.exact import Time
 from pipesim.plan import steady
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.hardware import get_accelerator
+from pipesim.plan.model import get_model
 from pipesim.plan.onepass import quick_step
+from pipesim.plan.planner import Dimensions, sweep_points
 from pipesim.plan.steady import Pattern, find_pattern
-from pipesim.plan.sweep import Point, SweepContext, evaluate_point
+from pipesim.plan.sweep import Point, SweepContext, build_configuration, evaluate_point
 from pipesim.plan.workload import workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, schedule_names
@@ -232,3 +234,60 @@ def test_sweep_switch_gives_the_same_evaluation(monkeypatch: pytest.MonkeyPatch)
     assert spy.jumps == 1
     assert with_steady.reason is None
     assert with_steady == without
+
+
+def _big_sweep(model: str, devices: int) -> tuple[SweepContext, list[Point]]:
+    acc = get_accelerator("h100-sxm")
+    context = SweepContext(
+        workload=workload_from_model(get_model(model)),
+        accelerator=acc,
+        devices=devices,
+        memory_capacity_bytes=int(acc.memory_bytes * 0.9),
+    )
+    points, _ = sweep_points(
+        devices=devices,
+        global_batch=16384,
+        gpus_per_node=acc.gpus_per_node,
+        n_layers=len(context.workload.layers),
+        workload=context.workload,
+        dimensions=Dimensions(),
+    )
+    return context, points
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "devices"), [("llama2-70b", 4096), ("llama3.1-405b", 16384)])
+def test_sampled_big_sweep_configurations(
+    model: str, devices: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Configurations of the 4,096- and 16,384-GPU sweeps long enough to jump: the
+    sweep's Evaluation with the extrapolation equals the one without and the SimPy
+    engine's makespan of the same schedule and costs."""
+    spy = _Spy(monkeypatch)
+    context, points = _big_sweep(model, devices)
+    mid = [
+        p
+        for p in points
+        if p.n_microbatches >= 64 and p.pipeline * p.virtual * p.n_microbatches <= 2048
+    ]
+    checked = jumped = 0
+    for point in random.Random(11).sample(mid, 12):
+        before = spy.jumps
+        fast = evaluate_point(context, point)
+        if fast.reason is not None:
+            continue
+        jumped += spy.jumps > before
+        monkeypatch.setenv("PIPESIM_STEADY", "0")
+        whole = evaluate_point(
+            SweepContext(**{f: getattr(context, f) for f in context.__dataclass_fields__}), point
+        )
+        monkeypatch.delenv("PIPESIM_STEADY")
+        assert fast == whole, point
+        schedule, costs = build_configuration(context, point)
+        engine = simulate(schedule, costs=costs, check=False).metrics
+        assert engine.makespan == fast.makespan_ns
+        step = quick_step(schedule, costs, pattern=find_pattern(schedule))
+        if step is not None:  # None: overlapped works, the compiled evaluator
+            assert metrics_of(schedule, costs, step) == engine
+        checked += 1
+    assert checked >= 6 and jumped >= 3, (checked, jumped)
