@@ -74,6 +74,7 @@ from pipesim.plan.steady import Pattern, action_keys, find_pattern
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
+from pipesim.structure import StepStructure
 from pipesim.units import NS_PER_S
 
 __all__ = [
@@ -240,6 +241,7 @@ _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 _MAX_SCHEDULES = 64
 _PATTERNS: dict[int, tuple[Schedule, Pattern | None]] = {}  # by id(schedule)
+_STRUCTURES: dict[int, tuple[Schedule, StepStructure]] = {}  # by id(schedule)
 _STEADY = [True]  # extrapolate steady states (pipesim.plan.steady); PIPESIM_STEADY=0: no
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
@@ -269,6 +271,7 @@ def _install(context: SweepContext) -> None:
     _PREFIXES.clear()
     _ITERATIONS.clear()
     _PATTERNS.clear()
+    _STRUCTURES.clear()
     # a switch for measuring what the extrapolation saves (benchmarks/bench_plan.py):
     # both ways give identical results
     _STEADY[0] = os.environ.get("PIPESIM_STEADY", "1") != "0"
@@ -889,11 +892,22 @@ def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Me
     else:
         step = quick_step(schedule, costs, pattern=_pattern(schedule))
         if step is None:  # overlapped works (DualPipe): the compiled path
-            step = evaluate(compile_schedule(schedule), costs)
+            step = evaluate(_compiled(schedule), costs)
         metrics = metrics_of(schedule, costs, step)
     _SIMULATED.clear()
     _SIMULATED[key] = (schedule, costs, metrics)
     return metrics
+
+
+def _compiled(schedule: Schedule) -> StepStructure:
+    """The schedule's compiled structure (cost-independent: built once per schedule; the
+    few latest kept, as each holds every action)."""
+    found = _STRUCTURES.get(id(schedule))
+    if found is None or found[0] is not schedule:
+        if len(_STRUCTURES) >= 4:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        found = _STRUCTURES[id(schedule)] = (schedule, compile_schedule(schedule))
+    return found[1]
 
 
 def _pattern(schedule: Schedule) -> Pattern | None:
