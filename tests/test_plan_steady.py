@@ -198,7 +198,7 @@ def test_inexact_times_end_the_search() -> None:
     # come from a CostModel; should one reach a cut, equality of differences would not be
     # exact, so the search stops there and the rest is evaluated in full
     pattern = Pattern(shift=1, lengths=(2,), starts=(0,), ends=(10,))
-    search = steady.Extrapolation(pattern, [12])
+    search = steady.Extrapolation(pattern)
     state = dict(positions=[0], held=[0], count=[0], busy=[0], avail={}, sleeping={}, slots={})
     limits, makespan = search.at_cut(clock=[0], makespan=0, **state)  # type: ignore[arg-type]
     assert limits == [2] and makespan == 0

@@ -115,7 +115,7 @@ def quick_step(
     f_op, w_op = Op.F, Op.W
     runnable = list(range(n_ranks - 1, -1, -1))
     lengths = [len(order) for order in orders]
-    steady = None if pattern is None else Extrapolation(pattern, lengths)
+    steady = None if pattern is None else Extrapolation(pattern)
     limits = lengths if steady is None else steady.limits()
     while True:
         while runnable:

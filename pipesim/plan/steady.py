@@ -179,9 +179,8 @@ class Extrapolation:
     repeats. The evaluator owns the state (lists and dicts it mutates in place); this
     object reads it at a cut and, on a repeat, shifts it ``n`` periods on."""
 
-    def __init__(self, pattern: Pattern, lengths: list[int]) -> None:
+    def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
-        self.full = lengths
         self.cut = 0
         self.seen: dict[tuple[object, ...], int] = {}
         self.refs: list[Time] = []
