@@ -69,8 +69,9 @@ def action_keys(schedule: Schedule, /) -> list[list[int]] | None:
     micro-batch count); None when a rank runs an overlapped work.
 
     >>> from pipesim.schedules import generate
+    >>> # rank 0 (stage 0): F0 F1 B0 B1; rank 1 (stage 1, code 4 + op): F0 B0 F1 B1
     >>> action_keys(generate("1f1b", n_ranks=2, n_microbatches=2))
-    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    [[0, 1, 2, 3], [8, 10, 9, 11]]
     """
     width = schedule.n_microbatches
     op_index = OP_INDEX
