@@ -18,12 +18,19 @@ reports CPU seconds and what they mean for idle cores.
    default dimension (the exhaustive run stops at ``--timeout``: its time is then a
    lower bound, and so is the ratio).
 
+Every section runs twice where it can, side by side: with the exact steady-state
+extrapolation (:mod:`pipesim.plan.steady`, the default) and without it
+(``PIPESIM_STEADY=0``, every micro-batch evaluated), and checks that both give the
+same results. ``--big`` prints the targets of issue 27 (llama2-70b on 4,096 H100s in
+at most 60 s, llama3.1-405b on 16,384 in at most 120 s) next to the measured times.
+
 Run: ``python benchmarks/bench_plan.py [--workers N] [--quick] [--big] [--repeat K]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import statistics
@@ -33,6 +40,7 @@ from pipesim.engine import simulate
 from pipesim.plan import get_accelerator, get_model, plan, workload_from_model
 from pipesim.plan.fastsim import compile_schedule, evaluate
 from pipesim.plan.onepass import quick_step
+from pipesim.plan.steady import find_pattern
 from pipesim.plan.sweep import Point, SweepContext, evaluate_points
 from pipesim.schedules import generate, schedule_names
 
@@ -44,7 +52,26 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def goal_sweep(workers: int, quick: bool) -> None:
+@contextlib.contextmanager
+def _steady(on: bool):  # type: ignore[no-untyped-def]
+    """The sweep with (the default) or without the steady-state extrapolation; pool
+    workers inherit the environment, and each sweep reads it when it starts."""
+    before = os.environ.get("PIPESIM_STEADY")
+    os.environ["PIPESIM_STEADY"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PIPESIM_STEADY"]
+        else:
+            os.environ["PIPESIM_STEADY"] = before
+
+
+def _label(on: bool) -> str:
+    return "extrapolated" if on else "every micro-batch"
+
+
+def goal_sweep(workers: int, quick: bool, repeat: int) -> None:
     model = get_model("llama2-13b")
     accelerator = get_accelerator("h100-sxm")
     context = SweepContext(
@@ -68,32 +95,40 @@ def goal_sweep(workers: int, quick: bool) -> None:
         for m in micro
         for v in (1, 2)
     ]
-    cpu_before = _cpu_seconds()
-    start = time.perf_counter()
-    results = evaluate_points(context, points, workers=workers, timeout_s=3600)
-    wall = time.perf_counter() - start
-    cpu = _cpu_seconds() - cpu_before
-    simulated = sum(r.reason is None for r in results)
-    actions = sum(
-        2 * p.pipeline * p.virtual * p.n_microbatches
-        for p, r in zip(points, results, strict=True)
-        if r.reason is None
-    )
     print(
-        f"1. goal sweep ({'quick' if quick else 'full'}): {len(points)} configurations "
-        f"({simulated} simulated, {len(points) - simulated} refused by schedule rules), "
-        f"p <= 16, m <= 128, {workers} workers"
+        f"1. goal sweep ({'quick' if quick else 'full'}): {len(points)} configurations, "
+        f"p <= 16, m <= 128, {workers} workers, median of {repeat}"
     )
+    walls: dict[bool, float] = {}
+    results: dict[bool, object] = {}
+    for on in (True, False):
+        load = os.getloadavg()[0]
+        times, cpus = [], []
+        for _ in range(repeat):
+            cpu_before = _cpu_seconds()
+            start = time.perf_counter()
+            with _steady(on):
+                found = evaluate_points(context, points, workers=workers, timeout_s=3600)
+            times.append(time.perf_counter() - start)
+            cpus.append(_cpu_seconds() - cpu_before)
+        results[on] = found
+        wall, cpu = statistics.median(times), statistics.median(cpus)
+        walls[on] = wall
+        simulated = sum(r.reason is None for r in found)
+        actions = sum(
+            2 * p.pipeline * p.virtual * p.n_microbatches
+            for p, r in zip(points, found, strict=True)
+            if r.reason is None
+        )
+        print(
+            f"   {_label(on)}: {wall:.1f} s wall ({simulated} simulated, "
+            f"{len(points) - simulated} refused by schedule rules, ~{actions / 1e6:.1f} M F/B "
+            f"actions): 10,000 simulated would take {10_000 / (simulated / wall):.1f} s; "
+            f"{cpu:.1f} CPU s; load {load:.1f} -> {os.getloadavg()[0]:.1f}"
+        )
     print(
-        f"   {wall:.1f} s wall: {simulated / wall:,.0f} simulated configurations/s, "
-        f"{len(points) / wall:,.0f} configurations/s; ~{actions / 1e6:.1f} M F/B actions; "
-        f"10,000 simulated would take {10_000 / (simulated / wall):.1f} s"
-    )
-    # On a shared machine wall time measures the neighbours too; CPU time does not.
-    print(
-        f"   {cpu:.1f} CPU s (this process and its workers): {simulated / cpu:,.0f} simulated "
-        f"per CPU second; 10,000 on {workers} otherwise idle cores: "
-        f"{10_000 / (workers * simulated / cpu):.1f} s"
+        f"   extrapolated / every micro-batch: {walls[False] / walls[True]:.2f}x faster; "
+        f"same evaluations: {results[True] == results[False]}"
     )
 
 
@@ -139,12 +174,19 @@ def one_large(name: str = "1f1b") -> None:
     one_pass = quick_step(schedule, costs)
     timings["one pass"] = time.perf_counter() - start
     start = time.perf_counter()
+    pattern = find_pattern(schedule)
+    timings["find_pattern"] = time.perf_counter() - start
+    start = time.perf_counter()
+    extrapolated = quick_step(schedule, costs, pattern=pattern)
+    timings["one pass, extrapolated"] = time.perf_counter() - start
+    start = time.perf_counter()
     compiled = evaluate(compile_schedule(schedule), costs)
     timings["compile + evaluate"] = time.perf_counter() - start
     start = time.perf_counter()
     reference = simulate(schedule, costs=costs, check=False).metrics.makespan
     timings["SimPy engine"] = time.perf_counter() - start
     assert one_pass is not None and one_pass.makespan == compiled.makespan == reference
+    assert extrapolated == one_pass
     shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
     print(f"3. {name} p=16 m=128 ({2 * 16 * 128} actions): {shown}; same makespan {reference} ns")
 
@@ -178,8 +220,11 @@ def pruned_vs_exhaustive(
     workers: int,
     repeat: int,
     timeout_s: float,
+    target_s: float | None = None,
     **dims: object,
 ) -> None:
+    """The branch and bound with and without the extrapolation, and the exhaustive sweep
+    (with it), on one request; the rows each prints are compared."""
     kwargs = dict(
         devices=devices,
         accelerator="h100-sxm",
@@ -190,17 +235,31 @@ def pruned_vs_exhaustive(
         **dims,
     )
     load = os.getloadavg()[0]
-    fast, pruned = _timed(lambda: plan(model, prune=True, **kwargs), repeat)  # type: ignore[arg-type]
-    slow, every = _timed(lambda: plan(model, prune=False, **kwargs), repeat)  # type: ignore[arg-type]
+    with _steady(True):
+        fast, pruned = _timed(lambda: plan(model, prune=True, **kwargs), repeat)  # type: ignore[arg-type]
+    with _steady(False):
+        today, before = _timed(lambda: plan(model, prune=True, **kwargs), repeat)  # type: ignore[arg-type]
+    with _steady(True):
+        slow, every = _timed(lambda: plan(model, prune=False, **kwargs), repeat)  # type: ignore[arg-type]
     done = every.stopped is None  # type: ignore[attr-defined]
     same = _rows(pruned) == _rows(every) if done else None
     simulated = sum(p.feasible for p in pruned.points)  # type: ignore[attr-defined]
+    ge = "" if done else ">= "
     print(
-        f"4. {label}: {len(pruned.points)} configurations; branch and bound "  # type: ignore[attr-defined]
-        f"{fast:.1f} s ({simulated} simulated, {pruned.n_pruned} pruned), exhaustive "  # type: ignore[attr-defined]
-        f"{'' if done else '>= '}{slow:.1f} s{'' if done else ' (stopped at the timeout)'}: "
-        f"{'' if done else '>= '}{slow / fast:.1f}x; same rows: {same}; median of {repeat}, "
-        f"load {load:.1f} -> {os.getloadavg()[0]:.1f}"
+        f"4. {label}: {len(pruned.points)} configurations ({simulated} simulated, "  # type: ignore[attr-defined]
+        f"{pruned.n_pruned} pruned); median of {repeat}, load {load:.1f} -> "  # type: ignore[attr-defined]
+        f"{os.getloadavg()[0]:.1f}\n"
+        f"   branch and bound, extrapolated {fast:.1f} s; every micro-batch {today:.1f} s "
+        f"({today / fast:.1f}x); same rows: {_rows(pruned) == _rows(before)}\n"
+        f"   exhaustive, extrapolated {ge}{slow:.1f} s"
+        f"{'' if done else ' (stopped at the timeout)'}: branch and bound {ge}{slow / fast:.1f}x "
+        f"faster; same rows: {same}"
+        + (
+            f"\n   target <= {target_s:.0f} s: {'met' if fast <= target_s else 'NOT met'} "
+            f"({fast:.1f} s)"
+            if target_s is not None
+            else ""
+        )
     )
 
 
@@ -214,7 +273,7 @@ def main() -> None:
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 3)
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
-    goal_sweep(args.workers, args.quick)
+    goal_sweep(args.workers, args.quick, repeat)
     realistic_plan(args.workers)
     one_large()
     pruned_vs_exhaustive(
@@ -235,6 +294,7 @@ def main() -> None:
             args.workers,
             1,
             args.timeout,
+            target_s=60,
         )
         pruned_vs_exhaustive(
             "llama3.1-405b on 16,384 H100s, global batch 16384, every default dimension",
@@ -244,6 +304,7 @@ def main() -> None:
             args.workers,
             1,
             args.timeout,
+            target_s=120,
         )
 
 

@@ -24,6 +24,7 @@ front of step time versus memory.
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
   :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
+  :mod:`~pipesim.plan.steady`: the one-pass evaluator's exact steady-state extrapolation;
 - :mod:`~pipesim.plan.bounds`, :mod:`~pipesim.plan.prune`: exact lower bounds and the
   branch and bound over them (``prune=True``);
 - :mod:`~pipesim.plan.period`: a configuration's steady-state period under an

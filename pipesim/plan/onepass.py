@@ -17,6 +17,7 @@ from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import CostModel, require_eager
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
+from pipesim.plan.steady import Extrapolation, Pattern
 from pipesim.schedule import Schedule
 from pipesim.step.cost_tables import cost_tables
 from pipesim.step.dependencies import forward_source, gradient_source
@@ -25,7 +26,9 @@ from pipesim.step.numbering import action_key
 __all__ = ["quick_step"]
 
 
-def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
+def quick_step(
+    schedule: Schedule, costs: CostModel, /, *, pattern: Pattern | None = None
+) -> StepResult | None:
     """:func:`evaluate` in one pass, without compiling: for complete schedules of simple
     actions (what the registry's generators emit; None for anything else).
 
@@ -37,9 +40,17 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     :func:`evaluate`. Returns None (use :func:`evaluate`) when the schedule has
     overlapped works or cannot finish (the compiled path then names the cycle).
 
+    With ``pattern`` (:func:`pipesim.plan.steady.find_pattern` of ``schedule``) the
+    steady state is extrapolated exactly once it repeats (:mod:`pipesim.plan.steady`):
+    the same result, without evaluating every period.
+
     >>> from pipesim.schedules import generate
     >>> quick_step(generate("1f1b", n_ranks=4, n_microbatches=8), CostModel()).makespan
     33
+    >>> from pipesim.plan.steady import find_pattern
+    >>> long = generate("1f1b", n_ranks=4, n_microbatches=1000)
+    >>> quick_step(long, CostModel(), pattern=find_pattern(long)).makespan  # (m + p - 1) 3
+    3009
     """
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
@@ -77,15 +88,20 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     g_base = n_stages * width  # key of a gradient message: g_base + s * width + mb
     signal_of: dict[int, list[int]] = {}  # happens_before: key of b -> keys of a
     signal_src: set[int] = set()
+    readers: dict[int, int] = {}  # happens_before: key of a -> how many b still wait for it
     s_base = 2 * g_base
     for a, b in schedule.happens_before:
         if placement[a.stage] != placement[b.stage]:
             a_key, b_key = s_base + action_key(a, width), s_base + action_key(b, width)
             signal_of.setdefault(b_key, []).append(a_key)
             signal_src.add(a_key)
+            readers[a_key] = readers.get(a_key, 0) + 1
     orders = schedule.orders
     n_ranks = len(orders)
-    avail: dict[int, Time] = {}  # message key -> arrival time
+    # message key -> arrival time, for messages sent and not yet read: a message has one
+    # reader (the next stage's F, the previous stage's B or I) and a signal readers[key],
+    # so what is left here is what later actions read (the state pipesim.plan.steady keeps)
+    avail: dict[int, Time] = {}
     sleeping: dict[int, int] = {}  # message key -> the rank waiting for it
     slots: dict[tuple[int, int], list[Time]] = {}
     positions = [0] * n_ranks
@@ -98,114 +114,147 @@ def quick_step(schedule: Schedule, costs: CostModel, /) -> StepResult | None:
     makespan: Time = 0
     f_op, w_op = Op.F, Op.W
     runnable = list(range(n_ranks - 1, -1, -1))
-    while runnable:
-        rank = runnable.pop()
-        order = orders[rank]
-        k, end_k = positions[rank], len(order)
-        t_free, h, c, peak, peak_c, spent = (
-            clock[rank],
-            held[rank],
-            count[rank],
-            peaks[rank],
-            peak_counts[rank],
-            busy[rank],
-        )
-        while k < end_k:
-            work = order[k]
-            if type(work) is not Action:
-                return None
-            stage, op, mb = work.stage, work.op, work.microbatch
-            cost_key = 4 * stage + OP_INDEX[op]  # actions.action_code, inlined: per action
-            t = t_free
-            if op is f_op:
-                if f_waits[stage]:
-                    key = f_src[stage] * width + mb  # type: ignore[operator]
+    lengths = [len(order) for order in orders]
+    steady = None if pattern is None else Extrapolation(pattern)
+    limits = lengths if steady is None else steady.limits()
+    while True:
+        while runnable:
+            rank = runnable.pop()
+            order = orders[rank]
+            k, end_k = positions[rank], limits[rank]
+            t_free, h, c, peak, peak_c, spent = (
+                clock[rank],
+                held[rank],
+                count[rank],
+                peaks[rank],
+                peak_counts[rank],
+                busy[rank],
+            )
+            while k < end_k:
+                work = order[k]
+                if type(work) is not Action:
+                    return None
+                stage, op, mb = work.stage, work.op, work.microbatch
+                cost_key = 4 * stage + OP_INDEX[op]  # actions.action_code, inlined: per action
+                t = t_free
+                read = -1  # the message this action reads, once it runs
+                if op is f_op:
+                    if f_waits[stage]:
+                        key = f_src[stage] * width + mb  # type: ignore[operator]
+                        arrival = avail.get(key)
+                        if arrival is None:
+                            sleeping[key] = rank
+                            break
+                        if arrival > t:
+                            t = arrival
+                        read = key
+                elif op is not w_op and g_waits[stage]:
+                    key = g_base + g_src[stage] * width + mb  # type: ignore[operator]
                     arrival = avail.get(key)
                     if arrival is None:
                         sleeping[key] = rank
                         break
                     if arrival > t:
                         t = arrival
-            elif op is not w_op and g_waits[stage]:
-                key = g_base + g_src[stage] * width + mb  # type: ignore[operator]
-                arrival = avail.get(key)
-                if arrival is None:
-                    sleeping[key] = rank
-                    break
-                if arrival > t:
-                    t = arrival
-            if signal_of:
-                own = s_base + cost_key * width + mb
-                blocked = False
-                for a_key in signal_of.get(own, ()):
-                    arrival = avail.get(a_key)
-                    if arrival is None:
-                        sleeping[a_key] = rank
-                        blocked = True
+                    read = key
+                if signal_of:
+                    own = s_base + cost_key * width + mb
+                    blocked = False
+                    for a_key in signal_of.get(own, ()):
+                        arrival = avail.get(a_key)
+                        if arrival is None:
+                            sleeping[a_key] = rank
+                            blocked = True
+                            break
+                        if arrival > t:
+                            t = arrival
+                    if blocked:
                         break
-                    if arrival > t:
-                        t = arrival
-                if blocked:
-                    break
-            duration = durations[cost_key]
-            end = t + duration
-            spent += duration
-            if end > makespan:
-                makespan = end
-            # memory: the work's effect at its start, then at its end (pipesim.step.memory)
-            start_bytes, start_count, end_bytes, end_count = effects[cost_key]
-            h += start_bytes
-            c += start_count
-            if h > peak:
-                peak = h
-            if c > peak_c:
-                peak_c = c
-            h += end_bytes
-            c += end_count
-            if h > peak:
-                peak = h
-            if c > peak_c:
-                peak_c = c
-            if op is f_op:
-                dst = f_pair[stage]
-                key = stage * width + mb
-                send = f_send[stage]
-            elif op is w_op:
-                dst = -1
-            else:
-                dst = g_pair[stage]
-                key = g_base + stage * width + mb
-                send = g_send[stage]
-            after = end
-            if dst >= 0:
-                occupancy, latency, free, capacity = send
-                if free:
-                    arrival = end
+                    for a_key in signal_of.get(own, ()):
+                        readers[a_key] -= 1
+                        if not readers[a_key]:
+                            del avail[a_key]
+                if read >= 0:
+                    del avail[read]
+                duration = durations[cost_key]
+                end = t + duration
+                spent += duration
+                if end > makespan:
+                    makespan = end
+                # memory: the work's effect at its start, then at its end (pipesim.step.memory)
+                start_bytes, start_count, end_bytes, end_count = effects[cost_key]
+                h += start_bytes
+                c += start_count
+                if h > peak:
+                    peak = h
+                if c > peak_c:
+                    peak_c = c
+                h += end_bytes
+                c += end_count
+                if h > peak:
+                    peak = h
+                if c > peak_c:
+                    peak_c = c
+                if op is f_op:
+                    dst = f_pair[stage]
+                    key = stage * width + mb
+                    send = f_send[stage]
+                elif op is w_op:
+                    dst = -1
                 else:
-                    queue = slots.get((rank, dst))
-                    if queue is None:
-                        queue = slots[(rank, dst)] = [0] * capacity
-                    begin = queue[0] if queue[0] > end else end
-                    heapq.heapreplace(queue, begin + occupancy)
-                    arrival = begin + occupancy + latency
-                    if not overlap_comm and arrival > after:
-                        after = arrival
-                avail[key] = arrival
-                waiter = sleeping.pop(key, None)
-                if waiter is not None:
-                    runnable.append(waiter)
-            if signal_src:
-                own = s_base + cost_key * width + mb
-                if own in signal_src:
-                    avail[own] = end
-                    waiter = sleeping.pop(own, None)
+                    dst = g_pair[stage]
+                    key = g_base + stage * width + mb
+                    send = g_send[stage]
+                after = end
+                if dst >= 0:
+                    occupancy, latency, free, capacity = send
+                    if free:
+                        arrival = end
+                    else:
+                        queue = slots.get((rank, dst))
+                        if queue is None:
+                            queue = slots[(rank, dst)] = [0] * capacity
+                        begin = queue[0] if queue[0] > end else end
+                        heapq.heapreplace(queue, begin + occupancy)
+                        arrival = begin + occupancy + latency
+                        if not overlap_comm and arrival > after:
+                            after = arrival
+                    avail[key] = arrival
+                    waiter = sleeping.pop(key, None)
                     if waiter is not None:
                         runnable.append(waiter)
-            t_free = after
-            k += 1
-        positions[rank] = k
-        clock[rank], held[rank], count[rank] = t_free, h, c
-        peaks[rank], peak_counts[rank], busy[rank] = peak, peak_c, spent
+                if signal_src:
+                    own = s_base + cost_key * width + mb
+                    if own in signal_src:
+                        avail[own] = end
+                        waiter = sleeping.pop(own, None)
+                        if waiter is not None:
+                            runnable.append(waiter)
+                t_free = after
+                k += 1
+            positions[rank] = k
+            clock[rank], held[rank], count[rank] = t_free, h, c
+            peaks[rank], peak_counts[rank], busy[rank] = peak, peak_c, spent
+        if steady is None:
+            break
+        # every rank is at its cut or asleep: record the state, or jump once it repeats
+        cut_limits, makespan = steady.at_cut(
+            positions=positions,
+            clock=clock,
+            held=held,
+            count=count,
+            busy=busy,
+            avail=avail,
+            sleeping=sleeping,
+            slots=slots,
+            makespan=makespan,
+        )
+        if cut_limits is None:
+            steady, limits = None, lengths
+        else:
+            limits = cut_limits
+        asleep = set(sleeping.values())
+        runnable = [r for r in range(n_ranks - 1, -1, -1) if r not in asleep]
     if any(positions[r] < len(orders[r]) for r in range(n_ranks)):
         return None
     return StepResult(

@@ -48,7 +48,6 @@ from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
-from pipesim.actions import Action, Op
 from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
@@ -71,9 +70,11 @@ from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
 from pipesim.plan.result import PlanPoint
+from pipesim.plan.steady import Pattern, action_keys, find_pattern
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
+from pipesim.step.structure import StepStructure
 from pipesim.units import NS_PER_S
 
 __all__ = [
@@ -239,6 +240,9 @@ _COSTS: dict[tuple[Any, ...], _StageTable] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 _MAX_SCHEDULES = 64
+_PATTERNS: dict[int, tuple[Schedule, Pattern | None]] = {}  # by id(schedule)
+_STRUCTURES: dict[int, tuple[Schedule, StepStructure]] = {}  # by id(schedule)
+_STEADY = [True]  # extrapolate steady states (pipesim.plan.steady); PIPESIM_STEADY=0: no
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
 
@@ -266,26 +270,23 @@ def _install(context: SweepContext) -> None:
     _SIMULATED.clear()
     _PREFIXES.clear()
     _ITERATIONS.clear()
+    _PATTERNS.clear()
+    _STRUCTURES.clear()
+    # a switch for measuring what the extrapolation saves (benchmarks/bench_plan.py):
+    # both ways give identical results
+    _STEADY[0] = os.environ.get("PIPESIM_STEADY", "1") != "0"
 
 
-_OPCODES = {op: i for i, op in enumerate(Op)}
-
-
-def _fingerprint(schedule: Schedule) -> str:
+def _fingerprint(schedule: Schedule, keys: list[list[int]] | None) -> str:
     """A digest of the per-rank orders, equal across processes for equal schedules:
-    actions as tuples of ints (whose hashes, unlike strings', are not salted per
-    process), overlapped works by their text."""
-    codes = _OPCODES
-    ranks = tuple(
-        tuple(
-            (work.stage, codes[work.op], work.microbatch) if isinstance(work, Action) else str(work)
-            for work in order
-        )
-        for order in schedule.orders
-    )
-    simple = all(isinstance(w, tuple) for order in ranks for w in order)
+    actions by their keys (``keys``, :func:`pipesim.plan.steady.action_keys`; ints,
+    whose hashes, unlike strings', are not salted per process), overlapped works (no
+    ``keys``) by their text."""
     digest = hashlib.blake2b(digest_size=12)
-    digest.update(repr(hash(ranks) if simple else ranks).encode())
+    if keys is not None:
+        digest.update(repr(hash(tuple(map(tuple, keys)))).encode())
+    else:
+        digest.update(repr(tuple(tuple(map(str, order)) for order in schedule.orders)).encode())
     digest.update(repr((schedule.placement, schedule.n_copies)).encode())
     digest.update(" ".join(f"{a}<{b}" for a, b in schedule.happens_before).encode())
     return digest.hexdigest()
@@ -302,7 +303,9 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
                 n_microbatches=point.n_microbatches,
                 virtual=point.virtual,
             )
-            found = (schedule, _fingerprint(schedule))
+            keys = action_keys(schedule)
+            found = (schedule, _fingerprint(schedule, keys))
+            _remember_pattern(schedule, keys)
         except ScheduleError as exc:
             found = f"schedule rule: {exc}"
         if len(_SCHEDULES) >= _MAX_SCHEDULES:
@@ -905,13 +908,42 @@ def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Me
     if context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
     else:
-        step = quick_step(schedule, costs)
+        step = quick_step(schedule, costs, pattern=_pattern(schedule))
         if step is None:  # overlapped works (DualPipe): the compiled path
-            step = evaluate(compile_schedule(schedule), costs)
+            step = evaluate(_compiled(schedule), costs)
         metrics = metrics_of(schedule, costs, step)
     _SIMULATED.clear()
     _SIMULATED[key] = (schedule, costs, metrics)
     return metrics
+
+
+def _compiled(schedule: Schedule) -> StepStructure:
+    """The schedule's compiled structure (cost-independent: built once per schedule; the
+    few latest kept, as each holds every action)."""
+    found = _STRUCTURES.get(id(schedule))
+    if found is None or found[0] is not schedule:
+        if len(_STRUCTURES) >= 4:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        found = _STRUCTURES[id(schedule)] = (schedule, compile_schedule(schedule))
+    return found[1]
+
+
+def _pattern(schedule: Schedule) -> Pattern | None:
+    """The schedule's repeating run (cost-independent: found once per schedule)."""
+    if not _STEADY[0]:
+        return None
+    found = _PATTERNS.get(id(schedule))
+    if found is None or found[0] is not schedule:
+        return _remember_pattern(schedule, None)
+    return found[1]
+
+
+def _remember_pattern(schedule: Schedule, keys: list[list[int]] | None) -> Pattern | None:
+    if len(_PATTERNS) >= _MAX_SCHEDULES:
+        _PATTERNS.pop(next(iter(_PATTERNS)))
+    pattern = find_pattern(schedule, keys=keys) if _STEADY[0] else None
+    _PATTERNS[id(schedule)] = (schedule, pattern)
+    return pattern
 
 
 def _rank_iteration(
@@ -989,7 +1021,7 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         point.microbatch_size,
         _pipeline_ranks_per_node(context, point),
         schedule.n_copies,
-        _partners(workload, schedule, _fingerprint(schedule)),
+        _partners(workload, schedule, _fingerprint(schedule, action_keys(schedule))),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
     experts = table.expert_params or [0] * len(table.params)

@@ -44,6 +44,8 @@ Rules: ``virtual = 2``, training only, any ``p >= 1`` and ``m >= 1``.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import StageCost
 from pipesim.errors import ScheduleError
@@ -137,6 +139,11 @@ class _Squeeze:
         self.held = [0] * len(orders)
         self.done: dict[tuple[int, Op, int], int] = {}
         self.out: list[list[Action]] = [[] for _ in orders]
+        # per rank: how many of each (stage, op) are left, so a scan can stop once it
+        # has met every kind left (only the first of each kind may be picked)
+        self.left: list[Counter[tuple[int, Op]]] = [
+            Counter((a.stage, a.op) for a in order) for order in orders
+        ]
 
     def ready(self, action: Action, now: int) -> bool:
         for key in prerequisites(
@@ -152,10 +159,14 @@ class _Squeeze:
     def pick(self, rank: int, now: int) -> int | None:
         """Index in the rank's remaining order of the pass to run at ``now``, if any."""
         order = self.remaining[rank]
+        left = self.left[rank]
         if not self.forwards_left[rank]:  # cool-down: every ready I before any W
             for op in (Op.I, Op.W):
                 seen: set[int] = set()
+                stages = sum(1 for (_s, o), n in left.items() if o is op and n)
                 for index, action in enumerate(order):
+                    if len(seen) == stages:
+                        break
                     if action.op is op and action.stage not in seen:
                         if self.ready(action, now):
                             return index
@@ -165,9 +176,12 @@ class _Squeeze:
             return 0
         held = highest = self.held[rank]
         seen_keys = {(order[0].stage, order[0].op)}
+        kinds = sum(1 for n in left.values() if n)
         held += _HELD[order[0].op]
         highest = max(highest, held)
         for index in range(1, len(order)):
+            if len(seen_keys) == kinds:
+                break
             action = order[index]
             key = (action.stage, action.op)
             fits = highest + _HELD[action.op] <= self.cap  # the peak is never raised
@@ -191,6 +205,7 @@ class _Squeeze:
                 if index is None:
                     continue
                 action = order.pop(index)
+                self.left[rank][(action.stage, action.op)] -= 1
                 self.out[rank].append(action)
                 self.done[(action.stage, action.op, action.microbatch)] = now + 1
                 self.held[rank] += _HELD[action.op]
