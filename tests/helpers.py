@@ -264,3 +264,13 @@ def sigterm_once_ranks_joined(
         if launcher.poll() is None:
             launcher.kill()
     return status, launcher.stderr.read() if launcher.stderr else b""
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child a test will Ctrl-C: SIGINT back to its default action.
+
+    A shell script's background job (``make test &``) starts with SIGINT ignored, every
+    child inherits that, and Python then installs no KeyboardInterrupt handler, so the
+    child would not hear the test's Ctrl-C at all. A terminal's foreground job, which
+    the test stands for, has the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -20,7 +20,7 @@ from pathlib import Path
 import distributed
 import pytest
 from helpers import SMALL_MODEL as SMALL
-from helpers import one_f_one_b_sweep, processes_with
+from helpers import interruptible, one_f_one_b_sweep, processes_with
 
 from pipesim.cli import main
 from pipesim.errors import PlanError
@@ -299,6 +299,7 @@ def test_ctrl_c_on_a_terminal_stops_the_local_cluster_and_prints_the_partial_pla
         text=True,
         env=dict(os.environ, PIPESIM_TEST_MARKER=marker),
         start_new_session=True,  # a process group of its own, as a terminal's job
+        preexec_fn=interruptible,
     )
     try:
         deadline = time.monotonic() + 60

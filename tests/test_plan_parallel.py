@@ -16,7 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from helpers import hand_accelerator, processes_with
+from helpers import hand_accelerator, interruptible, processes_with
 
 from pipesim.cli import main
 from pipesim.plan import ModelSpec, plan
@@ -416,6 +416,7 @@ def _start(extra: list[str], marker: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=interruptible,
     )
 
 
