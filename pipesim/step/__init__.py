@@ -22,17 +22,7 @@ The model's rules, each written once, live in one module each:
 - **the deadlock error**: :mod:`pipesim.step.deadlock` (:func:`deadlock_error`).
 
 Their public names are importable from here too (``__all__``); the code of pipesim
-imports each from its home module.
-
->>> from pipesim.costs import CostModel
->>> from pipesim.schedules import generate
->>> structure = step_structure(generate("1f1b", n_ranks=2, n_microbatches=2))
->>> step = compile_step(structure, CostModel.uniform(output_bytes=8))
->>> step.row(structure.messages[2].producer_node)
-StepRow(node=0, rank=0, position=0, duration=1, waits_for=(), sends=(2,), \
-effect=Effect(start_bytes=0, start_count=1, end_bytes=0, end_count=0))
->>> step.message_bytes[2], step.message_bytes[0]  # 0F0's output; 1B0's gradient, shaped alike
-(8, 8)
+imports each from its home module. An example of the whole build is :mod:`pipesim.step.compile`'s.
 """
 
 from __future__ import annotations
