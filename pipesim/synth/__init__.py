@@ -10,7 +10,7 @@ next to the best built-in one and a lower bound.
 - :mod:`~pipesim.synth.heuristic`: the greedy list scheduler (Qi et al. 2024);
 - :mod:`~pipesim.synth.policies`: the settings of the greedy that are tried;
 - :mod:`~pipesim.synth.bound`: a closed-form lower bound;
-- :mod:`~pipesim.synth.exact`: CP-SAT for small problems (optional ``exact`` extra);
+- :mod:`~pipesim.synth.cpsat`: CP-SAT for small problems (optional ``exact`` extra);
 - :mod:`~pipesim.synth.synthesize`: candidates, evaluation, the winner.
 
 >>> result = synthesize(n_ranks=4, n_microbatches=8, memory_limit=8)

@@ -306,7 +306,7 @@ def _with_exact_period(
     seeded with the best candidate's (so larger problems can be tried, and the solver's
     schedule is kept only if the engine finds its period no longer). The solver's bound is
     on the period, not the makespan: ``bound`` stays the makespan's."""
-    from pipesim.synth.exact import solve_exact
+    from pipesim.synth.cpsat import solve_exact
 
     seed = min(candidates, key=_rank, default=None)
     solution = solve_exact(
@@ -336,7 +336,7 @@ def _with_exact(
 ) -> _Pool:
     """``candidates`` plus the solver's schedule, if it finds one within the fastest
     fitting candidate's makespan, and the bound tightened by the solver's where it holds."""
-    from pipesim.synth.exact import solve_exact
+    from pipesim.synth.cpsat import solve_exact
 
     best_so_far = min((c.makespan for c in candidates if c.fits), default=None)
     solution = solve_exact(problem, time_limit_s=time_limit_s, horizon=best_so_far)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipesim import CostModel, Link, StageCost, critical_path, generate, simulate, validate
 from pipesim.errors import PipesimError
 from pipesim.synth import lower_bound, make_problem, synthesize
-from pipesim.synth.exact import solve_exact
+from pipesim.synth.cpsat import solve_exact
 
 
 def test_hand_solved_case() -> None:
