@@ -75,7 +75,10 @@ class Table:
 
 
 def _gpt(run: Run, *, seq: int, vocab: int, dtype: str, flash: bool) -> ModelSpec:
+    # tied embeddings: Megatron-LM's GPT shares the input embedding with the LM head
+    # unless --untie-embeddings-and-output-weights is passed (megatron/training/arguments.py)
     return ModelSpec(
+        tied_embeddings=True,
         n_layers=run.layers,
         hidden=run.hidden,
         n_heads=run.heads,
@@ -206,7 +209,8 @@ TABLES = (
         title="Korthikanti et al. 2023, Table 5 (seconds per iteration), A100 80GB",
         accelerator="a100-80gb",
         runs=_korthikanti_runs(),
-        assumed="fp16, dropout, unfused attention (the paper's setting); no data "
+        assumed="fp16, dropout, unfused attention (the paper's setting), tied embeddings "
+        "(Megatron-LM's default); no data "
         "parallelism; interleaving as Calculon's validation encodes it",
         model=lambda run: _gpt(run, seq=2048, vocab=51200, dtype="fp16", flash=False),
         measure="seconds",
@@ -220,7 +224,8 @@ TABLES = (
         assumed="micro-batch 1, full recomputation (the paper's Eq. 3 counts it), fp16, "
         "unfused attention, interleaving at the fewest stages per rank above 1 that split "
         "the layers evenly, data-parallel all-reduce after the pipeline (not overlapped), "
-        "no distributed optimizer, no sequence parallelism",
+        "no distributed optimizer, no sequence parallelism, tied embeddings (Megatron-LM's "
+        "default)",
         model=lambda run: _gpt(run, seq=2048, vocab=51200, dtype="fp16", flash=False),
         measure="tflops",
         flops=_narayanan_flops,
@@ -231,7 +236,8 @@ TABLES = (
         runs=_megatron_h100_runs(),
         assumed="GPT shapes (ffn 4h, GeLU, multi-head attention, no GQA), bf16, flash "
         "attention, no dropout, micro-batch 1, no recomputation, no interleaving, no "
-        "context parallelism, sequence parallelism wherever t > 1, distributed optimizer",
+        "context parallelism, sequence parallelism wherever t > 1, distributed optimizer, "
+        "tied embeddings (Megatron-LM's default)",
         model=lambda run: _gpt(run, seq=4096, vocab=131072, dtype="bf16", flash=True),
         measure="tflops",
         flops=_model_flops,

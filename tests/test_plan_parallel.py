@@ -23,7 +23,7 @@ from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
 from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
-from pipesim.plan.iteration import rank_iteration, static_bytes
+from pipesim.plan.iteration import embedding_sync_ns, rank_iteration, static_bytes
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 from pipesim.plan.workload import workload_from_model
 
@@ -632,3 +632,64 @@ def test_a_pipeline_send_without_sequence_parallelism_is_gathered_by_its_receive
     message = 1_000 + 32
     gather = 0 if sequence_parallel else 1_000 + 32
     assert point.pp_comm_time_ns == 2 * (message + gather)
+
+
+def test_a_tied_embedding_gradient_is_all_reduced_between_the_end_stages() -> None:
+    # Megatron-LM's finalize_model_grads: _allreduce_word_embedding_grads all-reduces the
+    # shared table's main_grad (vocab / t x h, fp32 for bf16) between the first and the
+    # last stage. GPT: 10 x 8 x 4 B = 320 B; a ring of 2: 2 x (1/2 x 320 B / 1 GB/s + 1 us)
+    tied = dataclasses.replace(GPT, tied_embeddings=True)
+    acc = _accelerator(inter_node_bandwidth=5e8)
+    kwargs = dict(accelerator=acc, tensor=1, stage_devices=1)
+    assert embedding_sync_ns(tied, [0, 1], **kwargs) == {0: 2_320, 1: 2_320}  # type: ignore[arg-type]
+    assert embedding_sync_ns(GPT, [0, 1], **kwargs) == {}  # type: ignore[arg-type]
+    # one rank holds both copies (no pipelining, or a V schedule's first rank)
+    assert embedding_sync_ns(tied, [0], **kwargs) == {}  # type: ignore[arg-type]
+    assert embedding_sync_ns(tied, [0, 1, 1, 0], **kwargs) == {}  # type: ignore[arg-type]
+    # t = 2: 5 rows of the vocabulary each, 160 B; the pipeline of 2 x 8 devices spans two
+    # nodes: one NIC of 0.5 GB/s a member, 2 x (1/2 x 160 B / 0.5 GB/s + 1 us)
+    across = kwargs | {"tensor": 2, "stage_devices": 8}
+    assert embedding_sync_ns(tied, [0, 1], **across) == {0: 2_320, 1: 2_320}  # type: ignore[arg-type]
+    # in a pinned plan it is exposed on top of the untied step: the ranks holding the
+    # first and the last stage each wait for it, after the (here absent) gradient sync
+    plans = [
+        plan(
+            spec,
+            devices=2,
+            accelerator=_accelerator(),
+            global_batch=2,
+            tensor=[1],
+            stages=[2],
+            microbatch_sizes=[1],
+            virtual=[1],
+            schedules=["1f1b"],
+            recompute=["none"],
+            memory_headroom=0,
+            workers=1,
+        )
+        for spec in (GPT, tied)
+    ]
+    (untied_point,), (tied_point,) = (p.points for p in plans)
+    assert tied_point.pipeline_time_ns == untied_point.pipeline_time_ns
+    assert tied_point.step_time_ns - untied_point.step_time_ns == 320 + 2_000  # type: ignore[operator]
+    # a V schedule puts the first and the last stage on one rank: one copy, nothing to sync
+    v_steps = {
+        plan(
+            spec,
+            devices=2,
+            accelerator=_accelerator(),
+            global_batch=2,
+            tensor=[1],
+            stages=[2],
+            microbatch_sizes=[1],
+            virtual=[2],
+            schedules=["zbv"],
+            recompute=["none"],
+            memory_headroom=0,
+            workers=1,
+        )
+        .points[0]
+        .step_time_ns
+        for spec in (GPT, tied)
+    }
+    assert len(v_steps) == 1

@@ -41,6 +41,14 @@ writes 4), ``_unscale_main_grads_and_check_for_nan`` unscales them in place (rea
 writes 4), and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
 is already fp32: ``.float()`` returns it, and there is no loss scale.)
 
+Tied word embeddings (the GPT models' default: the LM head reuses the input embedding's
+table) live twice with pipelining, on the first and on the last stage, and after the
+data-parallel reduction Megatron-LM all-reduces the table's gradient between the two
+(``_allreduce_word_embedding_grads`` in ``finalize_model_grads``,
+``megatron/core/distributed/finalize_model_grads.py``: the whole ``main_grad`` of the
+shared weight over the two-member embedding group, after ``finish_grad_sync`` and
+before the optimizer step), so nothing hides it: :func:`embedding_sync_ns`.
+
 Devices are ordered as Megatron-LM orders its groups, tensor parallel
 innermost, then data parallel, then pipeline (``megatron/core/parallel_state.py``,
 order "tp-dp-pp"): a data-parallel group stays inside a node when ``t d``
@@ -55,11 +63,13 @@ divides the GPUs per node, otherwise it uses the inter-node link.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from pipesim.plan.collectives import all_gather_s, allreduce_s, reduce_scatter_s
 from pipesim.plan.hardware import Accelerator, Interconnect
+from pipesim.plan.model import ModelSpec
 from pipesim.units import NS_PER_S
 
 __all__ = [
@@ -69,6 +79,7 @@ __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
     "RankIteration",
     "data_parallel_link",
+    "embedding_sync_ns",
     "optimizer_step_bytes",
     "rank_iteration",
     "static_bytes",
@@ -119,12 +130,48 @@ def data_parallel_link(
     return accelerator.group_link(tensor * data_parallel, apart=tensor)
 
 
+def embedding_sync_ns(
+    spec: ModelSpec | None,
+    placement: Sequence[int],
+    /,
+    *,
+    accelerator: Accelerator,
+    tensor: int,
+    stage_devices: int,
+) -> dict[int, int]:
+    """Nanoseconds of the tied word embedding's gradient all-reduce (see the module
+    docstring) on each pipeline rank that holds a copy: the ranks of the first and the
+    last of the stages ``placement`` puts on ranks; none without tied embeddings or when
+    one rank holds both (a V schedule's rank 0). ``vocab / t x h`` gradient elements in
+    the data-parallel reduction's dtype, a ring of two devices, inside a node only when
+    the whole pipeline group of ``ranks x stage_devices`` devices is (devices ordered
+    tp-cp-dp-pp).
+
+    >>> from pipesim.plan.hardware import get_accelerator
+    >>> from pipesim.plan.model import ModelSpec
+    >>> gpt = ModelSpec(n_layers=2, hidden=1024, n_heads=8, seq_length=512,
+    ...     vocab_size=32000, tied_embeddings=True)
+    >>> a100 = get_accelerator("a100-80gb")
+    >>> embedding_sync_ns(gpt, [0, 1, 1, 0], accelerator=a100, tensor=1, stage_devices=1)
+    {}
+    """
+    first, last = placement[0], placement[-1]
+    if spec is None or not spec.tied_embeddings or first == last:
+        return {}
+    vocab = -(-spec.vocab_size // tensor)  # the vocabulary-parallel head's rows
+    n_bytes = vocab * spec.hidden * spec.grad_reduce_bytes
+    inter = (max(placement) + 1) * stage_devices > accelerator.gpus_per_node
+    seconds = allreduce_s(n_bytes, n_devices=2, link=accelerator.link(inter_node=inter))
+    return dict.fromkeys((first, last), round(seconds * NS_PER_S))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankIteration:
     """One rank's work after its pipeline part, integer nanoseconds."""
 
     dp_comm_ns: int
-    """The whole data-parallel traffic (all-reduce, or reduce-scatter + all-gather)."""
+    """The whole data-parallel traffic (all-reduce, or reduce-scatter + all-gather),
+    with the tied embedding's gradient all-reduce on the ranks that hold a copy."""
     dp_exposed_ns: int
     """The part not hidden behind the last backward / first forward."""
     optimizer_ns: int
@@ -147,6 +194,7 @@ def rank_iteration(
     expert_parallel: int = 1,
     expert_tensor: int = 1,
     step_bytes_per_param: int = ADAM_STEP_BYTES_PER_PARAM,
+    embedding_sync: int = 0,
 ) -> RankIteration:
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
 
@@ -156,6 +204,8 @@ def rank_iteration(
     expert_tensor)`` devices that hold the same experts
     (Megatron-Core's expert data parallelism; here ``data_parallel`` counts d c), the
     two groups' traffic back to back behind the same backward and forward.
+    ``embedding_sync``: nanoseconds of the tied embedding's all-reduce on this rank
+    (:func:`embedding_sync_ns`), exposed after the gradients' reduction.
 
     >>> from pipesim.plan.hardware import get_accelerator
     >>> h100 = get_accelerator("h100-sxm")
@@ -195,6 +245,8 @@ def rank_iteration(
     else:
         total = reduce
         exposed = max(0, total - hidden_b)
+    total += embedding_sync
+    exposed += embedding_sync
     seconds = held * step_bytes_per_param / Fraction(repr(accelerator.achieved_memory_bandwidth))
     optimizer = round(seconds * NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

@@ -62,6 +62,7 @@ from pipesim.plan.iteration import (
     BYTES_PER_PARAM,
     OPTIMIZER_BYTES_PER_PARAM,
     RankIteration,
+    embedding_sync_ns,
     rank_iteration,
     static_bytes,
 )
@@ -722,6 +723,8 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         schedule = built
     metrics = _simulate(context, schedule, table.costs)
     loads = _rank_loads(context, point, schedule, table, metrics)
+    sync = embedding_sync_ns(workload.spec, schedule.placement, accelerator=context.accelerator,
+        tensor=point.tensor, stage_devices=point.tensor * point.gradient_group)  # fmt: skip
     after = [
         _rank_iteration(
             context,
@@ -731,6 +734,7 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
             table.costs,
             first,
             expert_params=loads.rank_experts[r],
+            embedding_sync=sync.get(r, 0),
         )
         for r, first in enumerate(loads.first_stage)
     ]
@@ -955,6 +959,7 @@ def _rank_iteration(
     first_stage: int | None,
     *,
     expert_params: int | Fraction = 0,
+    embedding_sync: int = 0,
 ) -> RankIteration:
     stage = costs.stage(first_stage if first_stage is not None else 0)
     # ranks of equal stages (most of a pipeline's middle) give the same answer
@@ -971,6 +976,7 @@ def _rank_iteration(
         workload.step_bytes_per_param,
         stage.backward,
         stage.forward,
+        embedding_sync,
     )
     found = _ITERATIONS.get(key)
     if found is not None:
@@ -992,6 +998,7 @@ def _rank_iteration(
         expert_parallel=point.expert_parallel,
         expert_tensor=point.expert_tensor,
         step_bytes_per_param=workload.step_bytes_per_param,
+        embedding_sync=embedding_sync,
     )
     return found
 
