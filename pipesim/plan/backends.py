@@ -486,7 +486,7 @@ def _connect(distributed: Any, address: str, wait_s: float) -> Any:
         return distributed.Client(address, timeout=wait_s, set_as_default=False)
     except (OSError, ValueError, TypeError, TimeoutError) as exc:
         raise PlanError(
-            f"cannot reach a Dask scheduler at --cluster {address!r} within {wait_s:.3g} s "
+            f"cannot reach a Dask scheduler at --cluster {address!r} within {wait_s:.2g} s "
             f"({exc}); start one with `dask scheduler` (it prints its address, "
             "tcp://HOST:8786) and workers with `dask worker tcp://HOST:8786`, or use "
             "--cluster local"
