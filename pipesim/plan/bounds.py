@@ -39,7 +39,7 @@ from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.plan import sweep
 from pipesim.plan.cost_aware import get_cost_aware
-from pipesim.plan.iteration import static_bytes
+from pipesim.plan.iteration import embedding_sync_ns, static_bytes
 from pipesim.plan.sweep import Point, SweepContext
 from pipesim.schedules import generate
 from pipesim.step.cost_tables import cost_tables
@@ -343,8 +343,10 @@ def _warmup_peak(order: tuple[object, ...], per_stage: Sequence[tuple[Effect, ..
 def _after_pipeline(
     context: SweepContext, point: Point, found: Shape, table: sweep._StageTable
 ) -> int:
-    """The data-parallel traffic and optimizer step after the pipeline, exactly as
-    :func:`pipesim.plan.sweep.evaluate_point` adds them (they read only the placement)."""
+    """The data-parallel traffic, tied-embedding sync and optimizer step after the pipeline,
+    as :func:`pipesim.plan.sweep.evaluate_point` adds them (they read only the placement),
+    less the expert parameters' share of a mixture-of-experts model: never more than the
+    sweep's figure, so still a lower bound."""
     n_ranks = len(found.per_microbatch)
     rank_params: list[int | Fraction] = [0] * n_ranks
     first: list[int | None] = [None] * n_ranks
@@ -353,8 +355,18 @@ def _after_pipeline(
         if first[rank] is None:
             first[rank] = stage
     workload = sweep._workload(context, point)
+    sync = embedding_sync_ns(workload.spec, found.placement, accelerator=context.accelerator,
+        tensor=point.tensor, stage_devices=point.tensor * point.gradient_group)  # fmt: skip
     after = [
-        sweep._rank_iteration(context, workload, point, rank_params[r], table.costs, first[r])
+        sweep._rank_iteration(
+            context,
+            workload,
+            point,
+            rank_params[r],
+            table.costs,
+            first[r],
+            embedding_sync=sync.get(r, 0),
+        )
         for r in range(n_ranks)
     ]
     return max(x.dp_exposed_ns + x.optimizer_ns for x in after)
