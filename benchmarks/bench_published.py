@@ -258,7 +258,7 @@ def predict(table: Table, run: Run) -> PlanPoint:
         accelerator=table.accelerator,
         global_batch=run.global_batch,
         tensor=[run.tensor],
-        stages=[run.pipeline],
+        pipeline_parallel=[run.pipeline],
         virtual=[run.virtual],
         microbatch_sizes=[run.microbatch],
         schedules=["interleaved-1f1b" if run.virtual > 1 else "1f1b"],

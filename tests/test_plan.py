@@ -459,3 +459,14 @@ def test_a_tie_with_the_runner_up_reads_same_step_time_not_zero_percent() -> Non
     line = explain(result)
     assert f"same step time as the best with recompute={twin.recompute}" in line
     assert "0.0% faster" not in line
+
+
+def test_pipeline_parallel_is_the_name_and_stages_the_old_one() -> None:
+    # The same sweep under either name: the same configurations, the same winner.
+    common = dict(devices=8, accelerator="h100-sxm", global_batch=64, tensor=[1], workers=1)
+    new = plan(SMALL, pipeline_parallel=[2], **common)  # type: ignore[arg-type]
+    old = plan(SMALL, stages=[2], **common)  # type: ignore[arg-type]
+    assert {p.pipeline for p in new.points} == {2}
+    assert [p.to_dict() for p in new.points] == [p.to_dict() for p in old.points]
+    with pytest.raises(PlanError, match="stages is its old name"):
+        plan(SMALL, pipeline_parallel=[2], stages=[4], **common)  # type: ignore[arg-type]

@@ -495,7 +495,7 @@ def _plan(args: argparse.Namespace, workload: Any, accelerator: Any) -> Any:
             devices=args.devices,
             accelerator=accelerator,
             global_batch=args.global_batch,
-            stages=_ints(args.pipeline_parallel, "--pipeline-parallel"),
+            pipeline_parallel=_ints(args.pipeline_parallel, "--pipeline-parallel"),
             tensor=_ints(args.tensor_parallel, "--tensor-parallel"),
             context_parallel=_ints(args.context_parallel, "--context-parallel") or (1,),
             expert_parallel=_ints(args.expert_parallel, "--expert-parallel") or (1,),

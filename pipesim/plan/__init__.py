@@ -34,7 +34,7 @@ front of step time versus memory.
   HTML; :mod:`~pipesim.plan.frameworks`: the winner as Megatron-LM and torchtitan flags.
 
 >>> result = plan("llama2-7b", devices=8, accelerator="h100-sxm", global_batch=64,
-...               stages=[2, 4], microbatch_sizes=[1], workers=1)
+...               pipeline_parallel=[2, 4], microbatch_sizes=[1], workers=1)
 >>> result.best.fits
 True
 """

@@ -499,6 +499,7 @@ def plan(
     devices: int,
     accelerator: Accelerator | str,
     global_batch: int,
+    pipeline_parallel: Sequence[int] | None = None,
     stages: Sequence[int] | None = None,
     microbatch_sizes: Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     virtual: Sequence[int] = DEFAULT_VIRTUAL,
@@ -532,10 +533,11 @@ def plan(
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
     ``model``: a preset name, a :class:`ModelSpec`, or a :class:`Workload` (e.g.
-    from a calibrated cost file: t = 1 and no recomputation only). ``stages``,
-    ``tensor``, ``recompute``, ``sequence_parallel``, ``distributed_optimizer``,
-    ``microbatch_sizes``, ``virtual``, ``schedules``: the values to try (see the
-    module docstring for the defaults). ``bytes_per_param``: weights + gradients
+    from a calibrated cost file: t = 1 and no recomputation only).
+    ``pipeline_parallel`` (``stages``: its old name, still taken), ``tensor``,
+    ``recompute``, ``sequence_parallel``, ``distributed_optimizer``, ``microbatch_sizes``,
+    ``virtual``, ``schedules``: the values to try (see the module docstring for the
+    defaults). ``bytes_per_param``: weights + gradients
     + optimizer state per parameter without the distributed optimizer (18:
     Megatron-LM's bf16 weights with fp32 gradients and Adam, see
     :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
@@ -587,7 +589,7 @@ def plan(
     )
     dims = Dimensions(
         tensor=_pinned(tensor),
-        stages=_pinned(stages),
+        stages=_pinned(_pipeline_degrees(pipeline_parallel, stages)),
         microbatch_sizes=tuple(microbatch_sizes),
         virtual=tuple(virtual),
         schedules=_pinned(schedules),
@@ -773,6 +775,18 @@ def _with_dtype(workload: Workload, dtype: str | None) -> Workload:
             f"{workload.name} is a cost file, measured in its own precision; drop --dtype"
         )
     return workload_from_model(replace(workload.spec, dtype=dtype))
+
+
+def _pipeline_degrees(
+    pipeline_parallel: Sequence[int] | None, stages: Sequence[int] | None
+) -> Sequence[int] | None:
+    """The pipeline-parallel degrees under their name or their old one, not both."""
+    if pipeline_parallel is not None and stages is not None:
+        raise PlanError(
+            f"pipeline_parallel={list(pipeline_parallel)!r} and stages={list(stages)!r} name "
+            "the same dimension (stages is its old name): give only pipeline_parallel"
+        )
+    return stages if pipeline_parallel is None else pipeline_parallel
 
 
 def _pinned(values: Sequence[_T] | None) -> tuple[_T, ...] | None:
