@@ -81,7 +81,7 @@ def action_keys(schedule: Schedule, /) -> list[list[int]] | None:
             return None
         # action_key, inlined: the sweep reads every action of every schedule here
         keys.append(
-            [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr]
+            [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr, operator]
         )
     return keys
 
