@@ -371,7 +371,7 @@ class DaskCluster:
                 _quietly(client.unregister_worker_plugin, self._sweep)
             _quietly(client.close, timeout=STOP_TIMEOUT_S)
         if cluster is not None:
-            _quietly(cluster.close, timeout=STOP_TIMEOUT_S)
+            _stop_cluster(cluster)
 
 
 def _within(seconds: float, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -403,6 +403,23 @@ def _quietly(step: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         _within(STOP_TIMEOUT_S, step, *args, **kwargs)
 
 
+def _stop_cluster(cluster: Any) -> None:
+    """Shut a LocalCluster down within STOP_TIMEOUT_S, once (see :func:`_cluster_class`)."""
+    _quietly(cluster.close, timeout=STOP_TIMEOUT_S)
+
+
+def _cluster_class(distributed: Any) -> Any:
+    """LocalCluster, except that distributed's atexit hook (``deploy/spec.py``
+    ``close_clusters``, the one reader of ``shutdown_on_close``) leaves it alone: the sweep
+    closes its cluster itself, within STOP_TIMEOUT_S, and a second close at exit would
+    wait another 10 s and, on a cluster whose nannies a Ctrl-C already stopped (or one
+    interrupted while it started), print a traceback of its own (an UnboundLocalError in
+    ``utils.sync``). The worker processes are daemonic children, which multiprocessing
+    terminates at exit."""
+    never = property(lambda self: False, lambda self, value: None)
+    return type("SweepCluster", (distributed.LocalCluster,), {"shutdown_on_close": never})
+
+
 def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exception]) -> Any:
     """A LocalCluster of ``workers`` single-threaded processes, started within ``wait_s``
     (in a thread, so that a start that hangs cannot hang the sweep), else ``late``."""
@@ -415,7 +432,7 @@ def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exc
 
     def start() -> None:
         try:
-            cluster = distributed.LocalCluster(
+            cluster = _cluster_class(distributed)(
                 n_workers=workers,
                 threads_per_worker=1,  # the sweep is pure Python: one thread per process
                 processes=True,
@@ -432,7 +449,7 @@ def _local_cluster(distributed: Any, workers: int, wait_s: float, late: type[Exc
             if not abandoned.is_set():
                 started.append(cluster)
                 return
-        _quietly(cluster.close, timeout=STOP_TIMEOUT_S)  # too late: the sweep gave up on it
+        _stop_cluster(cluster)  # too late: the sweep gave up on it
 
     thread = threading.Thread(target=start, name="pipesim-local-cluster", daemon=True)
     # Ctrl-C reaches the whole process group, the cluster's workers too: this process
