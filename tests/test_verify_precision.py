@@ -59,6 +59,7 @@ def _small(name: str, **precision: str) -> object:
     return load_model(name, n_layers=4, width=_WIDTH, **precision)
 
 
+@pytest.mark.slow  # 2-15 s each: make test runs them, make test-fast does not
 @pytest.mark.parametrize(("model", "dtype", "schedule", "virtual"), _EVERY_DTYPE)
 def test_bit_identical_in_every_dtype(
     model: str, dtype: str, schedule: str, virtual: int | None
@@ -79,6 +80,7 @@ def test_bit_identical_in_every_dtype(
     assert crossing and set(crossing) == {2 * _SEQ * _WIDTH * _ITEMSIZE[dtype]}
 
 
+@pytest.mark.slow  # 2-15 s each: make test runs them, make test-fast does not
 @pytest.mark.parametrize(("model", "under", "schedule"), _AUTOCAST)
 def test_bit_identical_under_autocast(model: str, under: str, schedule: str) -> None:
     built = _small(model, autocast=under)
@@ -104,6 +106,7 @@ def test_autocast_runs_the_matmuls_in_the_lower_dtype() -> None:
     assert not torch.equal(a, b.float()) and torch.allclose(a, b.float(), atol=0.1)
 
 
+@pytest.mark.slow  # 2-15 s each: make test runs them, make test-fast does not
 def test_a_wrong_accumulation_order_is_caught_in_bf16() -> None:
     # bf16 addition is not associative: adding the micro-batches' gradients in another
     # order than the schedule's changes bits, and the check must say so.
