@@ -39,7 +39,7 @@ from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.plan import sweep
 from pipesim.plan.cost_aware import get_cost_aware
-from pipesim.plan.iteration import embedding_sync_ns, static_bytes
+from pipesim.plan.iteration import static_bytes
 from pipesim.plan.sweep import Point, SweepContext
 from pipesim.schedules import generate
 from pipesim.step.cost_tables import cost_tables
@@ -355,8 +355,7 @@ def _after_pipeline(
         if first[rank] is None:
             first[rank] = stage
     workload = sweep._workload(context, point)
-    sync = embedding_sync_ns(workload.spec, found.placement, accelerator=context.accelerator,
-        tensor=point.tensor, stage_devices=point.tensor * point.gradient_group)  # fmt: skip
+    sync = sweep._embedding_syncs(context, workload, point, found.placement)
     after = [
         sweep._rank_iteration(
             context,

@@ -723,8 +723,7 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         schedule = built
     metrics = _simulate(context, schedule, table.costs)
     loads = _rank_loads(context, point, schedule, table, metrics)
-    sync = embedding_sync_ns(workload.spec, schedule.placement, accelerator=context.accelerator,
-        tensor=point.tensor, stage_devices=point.tensor * point.gradient_group)  # fmt: skip
+    sync = _embedding_syncs(context, workload, point, schedule.placement)
     after = [
         _rank_iteration(
             context,
@@ -948,6 +947,20 @@ def _remember_pattern(schedule: Schedule, keys: list[list[int]] | None) -> Patte
     pattern = find_pattern(schedule, keys=keys) if _STEADY[0] else None
     _PATTERNS[id(schedule)] = (schedule, pattern)
     return pattern
+
+
+def _embedding_syncs(
+    context: SweepContext, workload: Workload, point: Point, placement: Sequence[int]
+) -> dict[int, int]:
+    """Per end rank, the tied word-embedding gradient all-reduce after the pipeline
+    (:func:`pipesim.plan.iteration.embedding_sync_ns`), for ``point``'s placement."""
+    return embedding_sync_ns(
+        workload.spec,
+        placement,
+        accelerator=context.accelerator,
+        tensor=point.tensor,
+        stage_devices=point.tensor * point.gradient_group,
+    )
 
 
 def _rank_iteration(
