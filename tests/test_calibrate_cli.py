@@ -155,3 +155,22 @@ def test_measure_all_runs_each_schedule_once_per_round_at_its_own_size() -> None
         assert found.stage_bytes[0].output_bytes == rows * 96 * 4
     fit = fit_costs(got[1].steps)
     assert replay(got[1].steps[0], fit.costs) > 0
+
+
+def test_cost_lines_print_each_op_per_stage_and_the_overheads_by_hand() -> None:
+    from pipesim.cli._calibrate import _cost_lines
+    from pipesim.costs import CostModel, Link, StageCost
+
+    costs = CostModel(
+        stages=(StageCost(forward=1_234_567, backward=2_000_000), StageCost(forward=500_000)),
+        link=Link(latency=7_000, send_overhead=2_000, receive_overhead=3_400),
+        dispatch_overhead=1_000,
+    )
+    assert _cost_lines(costs, digits=2) == [
+        "F per stage (ms): 1.23/0.50",
+        "B per stage (ms): 2.00/0.00",
+        "I per stage (ms): 0.00/0.00",
+        "W per stage (ms): 0.00/0.00",
+        "per message: send 2 us, receive 3 us, latency 7 us; per action: dispatch 1 us",
+    ]
+    assert _cost_lines(costs, digits=3)[0] == "F per stage (ms): 1.235/0.500"

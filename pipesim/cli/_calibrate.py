@@ -258,28 +258,35 @@ def _write(costs: Any, meta: dict[str, Any], path: str) -> None:
     write_text(path, json.dumps(costs_to_dict(costs) | {"meta": meta}, indent=2) + "\n")
 
 
-def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
-    def ms_list(values: list[Any]) -> str:
-        return "/".join(f"{ms(v):.2f}" for v in values)
-
+def _cost_lines(costs: Any, *, digits: int) -> list[str]:
+    """A cost file's compute per stage and op (ms, ``digits`` decimals) and its overheads."""
+    lines = [
+        f"{op} per stage (ms): "
+        + "/".join(f"{ms(getattr(s, name)):.{digits}f}" for s in costs.stages)
+        for op, name in (
+            ("F", "forward"),
+            ("B", "backward"),
+            ("I", "input_grad"),
+            ("W", "weight_grad"),
+        )
+    ]
     link = costs.link
+    lines.append(
+        f"per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
+        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
+        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
+    )
+    return lines
+
+
+def _print_costs(costs: Any, meta: dict[str, Any], path: str) -> None:
     print(
         f"calibrated {meta['n_stages']} stages from {meta['repeats']} runs of "
         f"{meta['schedule']} (m={meta['n_microbatches']}, {meta['microbatch_size']} rows, "
         f"{meta['threads_per_rank']} thread(s) per rank, load {meta['load_average'][0]}):"
     )
-    for op, name in (
-        ("F", "forward"),
-        ("B", "backward"),
-        ("I", "input_grad"),
-        ("W", "weight_grad"),
-    ):
-        print(f"  {op} per stage (ms): {ms_list([getattr(s, name) for s in costs.stages])}")
-    print(
-        f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
-        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
-        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
-    )
+    for line in _cost_lines(costs, digits=2):
+        print("  " + line)
     spread = meta["compute_run_spread_pct"]
     if spread:
         widest = max(spread, key=spread.get)
@@ -450,20 +457,8 @@ def _from_trace(args: argparse.Namespace) -> int:
             f"  rank {rank}: {len(order)} actions from {how[int(rank)]}, compute "
             f"{ms(busy):.2f} ms, {first.comms[int(rank)]} communication ops"
         )
-    link = costs.link
-    for op, name in (
-        ("F", "forward"),
-        ("B", "backward"),
-        ("I", "input_grad"),
-        ("W", "weight_grad"),
-    ):
-        values = "/".join(f"{ms(getattr(s, name)):.3f}" for s in costs.stages)
-        print(f"  {op} per stage (ms): {values}")
-    print(
-        f"  per message: send {float(link.send_overhead) / 1e3:.0f} us, receive "
-        f"{float(link.receive_overhead) / 1e3:.0f} us, latency {float(link.latency) / 1e3:.0f} us; "
-        f"per action: dispatch {float(costs.dispatch_overhead) / 1e3:.0f} us"
-    )
+    for line in _cost_lines(costs, digits=3):
+        print("  " + line)
     if meta["assumed"]:
         print(f"  assumed: {'; '.join(meta['assumed'])}")
     for line in term_lines(
