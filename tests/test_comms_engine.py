@@ -217,9 +217,9 @@ def test_a_deadlocking_order_is_refused_before_simulation(monkeypatch) -> None: 
 
 
 def _step(text: str):  # type: ignore[no-untyped-def]
-    from pipesim.comms import parse_step
+    from pipesim.comms import parse_instruction
 
-    return parse_step(text)
+    return parse_instruction(text)
 
 
 def test_without_the_check_the_engine_reports_where_ranks_stopped() -> None:
