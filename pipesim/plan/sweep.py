@@ -156,7 +156,7 @@ class SweepContext:
     """Pipeline sends run beside compute (Megatron-Core's ``--overlap-p2p-communication``,
     torch.distributed.pipelining's isend); False, Megatron-LM's default: a rank waits for
     its send and receive to finish (``p2p_communication._communicate`` waits on every
-    request before it returns), :attr:`pipesim.costs.CostModel.overlap_comm` false."""
+    request before it returns), :attr:`pipesim.costs.CostModel.blocking_sends`."""
 
     def workload_for(self, point: Point, /) -> Workload:
         """The workload of ``point``'s tensor parallelism and recomputation."""
@@ -400,7 +400,7 @@ def _model_costs(
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
         time_unit="ns",  # the planner's durations are whole nanoseconds
-        overlap_comm=context.overlap_p2p,
+        blocking_sends=not context.overlap_p2p,
     )
     experts: list[int | Fraction] | None = None
     if workload.spec is not None and workload.spec.moe is not None:
