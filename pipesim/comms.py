@@ -297,9 +297,9 @@ def receive_posts(structure: StepStructure, /) -> tuple[int, ...]:
                 before = node
         return tuple(posts)
     ids = {Comm.recv_of(m.producer, m.consumer): i for i, m in enumerate(structure.messages)}
-    for program in lower_comms(structure.schedule).programs:
+    for lowered in lower_comms(structure.schedule).programs:
         after = -1
-        for instruction in program:
+        for instruction in lowered:
             if isinstance(instruction, Comm):
                 message = ids.get(instruction, -1)
                 if message >= 0 and not instruction.op.is_send:

@@ -543,7 +543,6 @@ def test_cli_short_keys_and_did_you_mean(
     assert "(did you mean 'microbatches'?)" in capsys.readouterr().err
 
 
-
 def test_blocking_sends_as_a_setting_and_by_its_old_name(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -554,6 +553,7 @@ def test_blocking_sends_as_a_setting_and_by_its_old_name(
     assert main([*argv, *sizes, *link, "-o", str(tmp_path / "b.html")]) == 0
     out = capsys.readouterr().out
     assert out.count("makespan 9") == 2 and out.count("makespan 7") == 1, out
+
 
 def test_sends_and_receives_are_marks_on_their_ranks() -> None:
     from pipesim.comms import lower_comms
