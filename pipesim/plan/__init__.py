@@ -19,6 +19,8 @@ front of step time versus memory.
   stages at any micro-batch size;
 - :mod:`~pipesim.plan.iteration`: around the pipeline: static memory, data-parallel
   traffic and its overlap, the optimizer step;
+- :mod:`~pipesim.plan.point`: a configuration, the context it is evaluated in, and its
+  evaluation;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
