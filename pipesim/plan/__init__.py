@@ -21,6 +21,7 @@ front of step time versus memory.
   traffic and its overlap, the optimizer step;
 - :mod:`~pipesim.plan.point`: a configuration, the context it is evaluated in, and its
   evaluation;
+  :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
