@@ -22,6 +22,8 @@ front of step time versus memory.
 - :mod:`~pipesim.plan.point`: a configuration, the context it is evaluated in, and its
   evaluation;
   :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
+  :mod:`~pipesim.plan.evaluation`: one configuration evaluated (schedule, stages, one
+  simulated step, memory, the iteration around it);
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
