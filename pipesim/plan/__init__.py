@@ -24,6 +24,8 @@ front of step time versus memory.
   :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
   :mod:`~pipesim.plan.evaluation`: one configuration evaluated (schedule, stages, one
   simulated step, memory, the iteration around it);
+- :mod:`~pipesim.plan.dimensions`: the sweep's dimensions checked and combined into
+  configurations;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
