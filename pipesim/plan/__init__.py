@@ -27,7 +27,8 @@ front of step time versus memory.
 - :mod:`~pipesim.plan.dimensions`: the sweep's dimensions checked and combined into
   configurations;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
-  :mod:`~pipesim.plan.scoring`: the evaluations priced, twins dropped, ranked;
+  :mod:`~pipesim.plan.settings`: the plan's settings checked, the model and the sweep
+  context resolved; :mod:`~pipesim.plan.scoring`: the evaluations priced, twins dropped, ranked;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,

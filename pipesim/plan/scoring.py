@@ -19,7 +19,7 @@ from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S, format_bytes
 
 if TYPE_CHECKING:
-    from pipesim.plan.planner import _Settings
+    from pipesim.plan.settings import _Settings
 
 
 def _by_period(
