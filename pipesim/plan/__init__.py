@@ -23,7 +23,8 @@ front of step time versus memory.
   evaluation;
   :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
   :mod:`~pipesim.plan.evaluation`: one configuration evaluated (schedule, stages, one
-  simulated step, memory, the iteration around it);
+  simulated step); :mod:`~pipesim.plan.ranks`: per rank its stages' load, static
+  memory and the iteration around the pipeline;
 - :mod:`~pipesim.plan.dimensions`: the sweep's dimensions checked and combined into
   configurations;
 - :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;

@@ -37,7 +37,7 @@ from fractions import Fraction
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
-from pipesim.plan import evaluation, stage_costs
+from pipesim.plan import evaluation, ranks, stage_costs
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.iteration import static_bytes
 from pipesim.plan.point import Point, SweepContext
@@ -355,9 +355,9 @@ def _after_pipeline(
         if first[rank] is None:
             first[rank] = stage
     workload = evaluation._workload(context, point)
-    sync = evaluation._embedding_syncs(context, workload, point, found.placement)
+    sync = ranks._embedding_syncs(context, workload, point, found.placement)
     after = [
-        evaluation._rank_iteration(
+        ranks._rank_iteration(
             context,
             workload,
             point,

@@ -2,41 +2,29 @@
 :class:`~pipesim.errors.ScheduleError` is the point's infeasibility reason), its stages
 priced (:mod:`pipesim.plan.stage_costs`), one step simulated with the fast evaluator
 (:mod:`pipesim.plan.onepass`, :mod:`pipesim.plan.fastsim`: identical to the SimPy engine,
-which ``engine="simpy"`` uses instead), and the memory and iteration around it.
-
-- Data-parallel gradient traffic (over the d c devices that hold the same weights),
-  its overlap and the optimizer step follow :mod:`pipesim.plan.iteration`; they come
-  after the pipeline.
-- Full recomputation re-creates one block's activations at a time in the
-  backward: the largest such transient on a rank is added to its peak.
+which ``engine="simpy"`` uses instead), and the memory and iteration around it on each
+rank (:mod:`pipesim.plan.ranks`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from fractions import Fraction
+from dataclasses import replace
 from typing import Any
 
 from pipesim.costs import CostModel, Link
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.plan import ranks, stage_costs
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
-from pipesim.plan.iteration import (
-    RankIteration,
-    embedding_sync_ns,
-    rank_iteration,
-    static_bytes,
-)
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners
 from pipesim.plan.point import Evaluation, Point, SweepContext
+from pipesim.plan.ranks import _embedding_syncs, _rank_iteration, _rank_loads, _static
 from pipesim.plan.stage_costs import (
-    _clear_caches,
     _partition,
     _pipeline_ranks_per_node,
     _stage_costs,
@@ -57,7 +45,6 @@ _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
 _WORKLOADS: dict[tuple[int, bool, str, int, int, int], Workload] = {}
 _SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
-_ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 _MAX_SCHEDULES = 64
 _PATTERNS: dict[int, tuple[Schedule, Pattern | None]] = {}  # by id(schedule)
 _STRUCTURES: dict[int, tuple[Schedule, StepStructure]] = {}  # by id(schedule)
@@ -70,9 +57,9 @@ def _install(context: SweepContext) -> None:
     _CONTEXT = context
     _SCHEDULES.clear()
     _WORKLOADS.clear()
-    _clear_caches()
+    stage_costs._clear_caches()
+    ranks._clear_caches()
     _SIMULATED.clear()
-    _ITERATIONS.clear()
     _PATTERNS.clear()
     _STRUCTURES.clear()
     # a switch for measuring what the extrapolation saves (benchmarks/bench_plan.py):
@@ -232,83 +219,6 @@ def _partners(
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class _RankLoads:
-    """Per rank what the schedule places on it, and the rank with the peak memory."""
-
-    rank_params: list[int | Fraction]
-    """Per rank: parameters of its stages."""
-    rank_experts: list[int | Fraction]
-    """Per rank: the routed experts' part of ``rank_params``."""
-    first_stage: list[int | None]
-    """Per rank: its first stage (None: it holds none)."""
-    tp_ns: int
-    """Tensor-parallel traffic of the busiest rank over the step."""
-    peak_bytes: int
-    """Largest over ranks of static memory + peak activations."""
-    static_bytes: int
-    """Static memory of the rank with the peak."""
-    activation_bytes: int
-    """Peak activations (with any recomputation transient) of the rank with the peak."""
-
-
-def _rank_loads(
-    context: SweepContext, point: Point, schedule: Schedule, table: _StageTable, metrics: Metrics
-) -> _RankLoads:
-    """Sum the stages' parameters, transients and tensor-parallel traffic onto the ranks
-    that hold them, and find the rank with the most memory."""
-    n_ranks = schedule.n_ranks
-    rank_params: list[int | Fraction] = [0] * n_ranks
-    rank_experts: list[int | Fraction] = [0] * n_ranks
-    rank_transient = [0] * n_ranks
-    rank_tp = [0] * n_ranks
-    first_stage: list[int | None] = [None] * n_ranks
-    for stage, rank in enumerate(schedule.placement):
-        rank_params[rank] += table.params[stage]
-        if table.expert_params is not None:
-            rank_experts[rank] += table.expert_params[stage]
-        rank_transient[rank] = max(rank_transient[rank], table.transient[stage])
-        rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
-        if first_stage[rank] is None:
-            first_stage[rank] = stage
-    static = [_static(context, point, rank_params[r], rank_experts[r]) for r in range(n_ranks)]
-    activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
-    peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
-    peak_rank = -peak_rank
-    return _RankLoads(
-        rank_params=rank_params,
-        rank_experts=rank_experts,
-        first_stage=first_stage,
-        tp_ns=max(rank_tp),
-        peak_bytes=peak,
-        static_bytes=static[peak_rank],
-        activation_bytes=activation[peak_rank],
-    )
-
-
-def _static(
-    context: SweepContext, point: Point, params: int | Fraction, expert_params: int | Fraction
-) -> int:
-    """Weights, gradients and optimizer state of ``params`` on one device: the
-    distributed optimizer shards them over the gradient group, and the routed experts'
-    part over the expert-data-parallel group, the ``t c d / e`` devices that hold the
-    same experts (Megatron-Core's expert data parallelism)."""
-
-    def sharded(n: int | Fraction, group: int) -> int:
-        return static_bytes(
-            n,
-            data_parallel=group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
-        )
-
-    if not expert_params:
-        return sharded(params, point.gradient_group)
-    edp = max(1, point.gradient_group * point.tensor // point.expert_devices)
-    return sharded(params - expert_params, point.gradient_group) + sharded(expert_params, edp)
-
-
 def _build_cost_aware(
     context: SweepContext, point: Point, table: _StageTable, cost_aware: Any
 ) -> Schedule | str:
@@ -389,73 +299,6 @@ def _remember_pattern(schedule: Schedule, keys: list[list[int]] | None) -> Patte
     pattern = find_pattern(schedule, keys=keys) if _STEADY[0] else None
     _PATTERNS[id(schedule)] = (schedule, pattern)
     return pattern
-
-
-def _embedding_syncs(
-    context: SweepContext, workload: Workload, point: Point, placement: Sequence[int]
-) -> dict[int, int]:
-    """Per end rank, the tied word-embedding gradient all-reduce after the pipeline
-    (:func:`pipesim.plan.iteration.embedding_sync_ns`), for ``point``'s placement."""
-    return embedding_sync_ns(
-        workload.spec,
-        placement,
-        accelerator=context.accelerator,
-        tensor=point.tensor,
-        stage_devices=point.tensor * point.gradient_group,
-    )
-
-
-def _rank_iteration(
-    context: SweepContext,
-    workload: Workload,
-    point: Point,
-    params: int | Fraction,
-    costs: CostModel,
-    first_stage: int | None,
-    *,
-    expert_params: int | Fraction = 0,
-    embedding_sync: int = 0,
-) -> RankIteration:
-    stage = costs.stage(first_stage if first_stage is not None else 0)
-    # ranks of equal stages (most of a pipeline's middle) give the same answer
-    key = (
-        params,
-        expert_params,
-        point.expert_parallel,
-        point.expert_tensor,
-        point.tensor,
-        point.gradient_group,
-        point.distributed_optimizer,
-        workload.grad_bytes_per_param,
-        workload.weight_bytes_per_param,
-        workload.step_bytes_per_param,
-        stage.backward,
-        stage.forward,
-        embedding_sync,
-    )
-    found = _ITERATIONS.get(key)
-    if found is not None:
-        return found
-    if len(_ITERATIONS) > 4096:
-        _ITERATIONS.clear()
-    found = _ITERATIONS[key] = rank_iteration(
-        params,
-        accelerator=context.accelerator,
-        tensor=point.tensor,
-        data_parallel=point.gradient_group,
-        distributed_optimizer=point.distributed_optimizer,
-        grad_bytes_per_param=workload.grad_bytes_per_param,
-        weight_bytes_per_param=workload.weight_bytes_per_param or workload.grad_bytes_per_param,
-        last_backward_ns=int(stage.backward),
-        first_forward_ns=int(stage.forward),
-        overlap=context.overlap_grad_reduce,
-        expert_params=expert_params,
-        expert_parallel=point.expert_parallel,
-        expert_tensor=point.expert_tensor,
-        step_bytes_per_param=workload.step_bytes_per_param,
-        embedding_sync=embedding_sync,
-    )
-    return found
 
 
 def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
