@@ -14,7 +14,7 @@ from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.moe import check_expert_parallel
-from pipesim.plan.point import Point
+from pipesim.plan.point import Point, to_plan_point
 from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload
 from pipesim.schedules import get_spec, schedule_names
@@ -393,25 +393,5 @@ def _unsplittable_batch(
     )
 
 
-def _ranked_point(point: Point, /) -> PlanPoint:
-    """The configuration of ``point`` as a ranked point, nothing measured yet (the
-    converse of :func:`_sweep_point`)."""
-    return PlanPoint(
-        schedule=point.schedule,
-        pipeline=point.pipeline,
-        virtual=point.virtual,
-        data_parallel=point.data_parallel,
-        microbatch_size=point.microbatch_size,
-        n_microbatches=point.n_microbatches,
-        tensor=point.tensor,
-        sequence_parallel=point.sequence_parallel,
-        recompute=point.recompute,
-        distributed_optimizer=point.distributed_optimizer,
-        context_parallel=point.context_parallel,
-        expert_parallel=point.expert_parallel,
-        expert_tensor=point.expert_tensor,
-    )
-
-
 def _refused(point: Point, reason: str) -> PlanPoint:
-    return replace(_ranked_point(point), n_microbatches=0, reason=reason)
+    return replace(to_plan_point(point), n_microbatches=0, reason=reason)

@@ -49,9 +49,10 @@ from pipesim.plan.dimensions import (
 from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
+from pipesim.plan.point import from_plan_point
 from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
 from pipesim.plan.result import PlanPoint, PlanResult
-from pipesim.plan.scoring import _by_period, _plan_result, _sweep_point, _unranked_beyond
+from pipesim.plan.scoring import _by_period, _plan_result, _unranked_beyond
 from pipesim.plan.settings import (
     DEFAULT_MEMORY_HEADROOM,
     _as_workload,
@@ -296,4 +297,4 @@ def configuration(
         tp_comm_overlap=result.tp_comm_overlap,
         overlap_p2p=result.overlap_p2p,
     )
-    return build_configuration(context, _sweep_point(point))
+    return build_configuration(context, from_plan_point(point))

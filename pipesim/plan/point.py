@@ -4,15 +4,16 @@ every worker evaluates it with (:class:`SweepContext`), and its outcome
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 
 from pipesim.errors import PlanError
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
+from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload, workload_from_model
 
-__all__ = ["Evaluation", "Point", "SweepContext"]
+__all__ = ["Evaluation", "Point", "SweepContext", "from_plan_point", "to_plan_point"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,3 +156,16 @@ class Evaluation:
     """Peak activations (with any recomputation transient) of the rank with the peak."""
     fingerprint: str = ""
     """Digest of the generated schedule: equal for identical per-rank orders."""
+
+
+def to_plan_point(point: Point, /) -> PlanPoint:
+    """``point`` as a ranked configuration, nothing measured yet: every field of a
+    :class:`Point` is one of :class:`~pipesim.plan.result.PlanPoint`'s, so a dimension
+    added to both is carried without an edit here."""
+    return PlanPoint(**{f.name: getattr(point, f.name) for f in fields(Point)})
+
+
+def from_plan_point(point: PlanPoint, /) -> Point:
+    """The sweep's configuration behind a ranked ``point`` (the converse of
+    :func:`to_plan_point`)."""
+    return Point(**{f.name: getattr(point, f.name) for f in fields(Point)})

@@ -10,10 +10,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pipesim.iterations import DEFAULT_SYNC
-from pipesim.plan.dimensions import _ranked_point
 from pipesim.plan.evaluation import pipeline_comm_ns
 from pipesim.plan.hardware import Accelerator
-from pipesim.plan.point import Evaluation, Point, SweepContext
+from pipesim.plan.point import Evaluation, Point, SweepContext, from_plan_point, to_plan_point
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
 from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S, format_bytes
@@ -40,7 +39,7 @@ def _by_period(
         if id(point) in chosen:
             assert point.allreduce_time_ns is not None
             ns = period_ns(
-                context, _sweep_point(point), after_ns=point.allreduce_time_ns, sync=sync
+                context, from_plan_point(point), after_ns=point.allreduce_time_ns, sync=sync
             )
             tokens, mfu = _throughput(
                 ns,
@@ -125,7 +124,7 @@ def _with_winner_sends(
         return ranked
     best = ranked[0]
     assert best.pipeline_time_ns is not None
-    sends = pipeline_comm_ns(context, _sweep_point(best), makespan_ns=best.pipeline_time_ns)
+    sends = pipeline_comm_ns(context, from_plan_point(best), makespan_ns=best.pipeline_time_ns)
     return (replace(best, pp_comm_time_ns=sends), *ranked[1:])
 
 
@@ -186,7 +185,7 @@ def _plan_point(
     global_batch: int,
     usable: int,
 ) -> PlanPoint:
-    base = _ranked_point(point)
+    base = to_plan_point(point)
     if evaluation.reason is not None:
         return replace(base, reason=evaluation.reason, evaluated=not evaluation.stopped)
     step_ns = evaluation.makespan_ns + evaluation.allreduce_ns
@@ -253,23 +252,4 @@ def _memory_reason(evaluation: Evaluation, usable: int) -> str:
         f"({format_bytes(evaluation.static_bytes)} params, grads and optimizer + "
         f"{format_bytes(evaluation.activation_bytes)} activations) > "
         f"{format_bytes(usable, digits=digits)} usable"
-    )
-
-
-def _sweep_point(point: PlanPoint) -> Point:
-    """The sweep's configuration behind a ranked ``point``."""
-    return Point(
-        schedule=point.schedule,
-        pipeline=point.pipeline,
-        virtual=point.virtual,
-        microbatch_size=point.microbatch_size,
-        n_microbatches=point.n_microbatches,
-        data_parallel=point.data_parallel,
-        tensor=point.tensor,
-        sequence_parallel=point.sequence_parallel,
-        recompute=point.recompute,
-        distributed_optimizer=point.distributed_optimizer,
-        context_parallel=point.context_parallel,
-        expert_parallel=point.expert_parallel,
-        expert_tensor=point.expert_tensor,
     )

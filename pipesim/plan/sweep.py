@@ -18,14 +18,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from pipesim.errors import PipesimError, PlanError
 from pipesim.plan import evaluation
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.evaluation import build_configuration, evaluate_point, pipeline_comm_ns
-from pipesim.plan.point import Evaluation, Point, SweepContext
-from pipesim.plan.result import PlanPoint
+from pipesim.plan.point import Evaluation, Point, SweepContext, to_plan_point
 
 __all__ = [
     "Evaluation",
@@ -230,14 +229,9 @@ def _evaluate_in_workers(
 
 def _lost(lost: LostChunk) -> list[tuple[int, Evaluation]]:
     """The points of a chunk that kept killing its workers, marked not evaluated, by name."""
-    names = ", ".join(_name(point) for _, point in lost.chunk)
+    names = ", ".join(to_plan_point(point).label() for _, point in lost.chunk)
     note = Evaluation(stopped=True, reason=f"not evaluated: {names}: {lost.why}")
     return [(index, note) for index, _ in lost.chunk]
-
-
-def _name(point: Point) -> str:
-    """``point`` as the plan's tables name it (``1f1b t=8 p=4 v=1 d=2 b=1 m=8``)."""
-    return PlanPoint(**{f.name: getattr(point, f.name) for f in fields(point)}).label()
 
 
 def _timed_out(timeout_s: float, done: int, total: int) -> PlanError:
