@@ -148,7 +148,7 @@ def realistic_plan(workers: int) -> None:
 
 
 def one_large(name: str = "1f1b") -> None:
-    from pipesim.plan import sweep
+    from pipesim.plan import stage_costs, sweep
 
     context = SweepContext(
         workload=workload_from_model(get_model("llama2-13b")),
@@ -165,7 +165,7 @@ def one_large(name: str = "1f1b") -> None:
         data_parallel=1,
     )
     sweep.evaluate_point(context, point)  # fills the cost cache
-    costs = sweep._COSTS[next(iter(sweep._COSTS))].costs
+    costs = stage_costs._COSTS[next(iter(stage_costs._COSTS))].costs
     timings = {}
     start = time.perf_counter()
     schedule = generate(name, n_ranks=16, n_microbatches=128)

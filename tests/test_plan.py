@@ -421,7 +421,7 @@ def test_schedules_meet_only_the_virtual_values_they_take() -> None:
 
 
 def test_a_refusal_never_reads_as_equal_memory() -> None:
-    from pipesim.plan.planner import _digits_apart
+    from pipesim.plan.scoring import _digits_apart
     from pipesim.units import format_bytes
 
     # 77e9 and 76,968,728,985 bytes (an H100's usable 90%) are 71.71 and 71.68 GiB

@@ -189,7 +189,7 @@ def _rate(text: str, name: str) -> object:
 
 def _share(*, include_one: bool) -> Reader:
     def read(text: str, name: str) -> object:
-        from pipesim.plan.planner import check_share
+        from pipesim.plan.settings import check_share
 
         # A decimal is read as a float; anything else (nan, a word) is refused as written.
         value = float(text) if _DECIMAL.fullmatch(text.strip()) else text

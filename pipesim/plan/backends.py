@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pipesim.errors import PlanError
 
 if TYPE_CHECKING:
-    from pipesim.plan.sweep import Evaluation, Point, SweepContext
+    from pipesim.plan.point import Evaluation, Point, SweepContext
 
 __all__ = [
     "Backend",
@@ -202,7 +202,8 @@ def _dask_task(chunk: Chunk, *, evaluate: EvaluateChunk, sweep: str) -> ChunkRes
     """A chunk on a Dask worker, stopping between points once its sweep is stopped
     (Dask cannot interrupt a running task: cancelling only forgets its result)."""
     out: ChunkResults = []
-    # The sweep's caches are per process (pipesim.plan.sweep), not per thread.
+    # The sweep's caches are per process (pipesim.plan.evaluation, stage_costs), not
+    # per thread.
     with _EVALUATING:
         for item in chunk:
             if sweep in _STOPPED:

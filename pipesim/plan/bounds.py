@@ -37,10 +37,10 @@ from fractions import Fraction
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.errors import PipesimError
 from pipesim.exact import Time
-from pipesim.plan import sweep
+from pipesim.plan import evaluation, ranks, stage_costs
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.iteration import static_bytes
-from pipesim.plan.sweep import Point, SweepContext
+from pipesim.plan.point import Point, SweepContext
 from pipesim.schedules import generate
 from pipesim.step.cost_tables import cost_tables
 from pipesim.step.dependencies import prerequisites
@@ -181,22 +181,22 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
 
 
 def _bound(context: SweepContext, point: Point) -> Bound | None:
-    if sweep._CONTEXT is not context:
-        sweep._install(context)
+    if evaluation._CONTEXT is not context:
+        evaluation._install(context)
     found = shape(point.schedule, point.pipeline, point.virtual, point.n_microbatches)
     if found is None:
         return None
     n_stages = len(found.placement)
-    workload = sweep._workload(context, point)
-    sizes = sweep._stage_sizes(context, workload, n_stages // found.n_copies)
+    workload = evaluation._workload(context, point)
+    sizes = stage_costs._stage_sizes(context, workload, n_stages // found.n_copies)
     if isinstance(sizes, str):
         return None
-    table = sweep._stage_costs(
+    table = stage_costs._stage_costs(
         context,
         workload,
         sizes,
         point.microbatch_size,
-        sweep._pipeline_ranks_per_node(context, point),
+        stage_costs._pipeline_ranks_per_node(context, point),
         found.n_copies,
     )
     costs = table.costs
@@ -297,7 +297,7 @@ def _memory_bound(
     context: SweepContext,
     point: Point,
     found: Shape,
-    table: sweep._StageTable,
+    table: stage_costs._StageTable,
     effects: list[Effect],
     per_stage: Sequence[tuple[Effect, ...]],
 ) -> int:
@@ -341,10 +341,10 @@ def _warmup_peak(order: tuple[object, ...], per_stage: Sequence[tuple[Effect, ..
 
 
 def _after_pipeline(
-    context: SweepContext, point: Point, found: Shape, table: sweep._StageTable
+    context: SweepContext, point: Point, found: Shape, table: stage_costs._StageTable
 ) -> int:
     """The data-parallel traffic, tied-embedding sync and optimizer step after the pipeline,
-    as :func:`pipesim.plan.sweep.evaluate_point` adds them (they read only the placement),
+    as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the placement),
     less the expert parameters' share of a mixture-of-experts model: never more than the
     sweep's figure, so still a lower bound."""
     n_ranks = len(found.per_microbatch)
@@ -354,10 +354,10 @@ def _after_pipeline(
         rank_params[rank] += table.params[stage]
         if first[rank] is None:
             first[rank] = stage
-    workload = sweep._workload(context, point)
-    sync = sweep._embedding_syncs(context, workload, point, found.placement)
+    workload = evaluation._workload(context, point)
+    sync = ranks._embedding_syncs(context, workload, point, found.placement)
     after = [
-        sweep._rank_iteration(
+        ranks._rank_iteration(
             context,
             workload,
             point,

@@ -7,7 +7,7 @@ A configuration's simulation time grows with its simple actions, at least p v m 
 (data parallel x micro-batch size) make them large: 8 devices and a global batch of
 10^6 sequences is 1520 configurations of up to 6.4 x 10^7 actions each.
 
->>> from pipesim.plan.sweep import Point
+>>> from pipesim.plan.point import Point
 >>> point = Point(schedule="1f1b", pipeline=4, virtual=1, microbatch_size=1,
 ...               n_microbatches=8, data_parallel=1)
 >>> sweep_actions([point, point])
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pipesim.errors import LimitError
 from pipesim.limits import MAX_ACTIONS, MAX_SWEEP_ACTIONS
 from pipesim.plan.cost_aware import get_cost_aware
-from pipesim.plan.sweep import Point
+from pipesim.plan.point import Point
 from pipesim.schedules.registry import get_spec, least_actions
 
 __all__ = ["check_sweep", "sweep_actions"]

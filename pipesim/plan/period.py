@@ -1,6 +1,6 @@
 """The planner's steady-state iteration period under an optimizer synchronization.
 
-The sweep (:mod:`pipesim.plan.sweep`) prices an iteration as the pipeline's makespan,
+The sweep (:mod:`pipesim.plan.evaluation`) prices an iteration as the pipeline's makespan,
 then the exposed data-parallel traffic and the optimizer step of the rank with the
 most: the period under a ``global`` synchronization (Megatron-LM's: every rank waits
 for the gradient-norm all-reduce), exactly where every rank's share is the largest's.
@@ -20,7 +20,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 from pipesim.iterations import steady_period
-from pipesim.plan.sweep import Point, SweepContext, build_configuration
+from pipesim.plan.evaluation import build_configuration
+from pipesim.plan.point import Point, SweepContext
 
 __all__ = ["period_ns"]
 

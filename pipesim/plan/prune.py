@@ -32,7 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipesim.plan.bounds import Bound, bound
-from pipesim.plan.sweep import Evaluation, Point, SweepContext, evaluate_points
+from pipesim.plan.point import Evaluation, Point, SweepContext
+from pipesim.plan.scoring import _PREFERRED
+from pipesim.plan.sweep import evaluate_points
 from pipesim.units import NS_PER_S, format_bytes
 
 __all__ = ["DEFAULT_KEEP", "Searched", "evaluate_best_first"]
@@ -186,7 +188,7 @@ class _Search:
         if not chunk:
             return True
         # The last batch's pool stops its manager thread just after it returns; a new
-        # pool forks only from a single-threaded process (pipesim.plan.sweep's
+        # pool forks only from a single-threaded process (pipesim.plan.backends's
         # _start_method), so wait for that thread rather than take the forkserver.
         wait_until = time.monotonic() + 2.0
         while threading.active_count() > self.threads and time.monotonic() < wait_until:
@@ -309,9 +311,7 @@ def _distinct(
     points: Sequence[Point], results: list[Evaluation | None], usable: int
 ) -> list[_Known]:
     """The simulated points that fit, in ranked order, twins dropped as the plan drops
-    them (pipesim.plan.planner._dedupe: the same generated orders and choices)."""
-    from pipesim.plan.planner import _PREFERRED
-
+    them (pipesim.plan.scoring._dedupe: the same generated orders and choices)."""
     preferred = {name: i for i, name in enumerate(_PREFERRED)}
     fits = [i for i, e in enumerate(results) if e is not None and _fits(e, usable)]
     fits.sort(key=lambda i: preferred.get(points[i].schedule, len(preferred)))
