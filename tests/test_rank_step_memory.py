@@ -37,7 +37,8 @@ class _FakeRunner:
         self.alive_at_start.append(sum(ref() is not None for ref in _FakeRunner.earlier))
         grads = torch.ones(1024)
         _FakeRunner.earlier.append(weakref.ref(grads))
-        return {"grads": {0: [grads]}}, 10, 5
+        step = len(self.alive_at_start) - 1  # this runner's step count, as a unit's times
+        return {"grads": {0: [grads]}, "timings": [("0F0", step, step + 1)]}, 10, 5
 
 
 @pytest.fixture
@@ -47,8 +48,15 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> type[_FakeRunner]:
     return _FakeRunner
 
 
-def _spec(warmup: int) -> RankSpec:
-    return RankSpec(schedule_json="{}", model="mlp", batch_size=4, timeout_s=5.0, warmup=warmup)
+def _spec(warmup: int, timed_steps: int = 1) -> RankSpec:
+    return RankSpec(
+        schedule_json="{}",
+        model="mlp",
+        batch_size=4,
+        timeout_s=5.0,
+        warmup=warmup,
+        timed_steps=timed_steps,
+    )
 
 
 @pytest.mark.parametrize("warmup", [1, 3])
@@ -63,6 +71,18 @@ def test_each_step_starts_with_the_earlier_steps_tensors_released(
     assert result["step_wall_ns"] == [10] * (warmup + 1)
     assert result["step_cpu_ns"] == [5] * (warmup + 1)
 
+
+
+def test_every_timed_step_keeps_its_timings_and_releases_the_last_ones_tensors(
+    fake_runner: type[_FakeRunner],
+) -> None:
+    result = run_rank(0, _spec(2, timed_steps=3), device=torch.device("cpu"))
+    (runner,) = fake_runner.instances
+    assert runner.alive_at_start == [0] * 5  # 2 warm-ups + 3 measured, each on a clean slate
+    # The measured steps are the 3rd to 5th (steps 2, 3, 4 counting from 0), in order.
+    assert result["step_timings"] == [[("0F0", k, k + 1)] for k in (2, 3, 4)]
+    assert result["grads"][0][0] is _FakeRunner.earlier[-1]()
+    assert result["step_wall_ns"] == [10] * 5
 
 def test_the_next_schedule_starts_after_the_last_ones_result_is_saved_and_released(
     fake_runner: type[_FakeRunner], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
