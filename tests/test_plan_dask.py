@@ -187,7 +187,7 @@ def test_configurations_that_keep_killing_workers_are_named(
 def test_a_sweep_past_its_deadline_leaves_nothing_running(
     cluster: distributed.LocalCluster, client: distributed.Client
 ) -> None:
-    context, points = one_f_one_b_sweep(800, engine="simpy")  # far more than 4 s of work
+    context, points = one_f_one_b_sweep(2400, engine="simpy")  # ~30 s of CPU: far past 4 s
     start = time.monotonic()
     there = evaluate_points(
         context, points, cluster=cluster.scheduler_address, timeout_s=4, partial=True
