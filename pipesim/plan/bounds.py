@@ -181,22 +181,21 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
 
 
 def _bound(context: SweepContext, point: Point) -> Bound | None:
-    if evaluation._CONTEXT is not context:
-        evaluation._install(context)
+    evaluation.use_context(context)
     found = shape(point.schedule, point.pipeline, point.virtual, point.n_microbatches)
     if found is None:
         return None
     n_stages = len(found.placement)
-    workload = evaluation._workload(context, point)
-    sizes = stage_costs._stage_sizes(context, workload, n_stages // found.n_copies)
+    workload = evaluation.point_workload(context, point)
+    sizes = stage_costs.stage_sizes(context, workload, n_stages // found.n_copies)
     if isinstance(sizes, str):
         return None
-    table = stage_costs._stage_costs(
+    table = stage_costs.stage_table(
         context,
         workload,
         sizes,
         point.microbatch_size,
-        stage_costs._pipeline_ranks_per_node(context, point),
+        stage_costs.pipeline_ranks_per_node(context, point),
         found.n_copies,
     )
     costs = table.costs
@@ -297,7 +296,7 @@ def _memory_bound(
     context: SweepContext,
     point: Point,
     found: Shape,
-    table: stage_costs._StageTable,
+    table: stage_costs.StageTable,
     effects: list[Effect],
     per_stage: Sequence[tuple[Effect, ...]],
 ) -> int:
@@ -341,7 +340,7 @@ def _warmup_peak(order: tuple[object, ...], per_stage: Sequence[tuple[Effect, ..
 
 
 def _after_pipeline(
-    context: SweepContext, point: Point, found: Shape, table: stage_costs._StageTable
+    context: SweepContext, point: Point, found: Shape, table: stage_costs.StageTable
 ) -> int:
     """The data-parallel traffic, tied-embedding sync and optimizer step after the pipeline,
     as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the placement),
@@ -354,20 +353,10 @@ def _after_pipeline(
         rank_params[rank] += table.params[stage]
         if first[rank] is None:
             first[rank] = stage
-    workload = evaluation._workload(context, point)
-    sync = ranks._embedding_syncs(context, workload, point, found.placement)
-    after = [
-        ranks._rank_iteration(
-            context,
-            workload,
-            point,
-            rank_params[r],
-            table.costs,
-            first[r],
-            embedding_sync=sync.get(r, 0),
-        )
-        for r in range(n_ranks)
-    ]
+    workload = evaluation.point_workload(context, point)
+    after = ranks.rank_iterations(
+        context, workload, point, found.placement, table.costs, rank_params, first
+    )
     return max(x.dp_exposed_ns + x.optimizer_ns for x in after)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from pipesim.plan.bounds import Bound, bound
 from pipesim.plan.point import Evaluation, Point, SweepContext
-from pipesim.plan.scoring import _PREFERRED
+from pipesim.plan.scoring import PREFERRED_NAMES
 from pipesim.plan.sweep import evaluate_points
 from pipesim.units import NS_PER_S, format_bytes
 
@@ -312,7 +312,7 @@ def _distinct(
 ) -> list[_Known]:
     """The simulated points that fit, in ranked order, twins dropped as the plan drops
     them (pipesim.plan.scoring._dedupe: the same generated orders and choices)."""
-    preferred = {name: i for i, name in enumerate(_PREFERRED)}
+    preferred = {name: i for i, name in enumerate(PREFERRED_NAMES)}
     fits = [i for i, e in enumerate(results) if e is not None and _fits(e, usable)]
     fits.sort(key=lambda i: preferred.get(points[i].schedule, len(preferred)))
     seen: set[tuple[object, ...]] = set()

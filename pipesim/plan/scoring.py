@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from pipesim.iterations import DEFAULT_SYNC
 from pipesim.plan.evaluation import pipeline_comm_ns
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.point import Evaluation, Point, SweepContext, from_plan_point, to_plan_point
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
+from pipesim.plan.settings import Settings
 from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S, format_bytes
 
-if TYPE_CHECKING:
-    from pipesim.plan.settings import _Settings
+__all__ = ["PREFERRED_NAMES", "by_period", "plan_result", "unranked_beyond"]
 
 
-def _by_period(
+def by_period(
     result: PlanResult, context: SweepContext, *, sync: str, candidates: int
 ) -> PlanResult:
     """``result`` ranked by the steady-state period under ``sync``. Under ``global`` that
@@ -54,7 +53,7 @@ def _by_period(
     return replace(result, points=ranked, optimizer_sync=sync, period_candidates=len(chosen))
 
 
-def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
+def unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
     """``result`` with no rank on the points that fit at or past ``exact_below`` ns, where
     pruned configurations may come before them (their Pareto marks stay exact)."""
     if exact_below == math.inf:
@@ -68,9 +67,9 @@ def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
     )
 
 
-def _plan_result(
+def plan_result(
     context: SweepContext,
-    settings: _Settings,
+    settings: Settings,
     global_batch: int,
     points: list[Point],
     evaluations: list[Evaluation],
@@ -129,7 +128,7 @@ def _with_winner_sends(
 
 
 #: Which name an identical configuration keeps: the schedules frameworks run by name.
-_PREFERRED = ("1f1b", "interleaved-1f1b", "gpipe")
+PREFERRED_NAMES = ("1f1b", "interleaved-1f1b", "gpipe")
 
 
 def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[PlanPoint], int]:
@@ -138,7 +137,7 @@ def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[Plan
     simulation. The one kept is named 1f1b, interleaved-1f1b or gpipe if one of them
     is among the twins (1F1B at p = 1 is also "sequential"), else the first in
     registry order."""
-    rank = {name: i for i, name in enumerate(_PREFERRED)}
+    rank = {name: i for i, name in enumerate(PREFERRED_NAMES)}
     order = sorted(range(len(points)), key=lambda i: rank.get(points[i].schedule, len(rank)))
     seen: set[tuple[object, ...]] = set()
     dropped: set[int] = set()
