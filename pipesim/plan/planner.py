@@ -46,7 +46,7 @@ from pipesim.plan.dimensions import (
     Dimensions,
     sweep_points,
 )
-from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
 from pipesim.plan.point import from_plan_point
@@ -61,6 +61,7 @@ from pipesim.plan.settings import (
     pinned,
     pipeline_degrees,
     plan_settings,
+    resolve_accelerator,
     sweep_context,
     with_dtype,
 )
@@ -169,10 +170,7 @@ def plan(
     """
     check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
     workload = with_dtype(as_workload(model), dtype)
-    if isinstance(accelerator, str):
-        accelerator = get_accelerator(accelerator)
-    if workload.spec is not None and workload.spec.dtype == "fp8":
-        accelerator.fp8_flops  # noqa: B018  # PlanError now, not in every worker
+    accelerator = resolve_accelerator(accelerator, workload)
     settings = plan_settings(
         accelerator,
         engine=engine,

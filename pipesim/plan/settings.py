@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from pipesim.errors import PlanError
 from pipesim.iterations import check_sync
-from pipesim.plan.hardware import Accelerator
+from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.point import SweepContext
@@ -26,6 +26,7 @@ __all__ = [
     "pinned",
     "pipeline_degrees",
     "plan_settings",
+    "resolve_accelerator",
     "sweep_context",
     "with_dtype",
 ]
@@ -97,6 +98,16 @@ def as_workload(model: ModelSpec | Workload | str) -> Workload:
     if isinstance(model, str):
         model = get_model(model)
     return workload_from_model(model) if isinstance(model, ModelSpec) else model
+
+
+def resolve_accelerator(accelerator: Accelerator | str, workload: Workload) -> Accelerator:
+    """The accelerator of a preset name (or given); an FP8 workload's PlanError about an
+    accelerator without FP8 rates comes now, not in every worker."""
+    if isinstance(accelerator, str):
+        accelerator = get_accelerator(accelerator)
+    if workload.spec is not None and workload.spec.dtype == "fp8":
+        accelerator.fp8_flops  # noqa: B018  # raises where the accelerator has none
+    return accelerator
 
 
 def with_dtype(workload: Workload, dtype: str | None) -> Workload:
