@@ -11,7 +11,7 @@ full), sequence parallelism and distributed optimizer (default: on wherever
 they apply, since they cost no time), every virtual stage count v and every
 registered schedule is a configuration; the schedule's own rules decide which
 of them it accepts. Each accepted one is simulated and ranked (see
-:mod:`pipesim.plan.sweep` and :mod:`pipesim.plan.result`). Any dimension can
+:mod:`pipesim.plan.evaluation` and :mod:`pipesim.plan.scoring`). Any dimension can
 be pinned to one value or a list; with all pinned, exactly one configuration
 is evaluated. Configurations whose schedules and costs come out identical
 (interleaved 1F1B with one stage per rank is 1F1B) are listed once.
