@@ -156,7 +156,9 @@ def level_peaks(
     """Per rank its peak: the most activation bytes and the most stage-micro-batches in
     flight it held at once, over ``levels`` ``(rank, bytes, count)`` (0 for a rank that
     held nothing). The one rule of a memory peak; :func:`rank_peaks` reads it from a
-    compiled step, :meth:`pipesim.trace.Trace.totals` from a trace's records.
+    compiled step, :meth:`pipesim.trace.Trace.totals` from a trace's records, and
+    :func:`byte_peaks` (its bytes alone) serves the synthesizer, the V-Half/V-Min
+    generators and the planner's bounds.
 
     The planner's fast evaluators keep their own copies in their per-node loops, for
     speed (``pipesim/plan/fastsim.py`` ``_memory_peaks``, ``pipesim/plan/onepass.py``),
