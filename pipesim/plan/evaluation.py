@@ -117,17 +117,10 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
 
 
 def point_workload(context: SweepContext, point: Point) -> Workload:
-    key = (
-        point.tensor,
-        point.sequence_parallel and point.tensor > 1,
-        point.recompute,
-        point.context_parallel,
-        point.expert_parallel,
-        point.expert_tensor,
-    )
-    found = _WORKLOADS.get(key)
+    """:meth:`SweepContext.workload_for`, once per sharding in this process."""
+    found = _WORKLOADS.get(point.sharding)
     if found is None:
-        found = _WORKLOADS[key] = context.workload_for(point)
+        found = _WORKLOADS[point.sharding] = context.workload_for(point)
     return found
 
 

@@ -81,7 +81,7 @@ def stage_table(
     stage, the stage whose backward an overlapped F&B pair runs its forward with
     (:func:`pipesim.plan.overlap.overlap_partners`; None: no pairs priced apart)."""
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         sizes,
         microbatch_size,
         n_copies,
@@ -249,25 +249,12 @@ def _ns(seconds: float) -> int:
     return round(seconds * NS_PER_S)
 
 
-def _shard_key(workload: Workload) -> tuple[int, bool, str, int, int, int]:
-    """How ``workload`` is sharded: what the per-variant caches below key on beside their
-    own arguments."""
-    return (
-        workload.tensor,
-        workload.sequence_parallel,
-        workload.recompute,
-        workload.context,
-        workload.expert,
-        workload.expert_tensor,
-    )
-
-
 def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str, LayerTime]:
     """F, I and W of each layer kind of ``workload`` at micro-batch size ``b`` on the
     context's accelerator (:mod:`pipesim.plan.gpu`), priced once per variant."""
     assert workload.spec is not None
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         b,
     )
     found = _LAYER_TIMES.get(key)
@@ -383,7 +370,7 @@ def _prefix_sums(workload: Workload) -> dict[str, list[Fraction]]:
 
 def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...]:
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         per_copy,
     )
     sizes = _PARTITIONS.get(key)
