@@ -333,7 +333,11 @@ def _warmup_peaks(
 ) -> tuple[int, ...]:
     """Per rank, the most activation bytes held over its warm-up order, from nothing held
     (:func:`pipesim.step.memory.byte_peaks`)."""
-    effects = [work_effect(per_stage, work) for order in warmups for work in order]  # type: ignore[arg-type]
+    effects = [
+        work_effect(per_stage, work)  # type: ignore[arg-type]
+        for order in warmups
+        for work in order
+    ]
     ends = list(accumulate(map(len, warmups)))
     spans = [range(end - len(order), end) for order, end in zip(warmups, ends, strict=True)]
     return byte_peaks(effects, spans)
