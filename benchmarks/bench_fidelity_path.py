@@ -10,8 +10,9 @@ processes and pools its calibration copies), every step here is a command of its
    measured step has (``pipesim.calibration.predict`` of ``costs_for``: the ``band``'s
    ``predicted`` of ``simulate --json``; DualPipe's copies take the one-copy cut);
 3. ``pipesim verify NAME -p 2 -m M --model gpt ... --batch-size 8M --dist --warmup 3
-   --json`` ``--repeats`` times (each in fresh rank processes, the configurations
-   shuffled in each round), against whose median the prediction is held.
+   --timed-steps K --json`` ``--repeats`` times (each in fresh rank processes, the
+   configurations shuffled in each round; each run's figure its median of K steps),
+   against whose median the prediction is held.
 
 The grid is ``bench_fidelity.py``'s: every registered family at p=2 with its default
 virtual stages, m = 4 and 16. Each line prints the prediction's error against the
@@ -107,7 +108,9 @@ def _grid(microbatches: list[int]) -> list[tuple[str, int, int]]:
     return found
 
 
-def _verify(size: tuple[int, int], name: str, m: int, virtual: int, rows: int) -> float:
+def _verify(
+    size: tuple[int, int], name: str, m: int, virtual: int, rows: int, timed_steps: int
+) -> float:
     layers, width = size
     cmd = [
         *_PY,
@@ -128,6 +131,8 @@ def _verify(size: tuple[int, int], name: str, m: int, virtual: int, rows: int) -
         "--dist",
         "--warmup",
         "3",
+        "--timed-steps",
+        str(timed_steps),
         "--json",
     ]
     if virtual > 1:
@@ -145,6 +150,13 @@ def main() -> int:
     parser.add_argument("--send-modes", default="eager,rendezvous")
     parser.add_argument("--microbatches", default="4,16")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--timed-steps",
+        type=int,
+        default=1,
+        help="verify --timed-steps of each run (its median step is the run's measurement; "
+        "default 1, what the figures in docs/fidelity.md were measured with)",
+    )
     parser.add_argument(
         "--reuse",
         action="store_true",
@@ -182,7 +194,7 @@ def main() -> int:
             for name, m, virtual in order:
                 if (round_, name, m) in done:
                     continue
-                ns, load = _verify(size, name, m, virtual, 8), _load()
+                ns, load = _verify(size, name, m, virtual, 8, args.timed_steps), _load()
                 measured[(name, m)].append(ns)
                 with log.open("a") as f:
                     f.write(

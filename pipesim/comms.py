@@ -69,6 +69,7 @@ __all__ = [
     "Comm",
     "CommOp",
     "CommSchedule",
+    "Instruction",
     "Message",
     "Step",
     "comm_schedule_from_programs",
@@ -78,14 +79,18 @@ __all__ = [
     "is_comms_csv",
     "lower_comms",
     "messages",
+    "parse_instruction",
     "parse_step",
     "receive_posts",
     "validate_comms",
 ]
 
 
-#: One entry of a comms schedule's program: compute work or a send / receive.
-Step: TypeAlias = Work | Comm
+#: One instruction of a rank's program in a comms schedule: compute work or a send /
+#: receive. (A *step* is a training iteration's work, never a program entry.)
+Instruction: TypeAlias = Work | Comm
+#: The old name of :data:`Instruction`, still importable.
+Step: TypeAlias = Instruction
 
 _COMM = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
 # torch's lowering also adds FSDP actions (_add_unshard_reshard, _add_reduce_grad); they move
@@ -93,10 +98,10 @@ _COMM = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
 _FSDP = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*")
 
 
-def parse_step(text: str) -> Step | None:
+def parse_instruction(text: str) -> Instruction | None:
     """Parse ``"1SEND_F0"`` or a compute action; ``None`` for torch's FSDP-only actions.
 
-    >>> parse_step("3RECV_B2"), parse_step("0REDUCE_GRAD")
+    >>> parse_instruction("3RECV_B2"), parse_instruction("0REDUCE_GRAD")
     (Comm(stage=3, op=<CommOp.RECV_B: 'RECV_B'>, microbatch=2), None)
     """
     match = _COMM.fullmatch(text)
@@ -111,6 +116,10 @@ def parse_step(text: str) -> Step | None:
             f"cannot parse {text!r}: write a compute action ('0F3', '(0F3;3B1)OVERLAP_F_B') or "
             "a send / receive ('1SEND_F0', '2RECV_F0', '2SEND_B0', '1RECV_B0')"
         ) from None
+
+
+#: The old name of :func:`parse_instruction`, still importable.
+parse_step = parse_instruction
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,7 +242,7 @@ class CommSchedule:
 
     schedule: Schedule
     """The compute schedule (each program without its sends and receives)."""
-    programs: tuple[tuple[Step, ...], ...]
+    programs: tuple[tuple[Instruction, ...], ...]
     """Per rank, its compute work, sends and receives in order."""
 
     @property
@@ -252,7 +261,7 @@ def lower_comms(schedule: Schedule, /) -> CommSchedule:
     for message in _messages(schedule, structure, order):
         if message.crosses_ranks:
             produced[message.producer].append(message)
-    programs: list[list[Step]] = [[] for _ in range(schedule.n_ranks)]
+    programs: list[list[Instruction]] = [[] for _ in range(schedule.n_ranks)]
     for work in order:
         programs[schedule.rank_of(work.parts[0].stage)].append(work)
         for part in work.parts:
@@ -288,22 +297,22 @@ def receive_posts(structure: StepStructure, /) -> tuple[int, ...]:
                 before = node
         return tuple(posts)
     ids = {Comm.recv_of(m.producer, m.consumer): i for i, m in enumerate(structure.messages)}
-    for steps in lower_comms(structure.schedule).programs:
+    for lowered in lower_comms(structure.schedule).programs:
         after = -1
-        for step in steps:
-            if isinstance(step, Comm):
-                message = ids.get(step, -1)
-                if message >= 0 and not step.op.is_send:
+        for instruction in lowered:
+            if isinstance(instruction, Comm):
+                message = ids.get(instruction, -1)
+                if message >= 0 and not instruction.op.is_send:
                     posts[message] = after
             else:
-                work_node = structure.node_of(step.parts[0])
+                work_node = structure.node_of(instruction.parts[0])
                 assert work_node is not None
                 after = work_node
     return tuple(posts)
 
 
 def comm_schedule_from_programs(
-    programs: list[list[Step]], /, *, name: str = "custom", n_microbatches: int | None = None
+    programs: list[list[Instruction]], /, *, name: str = "custom", n_microbatches: int | None = None
 ) -> CommSchedule:
     """Build a CommSchedule from per-rank programs; the compute schedule is their compute part."""
     orders = [[s for s in program if not isinstance(s, Comm)] for program in programs]
@@ -328,21 +337,21 @@ def validate_comms(comms: CommSchedule, /) -> None:
     recvs: dict[Message, tuple[int, int]] = {}
     done: dict[Action, tuple[int, int]] = {}
     for rank, program in enumerate(comms.programs):
-        for position, step in enumerate(program):
-            if not isinstance(step, Comm):
-                for part in step.parts:
+        for position, instruction in enumerate(program):
+            if not isinstance(instruction, Comm):
+                for part in instruction.parts:
                     done[part] = (rank, position)
                 continue
-            table, seen = (wanted, sends) if step.op.is_send else (wanted_recv, recvs)
-            message = table.get(step)
-            side = "src_rank" if step.op.is_send else "dst_rank"
+            table, seen = (wanted, sends) if instruction.op.is_send else (wanted_recv, recvs)
+            message = table.get(instruction)
+            side = "src_rank" if instruction.op.is_send else "dst_rank"
             if message is None or getattr(message, side) != rank:
                 problems.append(
-                    f"rank {rank} position {position}: {step} matches no message between "
+                    f"rank {rank} position {position}: {instruction} matches no message between "
                     "ranks of this schedule; remove it"
                 )
             elif message in seen:
-                problems.append(f"rank {rank}: {step} appears twice; keep one")
+                problems.append(f"rank {rank}: {instruction} appears twice; keep one")
             else:
                 seen[message] = (rank, position)
     problems += _placement_problems(wanted.values(), sends, recvs, done)
@@ -451,7 +460,7 @@ def comms_to_csv(comms: CommSchedule, /) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     for program in comms.programs:
-        writer.writerow([str(step) for step in program])
+        writer.writerow([str(instruction) for instruction in program])
     return buffer.getvalue()
 
 
@@ -461,19 +470,19 @@ def comms_from_csv(
     """Read a "compute_comms" CSV, torch's own included (its FSDP actions ``UNSHARD``,
     ``RESHARD`` and ``REDUCE_GRAD`` move no pipeline data and are left out). Not validated:
     see :func:`validate_comms`."""
-    programs: list[list[Step]] = []
+    programs: list[list[Instruction]] = []
     for line, row in enumerate(read_rows(text, source=source), start=1):
-        program: list[Step] = []
+        program: list[Instruction] = []
         for column, cell in enumerate(row, start=1):
             cell = cell.strip()
             if not cell:
                 continue
             try:
-                step = parse_step(cell)
+                instruction = parse_instruction(cell)
             except ParseError as exc:
                 raise ParseError(f"{source}: line {line}, column {column}: {exc}") from None
-            if step is not None:
-                program.append(step)
+            if instruction is not None:
+                program.append(instruction)
         programs.append(program)
     return comm_schedule_from_programs(programs, name=name, n_microbatches=n_microbatches)
 

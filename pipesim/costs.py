@@ -10,8 +10,8 @@ written once.
 
 Link model: a message of ``n`` bytes holds its link (one per ordered pair of
 ranks; ``max_concurrent`` messages at once) for ``n / bandwidth`` and arrives
-``latency`` after it leaves the link. With ``overlap_comm`` false the sending
-rank waits for its send to arrive before it runs its next action.
+``latency`` after it leaves the link. With ``blocking_sends`` the sending rank waits
+for its send to arrive before it runs its next action (gloo's blocking ``send``).
 
 Overheads that block a rank (measured on gloo and torch: posting a send, taking
 a message that has arrived, and the executor's own code between two actions
@@ -260,8 +260,9 @@ class CostModel:
     """Links per ordered rank pair (node rules, explicit pairs); None: ``link`` everywhere."""
     memory_capacity_bytes: int | None = None
     """Device memory for activations; reported against the peak, None if unknown."""
-    overlap_comm: bool = True
-    """Whether sends overlap compute (False: the sender waits for its message to arrive)."""
+    blocking_sends: bool = False
+    """Whether a SEND holds its rank until its message arrives (a blocking send);
+    False: the rank runs on while the message travels."""
     dispatch_overhead: Time = 0
     """Time a rank spends on each unit of work besides its compute (the executor's code)."""
     time_unit: str = "unit"
@@ -301,12 +302,14 @@ class CostModel:
         object.__setattr__(self, "stages", stages)
         if not isinstance(self.link, Link):
             raise CostError(f"link must be a Link, got {brief(self.link)}")
-        if not isinstance(self.overlap_comm, bool):
-            raise CostError(f"overlap_comm must be True or False, got {brief(self.overlap_comm)}")
-        if self.send_mode == "rendezvous" and not self.overlap_comm:
+        if not isinstance(self.blocking_sends, bool):
+            raise CostError(
+                f"blocking_sends must be True or False, got {brief(self.blocking_sends)}"
+            )
+        if self.send_mode == "rendezvous" and self.blocking_sends:
             raise CostError(
                 "send_mode rendezvous models posted (non-blocking) sends; it cannot be combined "
-                "with overlap_comm false: drop one of them"
+                "with blocking_sends: drop one of them"
             )
         _check_denominator(stages, self.link, self.dispatch_overhead, self.sync_time)
         if self.links is not None:
@@ -328,7 +331,7 @@ class CostModel:
         link: Link | None = None,
         links: Links | None = None,
         memory_capacity_bytes: int | None = None,
-        overlap_comm: bool = True,
+        blocking_sends: bool = False,
         dispatch_overhead: Time = 0,
         time_unit: str = "unit",
         send_mode: str = "eager",
@@ -340,11 +343,16 @@ class CostModel:
             link=link or Link(),
             links=links,
             memory_capacity_bytes=memory_capacity_bytes,
-            overlap_comm=overlap_comm,
+            blocking_sends=blocking_sends,
             dispatch_overhead=dispatch_overhead,
             time_unit=time_unit,
             send_mode=send_mode,
         )
+
+    @property
+    def overlap_comm(self) -> bool:
+        """The old name, inverted: whether sends run beside compute (not ``blocking_sends``)."""
+        return not self.blocking_sends
 
     def link_between(self, src: int, dst: int, /) -> Link:
         """The link a message from rank ``src`` to rank ``dst`` takes."""
@@ -439,11 +447,29 @@ _STAGE_FIELDS = {f.name for f in fields(StageCost)}
 _LINK_FIELDS = {f.name for f in fields(Link)}
 
 
+def _blocking_sends(data: dict[str, Any], source: str) -> bool:
+    """``blocking_sends``, or its old spelling ``overlap_comm`` (the opposite); both
+    given must agree."""
+    given = {}
+    for key, blocking_when in (("blocking_sends", True), ("overlap_comm", False)):
+        if key in data:
+            if not isinstance(data[key], bool):
+                raise ParseError(f"{source}: {key} must be true or false, got {brief(data[key])}")
+            given[key] = data[key] is blocking_when
+    if len(set(given.values())) > 1:
+        raise ParseError(
+            f"{source}: blocking_sends {str(data['blocking_sends']).lower()} and its old "
+            f"spelling overlap_comm {str(data['overlap_comm']).lower()} disagree: keep "
+            "blocking_sends only"
+        )
+    return next(iter(given.values()), False)
+
+
 def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
     """Build a CostModel from ``{"stage": {...}}`` or ``{"stages": [{...}, ...]}`` plus
-    optional ``link``, ``memory_capacity_bytes``, ``overlap_comm``, ``dispatch_overhead``
-    and ``time_unit`` (or ``meta.time_unit``, where ``pipesim verify`` writes it; default
-    ``unit``)."""
+    optional ``link``, ``memory_capacity_bytes``, ``blocking_sends`` (its old spelling
+    ``overlap_comm``, the opposite, is still read), ``dispatch_overhead`` and ``time_unit``
+    (or ``meta.time_unit``, where ``pipesim verify`` writes it; default ``unit``)."""
     if not isinstance(data, dict):
         raise ParseError(f"{source}: expected a JSON object, got {type(data).__name__}")
     known = {
@@ -452,6 +478,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         "link",
         "links",
         "memory_capacity_bytes",
+        "blocking_sends",
         "overlap_comm",
         "dispatch_overhead",
         "time_unit",
@@ -481,9 +508,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
         stages.append(_build(StageCost, raw, _STAGE_FIELDS, where))
     link = _build(Link, data.get("link", {}), _LINK_FIELDS, f"{source}: link")
     links = _links_from_dict(data["links"], f"{source}: links") if "links" in data else None
-    overlap_comm = data.get("overlap_comm", True)
-    if not isinstance(overlap_comm, bool):
-        raise ParseError(f"{source}: overlap_comm must be true or false, got {brief(overlap_comm)}")
+    blocking_sends = _blocking_sends(data, source)
     meta = data.get("meta")
     raw_unit = data.get("time_unit", meta.get("time_unit") if isinstance(meta, dict) else None)
     try:
@@ -496,7 +521,7 @@ def costs_from_dict(data: object, /, *, source: str = "costs") -> CostModel:
             link=link,
             links=links,
             memory_capacity_bytes=data.get("memory_capacity_bytes"),
-            overlap_comm=overlap_comm,
+            blocking_sends=blocking_sends,
             dispatch_overhead=data.get("dispatch_overhead", 0),
             time_unit=unit,
             send_mode=data.get("send_mode", "eager"),
@@ -593,7 +618,7 @@ def costs_to_dict(costs: CostModel, /) -> dict[str, Any]:
         data["links"] = links
     if costs.memory_capacity_bytes is not None:
         data["memory_capacity_bytes"] = costs.memory_capacity_bytes
-    data["overlap_comm"] = costs.overlap_comm
+    data["blocking_sends"] = costs.blocking_sends
     if costs.dispatch_overhead:
         data["dispatch_overhead"] = value(costs.dispatch_overhead)
     data["time_unit"] = costs.time_unit

@@ -34,7 +34,7 @@ receives as nodes of their own, in program order (:func:`pipesim.step.structure.
   does, ``_PipelineScheduleRuntime`` posting ``SEND_F`` / ``SEND_B`` as
   ``batch_isend_irecv`` and waiting on them only at the end of the step, and what
   torch's dry run ``_simulate_comms_compute`` assumes (a SEND is ready once its
-  producer ran on the rank). With ``overlap_comm`` false the SEND holds the rank
+  producer ran on the rank). With ``blocking_sends`` the SEND holds the rank
   until the message arrives (a blocking send, as gloo's ``send``).
 - **blocking receive** (the default): a RECV waits, holding its rank, until the
   message has arrived, then holds it ``receive_overhead`` more; the work that
@@ -286,7 +286,7 @@ class _RunState:
         waiting_at, blocked_at, posts = self.waiting_at, self.blocked_at, self.posts
         on_link, links, rendezvous = self.on_link, self.links, self.rendezvous
         leads, early, n_messages = self.leads, self.early, structure.n_messages
-        has_comms, overlap_comm = bool(structure.comms), step.costs.overlap_comm
+        has_comms, blocking_sends = bool(structure.comms), step.costs.blocking_sends
         # The rank's own clock: when its last node ended. It runs ahead of env.now while
         # every arrival its work needs has a known time (see the module docstring).
         clock: Time = 0 if self.release is None else self.release[rank]
@@ -335,7 +335,7 @@ class _RunState:
                 waiter = waiters[arrival]
                 if waiter is not None:
                     waiter.succeed()
-            if sending and not overlap_comm:
+            if sending and blocking_sends:
                 # Wait on the send processes, not the waiter: the consumer may own it.
                 yield from sending
                 clock = env.now

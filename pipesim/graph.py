@@ -405,7 +405,7 @@ def critical_path(
     (in particular with free links): every action then starts exactly when
     the last thing it waits for is done. ``networkx.dag_longest_path`` weighs
     edges, so each node's duration (plus a message's transfer time, and with
-    ``overlap_comm`` off the sender's wait) sits on its out-edges, and a sink
+    ``blocking_sends`` the sender's wait) sits on its out-edges, and a sink
     collects every node.
 
     >>> from pipesim.schedules import generate
@@ -430,7 +430,7 @@ def critical_path(
         weight = graph.nodes[u]["duration"]
         if attrs["kind"] == "data":  # (an overlapped pair's first message leaves early)
             weight += attrs["transfer_time"] - attrs["lead"]
-        if not costs.overlap_comm and next_on_rank.get(u) == v:
+        if costs.blocking_sends and next_on_rank.get(u) == v:
             # The sender waits for its own messages to arrive before its next action.
             weight += max(
                 (
@@ -458,7 +458,7 @@ def comms_path(
     Edges: each rank's program order; each message from its send to the node that waits
     for it (its receive when receives block, else its consumer), weighted with the
     send's duration plus the message's latency and link occupancy; each
-    ``happens_before`` signal. With ``overlap_comm`` off a send holds its rank until its
+    ``happens_before`` signal. With ``blocking_sends`` a send holds its rank until its
     message arrives, so its program-order edge carries the transfer too. On links no two
     messages contend for, this is the makespan :func:`pipesim.engine.simulate` finds.
 
@@ -506,7 +506,7 @@ def _comms_graph(step: CompiledStep) -> nx.DiGraph:
             graph.add_edge(node, _SINK, weight=durations[node])
         for u, v in itertools.pairwise(program):
             held = durations[u]
-            if not step.costs.overlap_comm:
+            if step.costs.blocking_sends:
                 held += max((transfer(a) for a in structure.outputs[u]), default=0)
             graph.add_edge(u, v, weight=held)
     for node, outs in enumerate(structure.outputs):

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pipesim.actions import Action, Comm, parse_action
-from pipesim.comms import parse_step
+from pipesim.comms import parse_instruction
 from pipesim.costs import CostModel, costs_from_dict, costs_to_dict
 from pipesim.engine import Simulation
 from pipesim.errors import ParseError, PipesimError, brief
@@ -277,7 +277,7 @@ def _transfer(row: Any) -> TransferRecord:
 
 def _comm(row: Any) -> CommRecord:
     rank, text, peer, n_bytes, posted, start, end = row
-    comm = parse_step(text)
+    comm = parse_instruction(text)
     if not isinstance(comm, Comm):
         raise ValueError(f"a comms record holds a send or receive, got {text!r}")
     return CommRecord(

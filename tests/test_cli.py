@@ -539,3 +539,26 @@ def test_a_size_flag_given_with_a_schedule_file_must_agree_with_it(
     assert_refused(run(capsys, verb, "g.json", *flags), fragment)
     status, out, _ = run(capsys, "simulate", "g.json", "-p", "2", "-m", "4", "-v", "1", "--json")
     assert status == 0 and json.loads(out)["makespan"] == (4 + 2 - 1) * 3  # (m + p - 1)(F + B)
+
+
+@pytest.mark.parametrize(
+    ("flags", "makespan"),
+    [
+        ((), 7),
+        (("--blocking-sends",), 9),
+        (("--no-overlap-comm",), 9),  # the old spelling
+    ],
+)
+def test_blocking_sends_flag(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], makespan: int
+) -> None:
+    """GPipe forwards on 2 ranks, 10-byte messages taking 1 + 10/5 = 3: posted sends end
+    at 1F1's end, 7; blocking ones hold rank 0 until each arrives (0F1 runs 4-5, 1F1 8-9),
+    the hand-worked timeline of tests/test_engine.py::test_blocking_sends."""
+    status, out, err = run(
+        capsys,
+        "simulate", "gpipe", "-p", "2", "-m", "2", "--forward-only", "--message-bytes", "10",
+        "--link-latency", "1", "--link-bandwidth", "5", "--json", *flags,
+    )  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out)["makespan"] == makespan

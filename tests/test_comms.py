@@ -12,7 +12,7 @@ from pipesim.comms import (
     global_order,
     lower_comms,
     messages,
-    parse_step,
+    parse_instruction,
     validate_comms,
 )
 from pipesim.errors import DeadlockError, ParseError, PipesimError, ScheduleError
@@ -85,16 +85,16 @@ def test_global_order_is_topological_and_keeps_rank_orders() -> None:
         assert sorted(rank_order, key=position.__getitem__) == list(rank_order)
 
 
-def test_parse_step_spells_like_torch() -> None:
-    assert parse_step("2SEND_B1") == Comm(stage=2, op=CommOp.SEND_B, microbatch=1)
-    assert str(parse_step("0F3")) == "0F3"
-    assert parse_step("1UNSHARD") is None and parse_step("0REDUCE_GRAD") is None
+def test_parse_instruction_spells_like_torch() -> None:
+    assert parse_instruction("2SEND_B1") == Comm(stage=2, op=CommOp.SEND_B, microbatch=1)
+    assert str(parse_instruction("0F3")) == "0F3"
+    assert parse_instruction("1UNSHARD") is None and parse_instruction("0REDUCE_GRAD") is None
     with pytest.raises(ParseError, match=r"cannot parse '1SEND_X0'"):
-        parse_step("1SEND_X0")
+        parse_instruction("1SEND_X0")
 
 
 def _from_rows(rows: list[list[str]]):  # type: ignore[no-untyped-def]
-    return comm_schedule_from_programs([[parse_step(x) for x in row] for row in rows])
+    return comm_schedule_from_programs([[parse_instruction(x) for x in row] for row in rows])
 
 
 def test_receives_in_another_order_than_the_sends_are_refused() -> None:
@@ -143,7 +143,7 @@ def test_unknown_and_duplicate_comms_are_refused() -> None:
     with pytest.raises(ScheduleError) as info:
         validate_comms(
             comm_schedule_from_programs(
-                [[parse_step(x) for x in row] for row in rows], n_microbatches=1
+                [[parse_instruction(x) for x in row] for row in rows], n_microbatches=1
             )
         )
     assert "0SEND_F0 appears twice" in str(info.value)
@@ -290,3 +290,12 @@ def test_the_named_lowering_is_the_fix(tmp_path, monkeypatch, capsys) -> None:  
     blocking = json.loads(capsys.readouterr().out)["makespan"]
     comms = lower_comms(generate("1f1b", n_ranks=4, n_microbatches=8))
     assert blocking == critical_path(comms).length > 33
+
+
+def test_the_old_names_of_an_instruction_still_import() -> None:
+    """``Step`` / ``parse_step`` were the names before "step" came to mean only a
+    training iteration's work; code written against them keeps working."""
+    from pipesim import comms
+
+    assert comms.parse_step("1SEND_F0") == comms.parse_instruction("1SEND_F0")
+    assert comms.Step == comms.Instruction

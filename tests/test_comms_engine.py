@@ -188,8 +188,8 @@ def test_posted_receives_with_overheads_give_the_compute_schedules_step(name: st
 
 
 def test_a_blocking_send_holds_its_rank_until_arrival() -> None:
-    # overlap_comm off: 0SEND_F0 holds rank 0 for its overhead and the 3-unit transfer.
-    costs = CostModel.uniform(link=Link(latency=3, send_overhead=1), overlap_comm=False)
+    # blocking sends: 0SEND_F0 holds rank 0 for its overhead and the 3-unit transfer.
+    costs = CostModel.uniform(link=Link(latency=3, send_overhead=1), blocking_sends=True)
     comms = lower_comms(generate("gpipe", n_ranks=2, n_microbatches=1))
     sim = simulate(comms, costs=costs)
     # 0F0 [0,1], 0SEND_F0 [1,2] then waits to 5; 1RECV_F0 [5,5], 1F0 [5,6], 1B0 [6,8],
@@ -217,9 +217,9 @@ def test_a_deadlocking_order_is_refused_before_simulation(monkeypatch) -> None: 
 
 
 def _step(text: str):  # type: ignore[no-untyped-def]
-    from pipesim.comms import parse_step
+    from pipesim.comms import parse_instruction
 
-    return parse_step(text)
+    return parse_instruction(text)
 
 
 def test_without_the_check_the_engine_reports_where_ranks_stopped() -> None:
@@ -269,7 +269,7 @@ def test_cli_trace_exports_the_sends_and_receives(tmp_path, capsys) -> None:  # 
     receive=st.integers(0, 3),
     latency=st.integers(0, 3),
     dispatch=st.integers(0, 2),
-    overlap_comm=st.booleans(),
+    blocking_sends=st.booleans(),
     blocking=st.booleans(),
 )
 def test_any_overheads_give_the_longest_path(
@@ -279,7 +279,7 @@ def test_any_overheads_give_the_longest_path(
     receive: int,
     latency: int,
     dispatch: int,
-    overlap_comm: bool,
+    blocking_sends: bool,
     blocking: bool,
 ) -> None:
     name, p, _, v = case
@@ -289,7 +289,7 @@ def test_any_overheads_give_the_longest_path(
         return
     link = Link(latency=latency, send_overhead=send, receive_overhead=receive)
     costs = CostModel.uniform(
-        forward=2, backward=3, link=link, dispatch_overhead=dispatch, overlap_comm=overlap_comm
+        forward=2, backward=3, link=link, dispatch_overhead=dispatch, blocking_sends=blocking_sends
     )
     comms = lower_comms(schedule)
     sim = simulate(comms, costs=costs, blocking_receives=blocking)

@@ -131,7 +131,7 @@ def test_dict_round_trip() -> None:
         ),
         link=Link(latency=Fraction(1, 10), bandwidth_bytes_per_s=1000, max_concurrent=2),
         memory_capacity_bytes=1 << 30,
-        overlap_comm=False,
+        blocking_sends=True,
     )
     data = costs_to_dict(costs)
     assert data["stages"][0]["forward"] == "1/3"
@@ -147,7 +147,25 @@ def test_uniform_file(tmp_path: Path) -> None:
     costs = load_costs(path)
     assert costs.stages == (StageCost(forward=Fraction(3, 2), activation_bytes=8),)
     assert costs.link == Link(latency=2)
-    assert costs.overlap_comm is True
+    assert costs.blocking_sends is False
+
+
+@pytest.mark.parametrize(
+    ("data", "blocking"),
+    [
+        ({"blocking_sends": True}, True),
+        ({"blocking_sends": False}, False),
+        ({"overlap_comm": False}, True),  # the old spelling, the opposite
+        ({"overlap_comm": True}, False),
+        ({"overlap_comm": False, "blocking_sends": True}, True),  # both, agreeing
+        ({}, False),
+    ],
+)
+def test_blocking_sends_and_its_old_spelling(data: dict[str, bool], blocking: bool) -> None:
+    costs = costs_from_dict({"stage": {}, **data})
+    assert costs.blocking_sends is blocking
+    assert costs.overlap_comm is not blocking  # the old API name reads the opposite
+    assert costs_to_dict(costs)["blocking_sends"] is blocking
 
 
 @pytest.mark.parametrize(
@@ -161,7 +179,13 @@ def test_uniform_file(tmp_path: Path) -> None:
         ({"stage": {"fwd": 1}}, ParseError, r"costs.json: stage: unknown fields \['fwd'\]"),
         ({"stages": [{}, {"forward": -1}]}, CostError, "costs.json: stage 1: forward must be"),
         ({"stage": {}, "link": {"bandwidth_bytes_per_s": 0}}, CostError, "link: link bandwidth"),
+        ({"stage": {}, "blocking_sends": "yes"}, ParseError, "blocking_sends must be true or"),
         ({"stage": {}, "overlap_comm": "yes"}, ParseError, "overlap_comm must be true or false"),
+        (
+            {"stage": {}, "blocking_sends": True, "overlap_comm": True},
+            ParseError,
+            "blocking_sends true and its old spelling overlap_comm true disagree",
+        ),
         ({"stage": {}, "memory_capacity_bytes": -1}, CostError, "memory_capacity_bytes"),
         ({"stage": 3}, ParseError, "stage: expected an object"),
     ],

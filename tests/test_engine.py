@@ -188,19 +188,19 @@ def test_directions_do_not_contend() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overlap_comm", "expected"),
+    ("blocking_sends", "expected"),
     [
-        (True, {"0F0": (0, 1), "0F1": (1, 2), "1F0": (4, 5), "1F1": (6, 7)}),
+        (False, {"0F0": (0, 1), "0F1": (1, 2), "1F0": (4, 5), "1F1": (6, 7)}),
         # Blocking sends: rank 0 waits for its activation to arrive before the next forward.
-        (False, {"0F0": (0, 1), "0F1": (4, 5), "1F0": (4, 5), "1F1": (8, 9)}),
+        (True, {"0F0": (0, 1), "0F1": (4, 5), "1F0": (4, 5), "1F1": (8, 9)}),
     ],
 )
-def test_overlap_comm(overlap_comm: bool, expected: dict[str, tuple[int, int]]) -> None:
+def test_blocking_sends(blocking_sends: bool, expected: dict[str, tuple[int, int]]) -> None:
     s = generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True)
     costs = CostModel.uniform(
         output_bytes=10,
         link=Link(latency=1, bandwidth_bytes_per_s=5),
-        overlap_comm=overlap_comm,
+        blocking_sends=blocking_sends,
     )
     trace = simulate(s, costs=costs).trace
     assert timeline(trace) == expected
@@ -414,7 +414,9 @@ times = st.one_of(
 
 
 @st.composite
-def random_cases(draw: st.DrawFn, *, link: Link | None = None, overlap_comm: bool = True) -> Case:
+def random_cases(
+    draw: st.DrawFn, *, link: Link | None = None, blocking_sends: bool = False
+) -> Case:
     n_stages = draw(st.integers(1, 8))
     n_ranks = draw(st.integers(1, min(4, n_stages)))
     if draw(st.booleans()):  # round-robin: ranks hold stages r, r + p, ... (interleaved)
@@ -462,7 +464,7 @@ def random_cases(draw: st.DrawFn, *, link: Link | None = None, overlap_comm: boo
     schedule = Schedule.from_orders(
         orders, placement=placement, n_microbatches=m, happens_before=happens_before
     )
-    costs = CostModel(stages=stages, link=link or Link(), overlap_comm=overlap_comm)
+    costs = CostModel(stages=stages, link=link or Link(), blocking_sends=blocking_sends)
     return Case(schedule=schedule, costs=costs)
 
 
@@ -517,7 +519,7 @@ def asap_timeline(case: Case) -> tuple[dict[Action, tuple[Time, Time]], Time]:
         if action in previous:
             before = previous[action]
             free_at = times[before][1]
-            if not costs.overlap_comm:  # the rank waits for its own sends to arrive
+            if costs.blocking_sends:  # the rank waits for its own sends to arrive
                 free_at += max(sends[before], default=0)
             start = max(start, free_at)
         times[action] = (start, start + costs.duration(action))
@@ -606,7 +608,7 @@ def test_random_schedules_free_links(case: Case) -> None:
             st.none(), st.integers(1, 20), st.fractions(1, 9, max_denominator=16)
         ),
         max_concurrent=st.just(10_000),  # never contended: the critical path is exact
-    ).flatmap(lambda link: random_cases(link=link, overlap_comm=True)),
+    ).flatmap(lambda link: random_cases(link=link, blocking_sends=False)),
 )
 @pytest.mark.slow
 def test_random_schedules_uncontended_links(case: Case) -> None:
@@ -620,7 +622,7 @@ def test_random_schedules_uncontended_links(case: Case) -> None:
         latency=times,
         bandwidth_bytes_per_s=st.one_of(st.none(), st.integers(1, 20)),
         max_concurrent=st.just(10_000),
-    ).flatmap(lambda link: random_cases(link=link, overlap_comm=False)),
+    ).flatmap(lambda link: random_cases(link=link, blocking_sends=True)),
 )
 @pytest.mark.slow
 def test_random_schedules_blocking_sends(case: Case) -> None:

@@ -300,7 +300,7 @@ def test_critical_path_without_overlapped_sends() -> None:
     s = generate("gpipe", n_ranks=2, n_microbatches=2, forward_only=True)
     link = Link(latency=1, bandwidth_bytes_per_s=5)
     overlapped = CostModel.uniform(output_bytes=10, link=link)
-    blocking = CostModel.uniform(output_bytes=10, link=link, overlap_comm=False)
+    blocking = CostModel.uniform(output_bytes=10, link=link, blocking_sends=True)
     assert critical_path(s, costs=overlapped).length == 2 + 3 + 1  # 0F1 ends at 2, arrives 5
     assert critical_path(s, costs=blocking).length == 1 + 3 + 1 + 3 + 1
 
@@ -338,7 +338,7 @@ def test_happens_before_on_an_order_edge_keeps_the_senders_wait() -> None:
     s = Schedule.from_orders(
         [["0F0", "0F1"], ["1F0", "1F1"]], happens_before=[(act("0F0"), act("0F1"))]
     )
-    costs = CostModel.uniform(link=Link(latency=1), overlap_comm=False)
+    costs = CostModel.uniform(link=Link(latency=1), blocking_sends=True)
     assert critical_path(s, costs=costs).length == 5
 
 
@@ -349,6 +349,6 @@ def test_w_right_after_its_i_keeps_the_senders_wait() -> None:
     costs = CostModel(
         stages=(StageCost(weight_grad=1), StageCost(weight_grad=5)),
         link=Link(latency=1),
-        overlap_comm=False,
+        blocking_sends=True,
     )
     assert critical_path(s, costs=costs).length == 10

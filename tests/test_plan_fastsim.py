@@ -88,7 +88,7 @@ def cost_models(draw: st.DrawFn, n_stages: int) -> CostModel:
         link=link,
         links=per_pair,
         memory_capacity_bytes=draw(st.one_of(st.none(), st.integers(1, 5000))),
-        overlap_comm=draw(st.booleans()),
+        blocking_sends=draw(st.booleans()),
         dispatch_overhead=draw(st.one_of(st.just(0), _TIMES)),
     )
 

@@ -595,8 +595,8 @@ def test_pipeline_sends_block_unless_overlapped() -> None:
     waits = plan(GPT, **kwargs)  # type: ignore[arg-type]
     overlaps = plan(GPT, overlap_p2p=True, **kwargs)  # type: ignore[arg-type]
     (a,), (b,) = waits.points, overlaps.points
-    assert not configuration(waits, a, model=GPT)[1].overlap_comm
-    assert configuration(overlaps, b, model=GPT)[1].overlap_comm
+    assert configuration(waits, a, model=GPT)[1].blocking_sends
+    assert not configuration(overlaps, b, model=GPT)[1].blocking_sends
     # slow links: waiting for each message makes the step longer, never shorter
     assert a.pipeline_time_ns > b.pipeline_time_ns  # type: ignore[operator]
     assert "--overlap-p2p-communication" in megatron_args(overlaps, b)

@@ -67,7 +67,7 @@ def _costs(rng: random.Random, n_stages: int) -> CostModel:
         stages=stages,
         link=link(),
         links=rng.choice([None, Links(ranks_per_node=2, intra_node=link(), inter_node=link())]),
-        overlap_comm=rng.random() < 0.5,
+        blocking_sends=rng.random() < 0.5,
     )
 
 

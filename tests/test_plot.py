@@ -543,6 +543,18 @@ def test_cli_short_keys_and_did_you_mean(
     assert "(did you mean 'microbatches'?)" in capsys.readouterr().err
 
 
+def test_blocking_sends_as_a_setting_and_by_its_old_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The hand-worked case of tests/test_engine.py::test_blocking_sends: 7 posted, 9 blocking.
+    sizes = ["-p", "2", "-m", "2", "--forward-only", "--message-bytes", "10"]
+    link = ["--link-latency", "1", "--link-bandwidth", "5", "--cdn"]
+    argv = ["plot", "gpipe", "gpipe:blocking-sends", "gpipe:no-overlap-comm", "--compare"]
+    assert main([*argv, *sizes, *link, "-o", str(tmp_path / "b.html")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("makespan 9") == 2 and out.count("makespan 7") == 1, out
+
+
 def test_sends_and_receives_are_marks_on_their_ranks() -> None:
     from pipesim.comms import lower_comms
 

@@ -158,8 +158,8 @@ def test_files_keep_the_mode_and_the_handshake() -> None:
 def test_bad_modes_are_refused() -> None:
     with pytest.raises(CostError, match="send_mode must be one of eager, rendezvous"):
         CostModel(send_mode="lazy")
-    with pytest.raises(CostError, match="overlap_comm false"):
-        CostModel(send_mode="rendezvous", overlap_comm=False)
+    with pytest.raises(CostError, match="with blocking_sends"):
+        CostModel(send_mode="rendezvous", blocking_sends=True)
 
 
 def test_evaluators_without_the_rule_refuse_it() -> None:

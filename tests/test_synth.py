@@ -265,7 +265,7 @@ def test_greedy_run_predicts_the_evaluator_where_no_message_queues(
     costs = data.draw(stage_costs(2 * p if v else p, latency=True))
     if not queue:
         costs = replace(costs, stages=tuple(replace(c, output_bytes=0) for c in costs.stages))
-    costs = replace(costs, overlap_comm=overlap)
+    costs = replace(costs, blocking_sends=not overlap)
     problem = make_problem(
         n_ranks=p,
         n_microbatches=m,

@@ -161,6 +161,27 @@ def test_chapter_case() -> None:
     assert report.max_abs_diff_full_batch == 0.0  # one micro-batch is the full batch
 
 
+@pytest.mark.parametrize("timed_steps", [1, 2, 5])
+def test_several_timed_steps_report_the_median_one(timed_steps: int) -> None:
+    """In process: ``timed_steps`` measured runs, the reported makespan and trace those of
+    the median run (the lower middle of an even count), every run's makespan listed, and
+    the chapter's gradients unchanged."""
+    report = verify(
+        generate("1f1b", n_ranks=2, n_microbatches=4),
+        model="mlp",
+        devices="cpu,cpu",
+        batch_size=32,
+        warmup=0,
+        timed_steps=timed_steps,
+    )
+    assert report.bit_identical
+    assert len(report.step_makespans) == timed_steps
+    median = sorted(report.step_makespans)[(timed_steps - 1) // 2]
+    assert report.measured_makespan == median
+    assert report.trace.makespan / 1e9 == median
+    assert report.to_dict()["step_makespans"] == list(report.step_makespans)
+
+
 def test_transfer_bytes_per_microbatch() -> None:
     report = verify(
         generate("gpipe", n_ranks=3, n_microbatches=4), model="mlp", batch_size=32, warmup=0

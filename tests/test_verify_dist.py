@@ -324,3 +324,19 @@ def test_shared_cores_warns_only_when_rank_threads_outnumber_the_cpus() -> None:
     assert why is not None and why.startswith("2 rank processes x 2 torch threads on 2 CPUs")
     assert "OMP_NUM_THREADS=1" in why and "bit-identical" in why
     assert shared_cores(3, 1, cpus=2) is not None  # more ranks than CPUs, one thread each
+
+
+def test_several_timed_steps_report_the_median_one(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--timed-steps 3: three measured steps in the same rank processes; the reported
+    step (its makespan, its trace, the costs fitted from it) is the one of median makespan,
+    every step's makespan is listed, and the tensors still match the unsplit model."""
+    trace_path = tmp_path / "measured.json"
+    argv = ["verify", "1f1b", "-p", "2", "-m", "4", "--dist", "--json", "--timed-steps", "3"]
+    status = main([*argv, "--timeout", "120", "--trace-out", str(trace_path)])
+    data = json.loads(capsys.readouterr().out)
+    assert status == 0 and data["bit_identical"] is True
+    steps = data["step_makespans"]
+    assert len(steps) == 3 and all(s > 0 for s in steps)
+    median = sorted(steps)[1]
+    assert math.isclose(data["measured_makespan"], median, rel_tol=1e-9)
+    assert math.isclose(load_trace(trace_path).trace.makespan / 1e9, median, rel_tol=1e-9)

@@ -117,7 +117,7 @@ from verify.rank import (
     run_rank,
     run_specs,
 )
-from verify.rank_results import assemble, locate_from_results, report_from_results
+from verify.rank_results import assemble, locate_from_results, median_step, report_from_results
 from verify.rank_status import (
     COMPUTING,
     FINISHED,
@@ -130,11 +130,23 @@ from verify.rank_status import (
     set_state,
     status_length,
 )
-from verify.report import PAGE_FAULTS_NOTICED, VerifyReport, format_report, page_faults_line
+from verify.report import (
+    PAGE_FAULTS_NOTICED,
+    VerifyReport,
+    format_report,
+    page_faults_line,
+    steps_line,
+)
 from verify.runtime import PROFILE_ENV, SavedBytes, StageRuntime, profiled
 from verify.split_backward import PendingWeights, input_backward, weight_backward
 from verify.stage_cut import cut_stages, param_bytes
-from verify.timing import DeviceEvent, UnitClock, cuda_event, cuda_synchronize
+from verify.timing import (
+    DeviceEvent,
+    UnitClock,
+    cuda_event,
+    cuda_synchronize,
+    median_step_index,
+)
 from verify.torchrun import TorchrunPlace, torchrun_place, verify_torchrun
 from verify.transport import (
     HEADER_LENGTH,
@@ -238,6 +250,8 @@ __all__ = [
     "measure_all",
     "measured_step_dict",
     "measured_trace",
+    "median_step",
+    "median_step_index",
     "message_shapes",
     "minor_page_faults",
     "mlp",
@@ -265,6 +279,7 @@ __all__ = [
     "stage_bytes",
     "status_length",
     "step_rows",
+    "steps_line",
     "threads_per_rank",
     "torchrun_place",
     "transfer_table",

@@ -194,6 +194,8 @@ def cost_file(
         "warmup_steps": warmup,
         "measured_makespans_ns": [int(measured_makespan(report.trace))],
     }
+    if len(report.step_makespans) > 1:  # --timed-steps: the fit read the median step
+        provenance["timed_steps_makespans_ns"] = [round(t * 1e9) for t in report.step_makespans]
     meta = calibration_meta(fit, **provenance)
     if schedule.n_copies == 1:
         # The step's own compute samples, as pipesim calibrate keeps its runs': pipesim

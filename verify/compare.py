@@ -54,6 +54,7 @@ from verify.locate import first_gradient_difference, max_abs_diff, twin
 from verify.models import VerifyModel, load_model
 from verify.report import VerifyReport
 from verify.stage_cut import cut_stages, param_bytes
+from verify.timing import median_step_index
 
 __all__ = [
     "Reference",
@@ -205,6 +206,7 @@ def verify(
     accumulation_orders: Sequence[Sequence[int]] | None = None,
     apply_settings: bool = True,
     warmup: int = 1,
+    timed_steps: int = 1,
 ) -> VerifyReport:
     """Replay ``schedule`` with ``model`` on ``devices`` and compare it with the unsplit model.
 
@@ -217,7 +219,9 @@ def verify(
     ``accumulation_orders`` overrides the per-stage order the reference adds
     gradients in (default: the Schedule's).
     ``warmup`` untimed runs come first so that one-time start-up costs stay out
-    of the measurement. ``apply_settings``: see :func:`~verify.bit_identity.exact_settings`.
+    of the measurement; of ``timed_steps`` measured runs the report holds the one of
+    median makespan (and every one's makespan). ``apply_settings``: see
+    :func:`~verify.bit_identity.exact_settings`.
     """
     validate(schedule)
     if isinstance(model, str):
@@ -244,7 +248,9 @@ def verify(
         targets=split_microbatches(target, n_mb),
     )
     with exact_settings(model.layers, devices=rank_devices, apply=apply_settings):
-        return _replay_and_compare(replay, orders=expected_orders, warmup=warmup)
+        return _replay_and_compare(
+            replay, orders=expected_orders, warmup=warmup, timed_steps=timed_steps
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -273,10 +279,16 @@ class _Replay:
 
 
 def _replay_and_compare(
-    replay: _Replay, /, *, orders: tuple[tuple[int, ...], ...], warmup: int
+    replay: _Replay,
+    /,
+    *,
+    orders: tuple[tuple[int, ...], ...],
+    warmup: int,
+    timed_steps: int = 1,
 ) -> VerifyReport:
-    """The reference, ``warmup`` untimed runs, the measured run and its report; on a
-    gradient mismatch, a traced re-run that names the action where it arose."""
+    """The reference, ``warmup`` untimed runs, the measured runs (the one of median
+    makespan reported) and the report; on a gradient mismatch, a traced re-run that names
+    the action where it arose."""
     schedule, model, rank_devices = replay.schedule, replay.model, replay.devices
     ref = reference_run(
         model.layers,
@@ -288,7 +300,7 @@ def _replay_and_compare(
     )
     for _ in range(max(warmup, 0)):
         replay.run()
-    run = replay.run()
+    run = _median_run([replay.run() for _ in range(max(timed_steps, 1))])
 
     report = build_report(
         schedule,
@@ -336,6 +348,15 @@ def locate_gradient_mismatch(
     lines = report.mismatches
     at = sum(1 for m in lines if m.startswith(("output of ", "loss of ")))
     return dataclasses.replace(report, mismatches=(*lines[:at], where, *lines[at:]))
+
+
+def _median_run(runs: Sequence[LocalRun], /) -> LocalRun:
+    """Of several measured runs the one of median makespan
+    (:func:`verify.timing.median_step_index`), with every run's makespan. Every run
+    computes the same tensors: only its timings differ."""
+
+    makespans = tuple(int(measured_trace(r).makespan) for r in runs)  # as the report's
+    return dataclasses.replace(runs[median_step_index(makespans)], step_makespans_ns=makespans)
 
 
 def build_stages(
@@ -426,6 +447,7 @@ def build_report(
         wire_bytes=run.wire_bytes,
         wire_dtypes=run.wire_dtypes,
         page_faults=run.page_faults,
+        step_makespans=tuple(ns / 1e9 for ns in run.step_makespans_ns),
         as_run=as_run,
     )
 

@@ -71,6 +71,7 @@ def verify_distributed(
     timeout_s: float = 120.0,
     wait_timeout_s: float | None = None,
     warmup: int = 1,
+    timed_steps: int = 1,
 ) -> VerifyReport:
     """Run ``schedule`` with one process per rank and compare it with the unsplit model.
 
@@ -82,6 +83,7 @@ def verify_distributed(
     that waits longer than ``wait_timeout_s`` (default ``timeout_s``) for one
     message gives up; those, and a rank that fails or dies, are a
     :class:`~verify.errors.RunFailedError` naming the ranks and what they were doing.
+    Of ``timed_steps`` measured steps the report holds the one of median makespan.
     """
     (report,) = verify_distributed_all(
         [schedule],
@@ -92,6 +94,7 @@ def verify_distributed(
         timeout_s=timeout_s,
         wait_timeout_s=wait_timeout_s,
         warmup=warmup,
+        timed_steps=timed_steps,
     )
     return report
 
@@ -108,6 +111,7 @@ def verify_distributed_all(
     wait_timeout_s: float | None = None,
     warmup: int = 1,
     burn_in: int = 0,
+    timed_steps: int = 1,
 ) -> tuple[VerifyReport, ...]:
     """:func:`verify_distributed` for several schedules of one rank count, one after the
     other in the same rank processes (started once); ``timeout_s`` bounds the whole run.
@@ -125,6 +129,7 @@ def verify_distributed_all(
         "model_options": dict(model_options or {}),
         "seed": seed,
         "warmup": warmup,
+        "timed_steps": timed_steps,
         # One message may take wait_s; joining the group and the barriers the run's deadline.
         "timeout_s": wait_s,
         "group_timeout_s": timeout_s,
@@ -181,7 +186,7 @@ def _locate(
 ) -> VerifyReport:
     """Re-run one step of ``schedule`` in new rank processes that keep the gradients after
     every B and W, and name the action where they first differ (verify.locate)."""
-    traced = dataclasses.replace(spec, trace_grads=True, warmup=0)
+    traced = dataclasses.replace(spec, trace_grads=True, warmup=0, timed_steps=1)
     with tempfile.TemporaryDirectory(prefix="pipesim-dist-") as workdir:
         launch([traced], [schedule], workdir=Path(workdir), timeout_s=timeout_s)
         results = [

@@ -108,6 +108,9 @@ class LocalRun:
     (headers excluded); None where every rank ran in one process."""
     wire_dtypes: tuple[str, ...] = ()
     """The dtypes of those payloads (``bfloat16`` for a bf16 model)."""
+    step_makespans_ns: tuple[int, ...] = ()
+    """One per measured step, its makespan (first start to last end, ns); the run's
+    timings are those of the median one. Empty where not recorded."""
     grad_trace: tuple[tuple[tuple[str, tuple[Tensor | None, ...]], ...], ...] = ()
     """Per stage, after each B or W, the action and every parameter's gradient so far
     (before the final division); empty unless the run was asked to trace them."""

@@ -73,6 +73,9 @@ class RankSpec:
     on a loaded machine can take far longer than one message may: the launcher gives the
     group the run's overall deadline, which bounds everything anyway."""
     warmup: int = 1
+    timed_steps: int = 1
+    """Measured steps after the warm-ups; the report holds the one of median makespan
+    (:func:`verify.rank_results.median_step`)."""
     n_threads: int = 1
     shapes: Mapping[Message, tuple[tuple[int, ...], torch.dtype]] | None = None
     """Each message's shape and dtype; None: each rank runs the model once to find them."""
@@ -90,16 +93,17 @@ def run_rank(
     device: torch.device,
     report: Callable[[int, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """One rank's measured step (after ``spec.warmup`` untimed ones), in a process group
-    that is already up; the result holds CPU tensors, and each step's wall and CPU time
-    (``step_wall_ns``, ``step_cpu_ns``, warm-ups first) and minor page faults
-    (``step_page_faults``, None where not counted). ``report(state, value, peer)``
-    hears what the rank is doing."""
+    """One rank's ``spec.timed_steps`` measured steps (after ``spec.warmup`` untimed
+    ones), in a process group that is already up; the result holds the last step's CPU
+    tensors, every measured step's unit timings (``step_timings``), and each step's wall
+    and CPU time (``step_wall_ns``, ``step_cpu_ns``, warm-ups first) and minor page faults
+    (``step_page_faults``, None where not counted). ``report(state, value, peer)`` hears
+    what the rank is doing."""
     runner = RankRunner(rank, spec, device=device, report=report)
     result: dict[str, Any] = {}
-    walls, cpu, faults = [], [], []
+    walls, cpu, faults, timings = [], [], [], []
     with exact_settings(runner.layers, devices=[device]):
-        for k in range(spec.warmup + 1):  # untimed warm-up steps, then the measured one
+        for k in range(spec.warmup + spec.timed_steps):  # untimed warm-ups, then measured
             # Let go of the last step's tensors first, as a training loop's next step finds
             # them gone: the step then reuses their memory instead of touching new pages.
             # Held, they made the measured step fault in fresh pages (about 10 us each on a
@@ -113,6 +117,9 @@ def run_rank(
             walls.append(wall_ns)
             cpu.append(cpu_ns)
             faults.append(None if before is None or after is None else after - before)
+            if k >= spec.warmup:
+                timings.append(result["timings"])
+    result["step_timings"] = timings
     result["step_wall_ns"] = walls
     result["step_cpu_ns"] = cpu
     result["step_page_faults"] = faults
@@ -190,6 +197,7 @@ def prepare_spec(
     warmup: int,
     timeout_s: float,
     group_timeout_s: float | None = None,
+    timed_steps: int = 1,
 ) -> tuple[VerifyModel, tuple[nn.Module, ...], RankSpec]:
     """The model (built here from its name), its stages for ``schedule`` and the ranks' spec:
     the batch drawn here (``batch_size`` rows, default 32 rounded up to whole micro-batches)
@@ -208,6 +216,7 @@ def prepare_spec(
         timeout_s=timeout_s,
         group_timeout_s=group_timeout_s,
         warmup=max(warmup, 0),
+        timed_steps=timed_steps,
         n_threads=torch.get_num_threads(),
         shapes=message_shapes(schedule, stages, split_microbatches(x, n_mb)),
         batch=(x, target),

@@ -31,8 +31,9 @@ from verify.local import ActionTiming, LocalRun, transfer_table
 from verify.models import VerifyModel
 from verify.rank import RankSpec
 from verify.report import VerifyReport
+from verify.timing import median_step_index
 
-__all__ = ["assemble", "locate_from_results", "report_from_results"]
+__all__ = ["assemble", "locate_from_results", "median_step", "report_from_results"]
 
 
 def locate_from_results(
@@ -99,11 +100,37 @@ def report_from_results(
     )
 
 
+def median_step(results: Sequence[dict[str, Any]], /) -> tuple[int, tuple[int, ...]]:
+    """Which of the ranks' measured steps to report (:func:`verify.timing.median_step_index`),
+    and every measured step's makespan in ns, first start to last end over all ranks (one
+    host clock: the ranks share a machine).
+
+    >>> step = lambda *spans: [("0F0", a, b) for a, b in spans]
+    >>> ranks = [{"step_timings": [step((0, 5)), step((10, 30)), step((40, 47))]},
+    ...          {"step_timings": [step((2, 9)), step((12, 20)), step((41, 50))]}]
+    >>> median_step(ranks)
+    (2, (9, 20, 10))
+    """
+    per_rank = [r.get("step_timings") or [r["timings"]] for r in results]
+    counts = {len(steps) for steps in per_rank}
+    if len(counts) != 1:
+        raise AssertionError(f"ranks measured different step counts {sorted(counts)}")
+    makespans = []
+    for k in range(counts.pop()):
+        spans = [(start, end) for steps in per_rank for _, start, end in steps[k]]
+        makespans.append(max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0)
+    return median_step_index(makespans), tuple(makespans)
+
+
 def assemble(
     schedule: Schedule, results: Sequence[dict[str, Any]], stages: Sequence[nn.Module]
 ) -> LocalRun:
-    """Merge the ranks' results into a LocalRun; put their gradients on ``stages``."""
+    """Merge the ranks' results into a LocalRun; put their gradients on ``stages``. Its
+    timings are those of the measured step of median makespan (:func:`median_step`); the
+    tensors are the last step's (every step computes the same ones)."""
     n_mb = schedule.n_microbatches
+    chosen, makespans = median_step(results)
+    results = [{**r, "timings": (r.get("step_timings") or [r["timings"]])[chosen]} for r in results]
     origin = min((t[1] for r in results for t in r["timings"]), default=0)
     outputs: dict[int, Tensor] = {}
     losses: dict[int, Tensor] = {}
@@ -142,17 +169,18 @@ def assemble(
         activation_bytes=tuple(activation_bytes),
         accumulation_orders=tuple(orders),
         wall_ns=max((t.end_ns for t in timings), default=0),
-        page_faults=_measured_step_faults(results),
+        page_faults=_measured_step_faults(results, chosen - len(makespans)),
+        step_makespans_ns=makespans,
         wire_bytes=tuple(int(r.get("wire_bytes", 0)) for r in results),
         wire_dtypes=tuple(sorted({d for r in results for d in r.get("wire_dtypes", ())})),
         grad_trace=tuple(tuple(traced[s]) for s in range(schedule.n_stages)) if traced else (),
     )
 
 
-def _measured_step_faults(results: Sequence[dict[str, Any]]) -> tuple[int, ...] | None:
-    """Per rank, the page faults of its last (measured) step; None unless every rank
-    counted them."""
-    faults = [(r.get("step_page_faults") or [None])[-1] for r in results]
+def _measured_step_faults(results: Sequence[dict[str, Any]], step: int) -> tuple[int, ...] | None:
+    """Per rank, the page faults of the reported step (``step`` counts from the end of
+    each rank's steps, warm-ups first); None unless every rank counted them."""
+    faults = [(r.get("step_page_faults") or [None] * -step)[step] for r in results]
     if not faults or any(f is None for f in faults):
         return None
     return tuple(int(f) for f in faults)

@@ -17,6 +17,7 @@ null / empty in process).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,13 @@ from pipesim.costs import CostModel, costs_to_dict
 from pipesim.schedule import Schedule
 from pipesim.trace import Trace
 
-__all__ = ["PAGE_FAULTS_NOTICED", "VerifyReport", "format_report", "page_faults_line"]
+__all__ = [
+    "PAGE_FAULTS_NOTICED",
+    "VerifyReport",
+    "format_report",
+    "page_faults_line",
+    "steps_line",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -94,6 +101,9 @@ class VerifyReport:
     process."""
     wire_dtypes: tuple[str, ...] = ()
     """The dtypes those payloads travelled in."""
+    step_makespans: tuple[float, ...] = ()
+    """Seconds, the makespan of each measured step (``--timed-steps``, in the order they
+    ran); the measured step reported above is the one of median makespan."""
     page_faults: tuple[int, ...] | None = None
     """Per rank process, the minor page faults of the measured step (first touches of
     memory pages; each costs microseconds inside the op that touches it, about 10 us on a
@@ -166,9 +176,26 @@ def format_report(report: VerifyReport, /) -> str:
         f"{r.predicted_makespan * 1e3:.3f} ms ({r.makespan_error_percent:+.1f}%); "
         f"one device per rank would take {r.predicted_makespan_parallel * 1e3:.3f} ms"
     )
+    if len(r.step_makespans) > 1:
+        lines.append(steps_line(r.step_makespans))
     if r.page_faults is not None:
         lines.append(page_faults_line(r.page_faults))
     return "\n".join(lines)
+
+
+def steps_line(makespans: Sequence[float], /) -> str:
+    """The report's line on several measured steps: their median and spread.
+
+    >>> steps_line((0.010, 0.012, 0.011))
+    'measured steps: 3, makespan median 11.000 ms, 10.000-12.000 ms (spread 18.2% of the median)'
+    """
+    median = statistics.median_low(makespans)
+    spread = (max(makespans) - min(makespans)) / median * 100 if median else 0.0
+    return (
+        f"measured steps: {len(makespans)}, makespan median {median * 1e3:.3f} ms, "
+        f"{min(makespans) * 1e3:.3f}-{max(makespans) * 1e3:.3f} ms "
+        f"(spread {spread:.1f}% of the median)"
+    )
 
 
 #: Page faults of one rank's measured step above which ``format_report`` suggests more

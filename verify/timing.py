@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["DeviceEvent", "UnitClock", "cuda_event", "cuda_synchronize"]
+__all__ = ["DeviceEvent", "UnitClock", "cuda_event", "cuda_synchronize", "median_step_index"]
 
 
 class DeviceEvent(Protocol):
@@ -105,3 +105,17 @@ class UnitClock:
         for origin, start, end, done in self.pending:
             done(round(origin.elapsed_time(start) * 1e6), round(origin.elapsed_time(end) * 1e6))
         self.pending = []
+
+
+def median_step_index(makespans: Sequence[int], /) -> int:
+    """Which of several measured steps to report: the one of median makespan, the lower
+    middle of an even count, the earlier of equal ones. A single step is noisy on a shared
+    machine (one late message or one descheduled rank moves it); the median lies where
+    most steps do, and it is a step that really ran, so its trace and the costs fitted
+    from it stay those of one consistent step.
+
+    >>> median_step_index([30, 10, 20]), median_step_index([5, 9, 7, 6]), median_step_index([4])
+    (2, 3, 0)
+    """
+    order = sorted(range(len(makespans)), key=lambda k: (makespans[k], k))
+    return order[(len(order) - 1) // 2]

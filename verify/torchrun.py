@@ -82,6 +82,7 @@ def verify_torchrun(
     batch_size: int | None = None,
     timeout_s: float = 120.0,
     warmup: int = 1,
+    timed_steps: int = 1,
     device_type: str | None = None,
     place: TorchrunPlace | None = None,
 ) -> tuple[int, VerifyReport | None]:
@@ -107,6 +108,7 @@ def verify_torchrun(
         batch_size=step_rows(schedule.n_microbatches, batch_size=batch_size),
         timeout_s=timeout_s,
         warmup=max(warmup, 0),
+        timed_steps=timed_steps,
         n_threads=torch.get_num_threads(),
     )
     configure_allocator()  # this process is a rank: $PIPESIM_CPU_ALLOCATOR (verify.allocator)
@@ -128,7 +130,7 @@ def verify_torchrun(
             status = [0 if report.bit_identical else 1, report.grads_equal is False]
         dist.broadcast_object_list(status, src=0)
         if status[1]:  # one more step keeping the gradients after each B and W
-            traced = replace(spec, trace_grads=True, warmup=0)
+            traced = replace(spec, trace_grads=True, warmup=0, timed_steps=1)
             result = run_rank(place.rank, traced, device=device)
             dist.gather_object(result, gathered, dst=0)
             if place.rank == 0:

@@ -605,9 +605,12 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help="device memory capacity for the peak check (a SIZE: 80GiB, 85899345920)",
     )
     group.add_argument(
-        "--no-overlap-comm",
+        "--blocking-sends",
+        "--no-overlap-comm",  # the old spelling
+        dest="blocking_sends",
         action="store_true",
-        help="sends do not overlap compute: the sender waits for its message",
+        help="a send holds its rank until its message arrives (gloo's blocking send); "
+        "--no-overlap-comm is the old spelling",
     )
     group.add_argument(
         "--time-unit",
@@ -663,8 +666,8 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         "sync_time",
     ]
     given = [n for n in flag_names if getattr(args, n, None) is not None]
-    if args.no_overlap_comm:
-        given.append("no_overlap_comm")
+    if args.blocking_sends:
+        given.append("blocking_sends")
     unit = getattr(args, "time_unit", None)
     if args.costs is not None:
         if given:
@@ -712,7 +715,7 @@ def costs_for_stages(args: argparse.Namespace, n_stages: int) -> CostModel:
         link=link,
         links=_node_links(args, link),
         memory_capacity_bytes=args.memory_capacity,
-        overlap_comm=not args.no_overlap_comm,
+        blocking_sends=args.blocking_sends,
         time_unit=unit or "unit",
         sync_time=getattr(args, "sync_time", None) or 0,
     )

@@ -60,6 +60,7 @@ _ALIASES = {
     "stages": "n_ranks",
     "m": "microbatches",
     "v": "virtual",
+    "no_overlap_comm": "blocking_sends",  # the old spelling
 }
 
 # Flags a source's own settings may override: dest -> kind of value.
@@ -87,7 +88,7 @@ _COST_KEYS = {
     "link_bandwidth": "value",
     "link_concurrency": "count",
     "memory_capacity": "value",
-    "no_overlap_comm": "switch",
+    "blocking_sends": "switch",
     "time_unit": "text",
 }
 _SETTING_KEYS = {**_SIZE_KEYS, **_COST_KEYS}

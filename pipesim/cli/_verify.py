@@ -33,6 +33,9 @@ from pipesim.cli._model_flags import add_model_flags, model_options
 from pipesim.errors import PipesimError
 from pipesim.files import check_writable
 
+#: Measured steps of one verify run (each its own step of the whole schedule).
+TIMED_STEPS = whole_number(minimum=1, maximum=1000)
+
 _INSTALL = "pip install 'pipesim[verify]'"
 _EPILOG = """\
 launch like torch:
@@ -146,6 +149,14 @@ def register(subparsers: Any) -> None:
         help="untimed runs before the measured one (default 1)",
     )
     group.add_argument(
+        "--timed-steps",
+        type=TIMED_STEPS,
+        default=1,
+        metavar="N",
+        help="measured steps after the warm-up; the report holds the one of median makespan "
+        "and lists every one's (default 1; 5 or more on a shared machine)",
+    )
+    group.add_argument(
         "--dist",
         action="store_true",
         help="one process per rank with torch.distributed (gloo, CPU ranks), started by "
@@ -233,6 +244,7 @@ def _run_dist(args: argparse.Namespace, schedule: Any) -> int:
         "batch_size": _rows(args, schedule),
         "timeout_s": args.timeout,
         "warmup": max(args.warmup, 0),
+        "timed_steps": args.timed_steps,
     }
     kinds = {d.strip().split(":")[0] for d in (args.devices or "").split(",") if d.strip()}
     if torchrun_place() is not None:
@@ -351,6 +363,7 @@ def _run(args: argparse.Namespace) -> int:
             balance=args.balance,
             apply_settings=not args.check_settings_only,
             warmup=max(args.warmup, 0),
+            timed_steps=args.timed_steps,
         )
     except RuntimeError as exc:  # torch reports shape errors, CUDA failures, ... this way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -102,7 +102,7 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
     n_messages = len(structure.messages)
     free = [link.is_free for link in pair_links]
     pair_of = structure.pair_of
-    overlap_comm = costs.overlap_comm
+    blocking_sends = costs.blocking_sends
     arrival: list[Time] = [0] * structure.n_arrivals
     ready: list[Time] = [0] * schedule.n_ranks
     slots: list[list[Time]] = [[0] * link.max_concurrent for link in pair_links]
@@ -131,7 +131,7 @@ def evaluate(structure: StepStructure, costs: CostModel, /) -> StepResult:
             heapq.heapreplace(free_slots, begin + occupancy[message])
             arrived = begin + occupancy[message] + latency[message]
             arrival[message] = arrived
-            if not overlap_comm and arrived > after:
+            if blocking_sends and arrived > after:
                 after = arrived
         ready[rank] = after
         if end > makespan:

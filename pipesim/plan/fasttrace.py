@@ -65,7 +65,7 @@ def fast_trace(schedule: Schedule, costs: CostModel, /) -> Trace:
                 begin = max(slots[pair][0], leaves)
                 heapq.heapreplace(slots[pair], begin + step.occupancy[message])
                 arrived = begin + step.occupancy[message] + step.latency[message]
-                if not step.costs.overlap_comm:
+                if step.costs.blocking_sends:
                     after = max(after, arrived)
             arrival[message] = arrived
             record = TransferRecord(

@@ -66,7 +66,7 @@ def quick_step(
     durations, effects = tables.durations, tables.effects
     placement = schedule.placement
     per_copy = n_stages // schedule.n_copies
-    overlap_comm = costs.overlap_comm
+    blocking_sends = costs.blocking_sends
     # Which stage's F output F of s reads, and whose gradient B / I of s reads
     # (pipesim.step.dependencies' rules); a message exists only between two ranks.
     f_src = [forward_source(s, per_copy=per_copy) for s in range(n_stages)]
@@ -217,7 +217,7 @@ def quick_step(
                         begin = queue[0] if queue[0] > end else end
                         heapq.heapreplace(queue, begin + occupancy)
                         arrival = begin + occupancy + latency
-                        if not overlap_comm and arrival > after:
+                        if blocking_sends and arrival > after:
                             after = arrival
                     avail[key] = arrival
                     waiter = sleeping.pop(key, None)

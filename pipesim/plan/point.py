@@ -97,7 +97,7 @@ class SweepContext:
     """Pipeline sends run beside compute (Megatron-Core's ``--overlap-p2p-communication``,
     torch.distributed.pipelining's isend); False, Megatron-LM's default: a rank waits for
     its send and receive to finish (``p2p_communication._communicate`` waits on every
-    request before it returns), :attr:`pipesim.costs.CostModel.overlap_comm` false."""
+    request before it returns), :attr:`pipesim.costs.CostModel.blocking_sends`."""
 
     def workload_for(self, point: Point, /) -> Workload:
         """The workload of ``point``'s tensor parallelism and recomputation."""

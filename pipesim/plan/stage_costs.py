@@ -136,7 +136,7 @@ def _model_costs(
         links=links,
         memory_capacity_bytes=context.memory_capacity_bytes,
         time_unit="ns",  # the planner's durations are whole nanoseconds
-        overlap_comm=context.overlap_p2p,
+        blocking_sends=not context.overlap_p2p,
     )
     experts: list[int | Fraction] | None = None
     if workload.spec is not None and workload.spec.moe is not None:

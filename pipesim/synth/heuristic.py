@@ -116,7 +116,7 @@ def links_never_queue(problem: Problem, /) -> bool:
     True
     """
     costs, place = problem.costs, problem.placement
-    if not costs.overlap_comm:
+    if costs.blocking_sends:
         return False
     for s in range(problem.n_stages - 1):
         here, there = place[s], place[s + 1]
@@ -435,7 +435,7 @@ class _Greedy:
         if s > 0 and pb.placement[s - 1] != r:
             heapq.heappush(heap, (end + self.i_delay[s - 1], pb.placement[s - 1]))
             sent = max(sent, end + self.i_delay[s - 1])
-        self.free_at[r] = end if pb.costs.overlap_comm else sent
+        self.free_at[r] = sent if pb.costs.blocking_sends else end
         return self.free_at[r]
 
     def _admits(self, r: int, s: int) -> bool:
@@ -488,5 +488,5 @@ class _Greedy:
             self.held[r] += self.w_frees[s]
             sent = end
         # Without overlapped communication the sender waits for its message (costs.py).
-        self.free_at[r] = end if pb.costs.overlap_comm else max(end, sent)
+        self.free_at[r] = max(end, sent) if pb.costs.blocking_sends else end
         return self.free_at[r]
