@@ -125,7 +125,8 @@ def point_workload(context: SweepContext, point: Point) -> Workload:
 
 
 def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
-    """Simulate one configuration (see the module docstring for the model)."""
+    """Simulate one configuration (the model: this module's docstring, and
+    :mod:`pipesim.plan.stage_costs`' and :mod:`pipesim.plan.ranks`')."""
     use_context(context)
     cost_aware = get_cost_aware(point.schedule)  # built after the costs (synthesized)
     schedule: Schedule | None = None
