@@ -8,12 +8,15 @@ Timeline (F = I = W = 1, free links), worked from the two orders below: rank 0 r
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pipesim import CostModel, StageCost, generate, simulate
 from pipesim.plan.fastsim import compile_schedule, evaluate
 from pipesim.plan.fasttrace import fast_trace
 from pipesim.plan.onepass import quick_step
+from pipesim.step.memory import Effect, byte_peaks, rank_peaks
 from pipesim.synth import synthesize
 from pipesim.trace import Trace
 
@@ -167,3 +170,20 @@ def test_forward_only_peaks_at_one_microbatch() -> None:
     schedule = generate("gpipe", n_ranks=2, n_microbatches=4, forward_only=True)
     totals = simulate(schedule, costs=model).trace.totals()
     assert (totals.peak_activation_bytes, totals.peak_inflight) == ((7, 7), (1, 1))
+
+
+def test_byte_peaks_are_the_bytes_of_rank_peaks() -> None:
+    """byte_peaks, which the synthesizer, the V-Half/V-Min generators and the planner's
+    bounds read, is the first half of rank_peaks on random effects and orders (repeated
+    nodes, levels below zero and empty orders included)."""
+    rng = random.Random(29)
+    for _ in range(400):
+        effects = [
+            Effect(rng.randint(-5, 9), rng.randint(-1, 1), rng.randint(-9, 5), rng.randint(-1, 1))
+            for _ in range(rng.randint(1, 8))
+        ]
+        orders = [
+            [rng.randrange(len(effects)) for _ in range(rng.randint(0, 30))]
+            for _ in range(rng.randint(1, 5))
+        ]
+        assert byte_peaks(effects, orders) == rank_peaks(effects, orders)[0]

@@ -216,3 +216,40 @@ def test_pruning_on_a_dask_cluster_is_refused_before_any_work() -> None:
             prune=True,
             cluster="tcp://nowhere:1",
         )
+
+
+def test_the_branch_and_bound_drops_the_twins_the_plan_drops() -> None:
+    """Worked by hand: four fitting points with one fingerprint; interleaved-1f1b at v=1
+    is a twin of 1f1b (the plan keeps 1f1b), a point with another expert-parallel size
+    or expert tensor split is not (the branch and bound's own key once left both out)."""
+    from dataclasses import replace
+
+    from pipesim.plan.point import Evaluation, to_plan_point
+    from pipesim.plan.prune import _distinct
+    from pipesim.plan.scoring import _dedupe
+
+    base = Point(
+        schedule="1f1b",
+        pipeline=2,
+        virtual=1,
+        microbatch_size=1,
+        n_microbatches=8,
+        data_parallel=2,
+        expert_parallel=2,
+    )
+    points = [
+        replace(base, schedule="interleaved-1f1b"),
+        base,
+        replace(base, expert_parallel=4),
+        replace(base, expert_tensor=2),
+    ]
+    results: list[Evaluation | None] = [
+        Evaluation(makespan_ns=10 + i, peak_memory_bytes=5, fingerprint="same")
+        for i in range(len(points))
+    ]
+    kept = _distinct(points, results, usable=10)
+    assert [points[k.index].schedule for k in kept] == ["1f1b", "1f1b", "1f1b"]
+    assert [k.index for k in kept] == [1, 2, 3]
+    plan_points = [replace(to_plan_point(p), step_time_ns=1) for p in points]
+    listed, dropped = _dedupe(plan_points, ["same"] * len(points))
+    assert dropped == 1 and listed == plan_points[1:]

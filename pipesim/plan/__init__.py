@@ -19,17 +19,23 @@ front of step time versus memory.
   stages at any micro-batch size;
 - :mod:`~pipesim.plan.iteration`: around the pipeline: static memory, data-parallel
   traffic and its overlap, the optimizer step;
-- :mod:`~pipesim.plan.point`: a configuration, the context it is evaluated in, and its
-  evaluation;
-  :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
-  :mod:`~pipesim.plan.evaluation`: one configuration evaluated (schedule, stages, one
-  simulated step); :mod:`~pipesim.plan.ranks`: per rank its stages' load, static
-  memory and the iteration around the pipeline;
-- :mod:`~pipesim.plan.dimensions`: the sweep's dimensions checked and combined into
+- the plan, in the order it runs:
+  :mod:`~pipesim.plan.planner`: ``plan()`` and ``configuration()``;
+  :mod:`~pipesim.plan.settings`: its settings checked; the model, accelerator and sweep
+  context resolved;
+  :mod:`~pipesim.plan.dimensions`: the sweep's dimensions checked and combined into
   configurations;
-- :mod:`~pipesim.plan.sweep`, :mod:`~pipesim.plan.planner`: the sweep and the plan;
-  :mod:`~pipesim.plan.settings`: the plan's settings checked, the model and the sweep
-  context resolved; :mod:`~pipesim.plan.scoring`: the evaluations priced, twins dropped, ranked;
+  :mod:`~pipesim.plan.point`: a configuration (``Point``), the context it is evaluated
+  in, its ``Evaluation``;
+  :mod:`~pipesim.plan.sweep`: many configurations run on all cores (chunks, deadline,
+  Ctrl-C);
+  :mod:`~pipesim.plan.evaluation`: one configuration evaluated (its schedule, one
+  simulated step);
+  :mod:`~pipesim.plan.stage_costs`: its stages cut, priced and linked;
+  :mod:`~pipesim.plan.ranks`: per rank its stages' load, static memory and the
+  iteration around the pipeline;
+  :mod:`~pipesim.plan.scoring`: the evaluations scored (step time, MFU, fit), twins
+  dropped, ranked into a ``PlanResult``;
   :mod:`~pipesim.plan.budget`: a sweep's size, refused up front past the limit;
   :mod:`~pipesim.plan.backends`: where configurations run (processes, a Dask cluster);
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from itertools import accumulate
 
 from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.errors import PipesimError
@@ -44,7 +45,7 @@ from pipesim.plan.point import Point, SweepContext
 from pipesim.schedules import generate
 from pipesim.step.cost_tables import cost_tables
 from pipesim.step.dependencies import prerequisites
-from pipesim.step.memory import Effect, stage_effects, work_effect
+from pipesim.step.memory import Effect, byte_peaks, stage_effects, work_effect
 
 __all__ = ["Bound", "Shape", "bound", "shape"]
 
@@ -181,22 +182,21 @@ def bound(context: SweepContext, point: Point, /) -> Bound | None:
 
 
 def _bound(context: SweepContext, point: Point) -> Bound | None:
-    if evaluation._CONTEXT is not context:
-        evaluation._install(context)
+    evaluation.use_context(context)
     found = shape(point.schedule, point.pipeline, point.virtual, point.n_microbatches)
     if found is None:
         return None
     n_stages = len(found.placement)
-    workload = evaluation._workload(context, point)
-    sizes = stage_costs._stage_sizes(context, workload, n_stages // found.n_copies)
+    workload = evaluation.point_workload(context, point)
+    sizes = stage_costs.stage_sizes(context, workload, n_stages // found.n_copies)
     if isinstance(sizes, str):
         return None
-    table = stage_costs._stage_costs(
+    table = stage_costs.stage_table(
         context,
         workload,
         sizes,
         point.microbatch_size,
-        stage_costs._pipeline_ranks_per_node(context, point),
+        stage_costs.pipeline_ranks_per_node(context, point),
         found.n_copies,
     )
     costs = table.costs
@@ -297,7 +297,7 @@ def _memory_bound(
     context: SweepContext,
     point: Point,
     found: Shape,
-    table: stage_costs._StageTable,
+    table: stage_costs.StageTable,
     effects: list[Effect],
     per_stage: Sequence[tuple[Effect, ...]],
 ) -> int:
@@ -306,6 +306,7 @@ def _memory_bound(
     the shape's micro-batches), else the most any one of its units holds."""
     best = 0
     late = point.n_microbatches >= found.n_microbatches
+    warmups = _warmup_peaks(found.warmup, per_stage) if late else None
     for rank, runs in enumerate(found.per_microbatch):
         stages = [s for s, r in enumerate(found.placement) if r == rank]
         held = 0
@@ -313,8 +314,8 @@ def _memory_bound(
             if op is Op.F:  # what one forward holds, at its start and at its end
                 start_bytes, _c, end_bytes, _e = effects[4 * s]
                 held = max(held, start_bytes, start_bytes + end_bytes)
-        if late:
-            held = max(held, _warmup_peak(found.warmup[rank], per_stage))
+        if warmups is not None:
+            held = max(held, warmups[rank])
         static = static_bytes(
             sum((table.params[s] for s in stages), start=0),
             data_parallel=point.gradient_group,
@@ -327,21 +328,23 @@ def _memory_bound(
     return best
 
 
-def _warmup_peak(order: tuple[object, ...], per_stage: Sequence[tuple[Effect, ...]]) -> int:
-    """The most activation bytes held over ``order`` (pipesim.step.memory: each unit's effect
-    at its start, then at its end), from nothing held."""
-    held = peak = 0
-    for work in order:
-        start_bytes, _c, end_bytes, _e = work_effect(per_stage, work)  # type: ignore[arg-type]
-        held += start_bytes
-        peak = max(peak, held)
-        held += end_bytes
-        peak = max(peak, held)
-    return peak
+def _warmup_peaks(
+    warmups: Sequence[tuple[object, ...]], per_stage: Sequence[tuple[Effect, ...]]
+) -> tuple[int, ...]:
+    """Per rank, the most activation bytes held over its warm-up order, from nothing held
+    (:func:`pipesim.step.memory.byte_peaks`)."""
+    effects = [
+        work_effect(per_stage, work)  # type: ignore[arg-type]
+        for order in warmups
+        for work in order
+    ]
+    ends = list(accumulate(map(len, warmups)))
+    spans = [range(end - len(order), end) for order, end in zip(warmups, ends, strict=True)]
+    return byte_peaks(effects, spans)
 
 
 def _after_pipeline(
-    context: SweepContext, point: Point, found: Shape, table: stage_costs._StageTable
+    context: SweepContext, point: Point, found: Shape, table: stage_costs.StageTable
 ) -> int:
     """The data-parallel traffic, tied-embedding sync and optimizer step after the pipeline,
     as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the placement),
@@ -354,20 +357,10 @@ def _after_pipeline(
         rank_params[rank] += table.params[stage]
         if first[rank] is None:
             first[rank] = stage
-    workload = evaluation._workload(context, point)
-    sync = ranks._embedding_syncs(context, workload, point, found.placement)
-    after = [
-        ranks._rank_iteration(
-            context,
-            workload,
-            point,
-            rank_params[r],
-            table.costs,
-            first[r],
-            embedding_sync=sync.get(r, 0),
-        )
-        for r in range(n_ranks)
-    ]
+    workload = evaluation.point_workload(context, point)
+    after = ranks.rank_iterations(
+        context, workload, point, found.placement, table.costs, rank_params, first
+    )
     return max(x.dp_exposed_ns + x.optimizer_ns for x in after)
 
 

@@ -23,13 +23,12 @@ from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners
 from pipesim.plan.point import Evaluation, Point, SweepContext
-from pipesim.plan.ranks import _embedding_syncs, _rank_iteration, _rank_loads, _static
+from pipesim.plan.ranks import rank_iterations, rank_loads, sharded_static_bytes
 from pipesim.plan.stage_costs import (
-    _partition,
-    _pipeline_ranks_per_node,
-    _stage_costs,
-    _stage_sizes,
-    _StageTable,
+    StageTable,
+    pipeline_ranks_per_node,
+    stage_sizes,
+    stage_table,
 )
 from pipesim.plan.steady import Pattern, action_keys, find_pattern
 from pipesim.plan.workload import Workload
@@ -37,7 +36,13 @@ from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
 from pipesim.step.structure import StepStructure
 
-__all__ = ["build_configuration", "evaluate_point", "pipeline_comm_ns"]
+__all__ = [
+    "build_configuration",
+    "evaluate_point",
+    "pipeline_comm_ns",
+    "point_workload",
+    "use_context",
+]
 
 
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
@@ -52,13 +57,20 @@ _STEADY = [True]  # extrapolate steady states (pipesim.plan.steady); PIPESIM_STE
 _LAST_COST_AWARE: list[Schedule] = []  # the last schedule built from the costs
 
 
+def use_context(context: SweepContext, /) -> None:
+    """Evaluate with ``context`` in this process: the caches are kept while it stays the
+    same object and cleared when another comes."""
+    if _CONTEXT is not context:
+        _install(context)
+
+
 def _install(context: SweepContext) -> None:
     global _CONTEXT
     _CONTEXT = context
     _SCHEDULES.clear()
     _WORKLOADS.clear()
-    stage_costs._clear_caches()
-    ranks._clear_caches()
+    stage_costs.clear_caches()
+    ranks.clear_caches()
     _SIMULATED.clear()
     _PATTERNS.clear()
     _STRUCTURES.clear()
@@ -104,34 +116,27 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
     return found
 
 
-def _workload(context: SweepContext, point: Point) -> Workload:
-    key = (
-        point.tensor,
-        point.sequence_parallel and point.tensor > 1,
-        point.recompute,
-        point.context_parallel,
-        point.expert_parallel,
-        point.expert_tensor,
-    )
-    found = _WORKLOADS.get(key)
+def point_workload(context: SweepContext, point: Point) -> Workload:
+    """:meth:`SweepContext.workload_for`, once per sharding in this process."""
+    found = _WORKLOADS.get(point.sharding)
     if found is None:
-        found = _WORKLOADS[key] = context.workload_for(point)
+        found = _WORKLOADS[point.sharding] = context.workload_for(point)
     return found
 
 
 def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
-    """Simulate one configuration (see the module docstring for the model)."""
-    if _CONTEXT is not context:
-        _install(context)
+    """Simulate one configuration (the model: this module's docstring, and
+    :mod:`pipesim.plan.stage_costs`' and :mod:`pipesim.plan.ranks`')."""
+    use_context(context)
     cost_aware = get_cost_aware(point.schedule)  # built after the costs (synthesized)
     schedule: Schedule | None = None
     fingerprint = ""
     if cost_aware is None:
         # a model cut into more stages than it has layers is refused before the (costly)
         # schedule is built: the registry's schedules have p v stages, n_copies copies
-        too_many = _stage_sizes(
+        too_many = stage_sizes(
             context,
-            _workload(context, point),
+            point_workload(context, point),
             point.pipeline * point.virtual // get_spec(point.schedule).n_copies,
         )
         if isinstance(too_many, str):
@@ -142,17 +147,17 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         schedule, fingerprint = generated
     n_stages = point.pipeline * point.virtual if schedule is None else schedule.n_stages
     n_copies = 1 if schedule is None else schedule.n_copies
-    workload = _workload(context, point)
+    workload = point_workload(context, point)
     # DualPipe keeps n_copies copies of the model: each copy is the whole model.
-    sizes = _stage_sizes(context, workload, n_stages // n_copies)
+    sizes = stage_sizes(context, workload, n_stages // n_copies)
     if isinstance(sizes, str):
         return Evaluation(reason=sizes)
-    table = _stage_costs(
+    table = stage_table(
         context,
         workload,
         sizes,
         point.microbatch_size,
-        _pipeline_ranks_per_node(context, point),
+        pipeline_ranks_per_node(context, point),
         n_copies,
         _partners(workload, schedule, fingerprint),
     )
@@ -163,21 +168,17 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
             return Evaluation(reason=built)
         schedule = built
     metrics = _simulate(context, schedule, table.costs)
-    loads = _rank_loads(context, point, schedule, table, metrics)
-    sync = _embedding_syncs(context, workload, point, schedule.placement)
-    after = [
-        _rank_iteration(
-            context,
-            workload,
-            point,
-            loads.rank_params[r],
-            table.costs,
-            first,
-            expert_params=loads.rank_experts[r],
-            embedding_sync=sync.get(r, 0),
-        )
-        for r, first in enumerate(loads.first_stage)
-    ]
+    loads = rank_loads(context, point, schedule, table, metrics)
+    after = rank_iterations(
+        context,
+        workload,
+        point,
+        schedule.placement,
+        table.costs,
+        loads.rank_params,
+        loads.first_stage,
+        loads.rank_experts,
+    )
     worst = max(range(len(after)), key=lambda r: after[r].dp_exposed_ns + after[r].optimizer_ns)
     # integer nanoseconds in, integer out; a cost file's link bandwidth can make a
     # message's occupancy a fraction of a nanosecond
@@ -220,13 +221,13 @@ def _partners(
 
 
 def _build_cost_aware(
-    context: SweepContext, point: Point, table: _StageTable, cost_aware: Any
+    context: SweepContext, point: Point, table: StageTable, cost_aware: Any
 ) -> Schedule | str:
     """A schedule made from the costs (pipesim.plan.cost_aware), within the memory that
     weights, gradients, optimizer state and any recomputation transient leave."""
     experts = table.expert_params or [0] * len(table.params)
     static = [
-        _static(context, point, params, expert) + transient
+        sharded_static_bytes(context, point, params, expert) + transient
         for params, expert, transient in zip(table.params, experts, table.transient, strict=True)
     ]
     # looped placement: rank r holds stages r, p + r, 2p + r, ...
@@ -317,21 +318,23 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
             n_microbatches=point.n_microbatches,
             virtual=point.virtual,
         )
-    workload = _workload(context, point)
-    sizes = _partition(context, workload, schedule.n_stages // schedule.n_copies)
-    table = _stage_costs(
+    workload = point_workload(context, point)
+    sizes = stage_sizes(context, workload, schedule.n_stages // schedule.n_copies)
+    if isinstance(sizes, str):
+        raise ScheduleError(sizes)
+    table = stage_table(
         context,
         workload,
         sizes,
         point.microbatch_size,
-        _pipeline_ranks_per_node(context, point),
+        pipeline_ranks_per_node(context, point),
         schedule.n_copies,
         _partners(workload, schedule, _fingerprint(schedule, action_keys(schedule))),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
     experts = table.expert_params or [0] * len(table.params)
     stages = tuple(
-        replace(cost, param_bytes=_static(context, point, params, expert))
+        replace(cost, param_bytes=sharded_static_bytes(context, point, params, expert))
         for cost, params, expert in zip(table.costs.stages, table.params, experts, strict=True)
     )
     return schedule, replace(table.costs, stages=stages)

@@ -11,7 +11,7 @@ full), sequence parallelism and distributed optimizer (default: on wherever
 they apply, since they cost no time), every virtual stage count v and every
 registered schedule is a configuration; the schedule's own rules decide which
 of them it accepts. Each accepted one is simulated and ranked (see
-:mod:`pipesim.plan.sweep` and :mod:`pipesim.plan.result`). Any dimension can
+:mod:`pipesim.plan.evaluation` and :mod:`pipesim.plan.scoring`). Any dimension can
 be pinned to one value or a list; with all pinned, exactly one configuration
 is evaluated. Configurations whose schedules and costs come out identical
 (interleaved 1F1B with one stage per rank is 1F1B) are listed once.
@@ -46,23 +46,24 @@ from pipesim.plan.dimensions import (
     Dimensions,
     sweep_points,
 )
-from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
 from pipesim.plan.point import from_plan_point
 from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
 from pipesim.plan.result import PlanPoint, PlanResult
-from pipesim.plan.scoring import _by_period, _plan_result, _unranked_beyond
+from pipesim.plan.scoring import by_period, plan_result, unranked_beyond
 from pipesim.plan.settings import (
     DEFAULT_MEMORY_HEADROOM,
-    _as_workload,
-    _check_options,
-    _context,
-    _pinned,
-    _pipeline_degrees,
-    _settings,
-    _with_dtype,
+    as_workload,
+    check_options,
     check_share,
+    pinned,
+    pipeline_degrees,
+    plan_settings,
+    resolve_accelerator,
+    sweep_context,
+    with_dtype,
 )
 from pipesim.plan.sweep import (
     Evaluation,
@@ -167,13 +168,10 @@ def plan(
     under it (:mod:`pipesim.plan.period`) and ranked again, and ``auto`` sweeps the
     schedule synthesized for it.
     """
-    _check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
-    workload = _with_dtype(_as_workload(model), dtype)
-    if isinstance(accelerator, str):
-        accelerator = get_accelerator(accelerator)
-    if workload.spec is not None and workload.spec.dtype == "fp8":
-        accelerator.fp8_flops  # noqa: B018  # PlanError now, not in every worker
-    settings = _settings(
+    check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
+    workload = with_dtype(as_workload(model), dtype)
+    accelerator = resolve_accelerator(accelerator, workload)
+    settings = plan_settings(
         accelerator,
         engine=engine,
         bytes_per_param=bytes_per_param,
@@ -182,14 +180,14 @@ def plan(
         min_mfu=min_mfu,
     )
     dims = Dimensions(
-        tensor=_pinned(tensor),
-        stages=_pinned(_pipeline_degrees(pipeline_parallel, stages)),
+        tensor=pinned(tensor),
+        stages=pinned(pipeline_degrees(pipeline_parallel, stages)),
         microbatch_sizes=tuple(microbatch_sizes),
         virtual=tuple(virtual),
-        schedules=_pinned(schedules),
-        recompute=_pinned(recompute),
-        sequence_parallel=_pinned(sequence_parallel),
-        distributed_optimizer=_pinned(distributed_optimizer),
+        schedules=pinned(schedules),
+        recompute=pinned(recompute),
+        sequence_parallel=pinned(sequence_parallel),
+        distributed_optimizer=pinned(distributed_optimizer),
         context=tuple(context_parallel),
         expert=tuple(expert_parallel),
         expert_tensor=tuple(expert_tensor_parallel),
@@ -204,7 +202,7 @@ def plan(
         dimensions=dims,
     )
     check_sweep(points, devices=devices, global_batch=global_batch)
-    context = _context(
+    context = sweep_context(
         workload,
         accelerator,
         devices=devices,
@@ -224,9 +222,9 @@ def plan(
             cluster=cluster,
         ),
     )
-    result = _plan_result(context, settings, global_batch, points, evaluations, refused)
-    result = _by_period(result, context, sync=optimizer_sync, candidates=period_candidates)
-    return _unranked_beyond(result, exact_below)
+    result = plan_result(context, settings, global_batch, points, evaluations, refused)
+    result = by_period(result, context, sync=optimizer_sync, candidates=period_candidates)
+    return unranked_beyond(result, exact_below)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,7 +283,7 @@ def configuration(
     cost model's durations include the tensor-parallel traffic inside F and I; the
     data-parallel traffic and optimizer step that follow the pipeline are not in it.
     """
-    workload = _with_dtype(_as_workload(model), result.dtype)
+    workload = with_dtype(as_workload(model), result.dtype)
     if not point.feasible:
         raise PlanError(f"{point.label()} was not simulated: {point.reason}")
     context = SweepContext(

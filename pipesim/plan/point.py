@@ -52,6 +52,20 @@ class Point:
         return self.data_parallel * self.context_parallel
 
     @property
+    def sharding(self) -> tuple[int, bool, str, int, int, int]:
+        """The split of the layer costs this point needs: (t, sequence parallel, which
+        applies only when t > 1, recomputation, c, e, expert tensor), as
+        :attr:`pipesim.plan.workload.Workload.sharding` says a workload's."""
+        return (
+            self.tensor,
+            self.sequence_parallel and self.tensor > 1,
+            self.recompute,
+            self.context_parallel,
+            self.expert_parallel,
+            self.expert_tensor,
+        )
+
+    @property
     def expert_devices(self) -> int:
         """Devices one expert layer's routed experts are split over: e x expert tensor."""
         return self.expert_parallel * self.expert_tensor
@@ -88,37 +102,22 @@ class SweepContext:
     def workload_for(self, point: Point, /) -> Workload:
         """The workload of ``point``'s tensor parallelism and recomputation."""
         w = self.workload
-        sp = point.sequence_parallel and point.tensor > 1
-        key = (
-            point.tensor,
-            sp,
-            point.recompute,
-            point.context_parallel,
-            point.expert_parallel,
-            point.expert_tensor,
-        )
-        if key == (
-            w.tensor,
-            w.sequence_parallel,
-            w.recompute,
-            w.context,
-            w.expert,
-            w.expert_tensor,
-        ):
+        if point.sharding == w.sharding:
             return w
         if w.spec is None:
             raise PlanError(
                 f"{w.name} is a cost file: tensor parallelism and recomputation apply only to "
                 "a model given by its shapes (a preset, a model file or --layers/--hidden/...)"
             )
+        tensor, sequence_parallel, recompute, context, expert, expert_tensor = point.sharding
         return workload_from_model(
             w.spec,
-            tensor=point.tensor,
-            sequence_parallel=sp,
-            recompute=point.recompute,
-            context=point.context_parallel,
-            expert=point.expert_parallel,
-            expert_tensor=point.expert_tensor,
+            tensor=tensor,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
+            context=context,
+            expert=expert,
+            expert_tensor=expert_tensor,
         )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from pipesim.plan.bounds import Bound, bound
 from pipesim.plan.point import Evaluation, Point, SweepContext
-from pipesim.plan.scoring import _PREFERRED
+from pipesim.plan.scoring import twin_key, twin_preference
 from pipesim.plan.sweep import evaluate_points
 from pipesim.units import NS_PER_S, format_bytes
 
@@ -311,26 +311,15 @@ def _distinct(
     points: Sequence[Point], results: list[Evaluation | None], usable: int
 ) -> list[_Known]:
     """The simulated points that fit, in ranked order, twins dropped as the plan drops
-    them (pipesim.plan.scoring._dedupe: the same generated orders and choices)."""
-    preferred = {name: i for i, name in enumerate(_PREFERRED)}
+    them (:func:`pipesim.plan.scoring.twin_key`, :func:`~pipesim.plan.scoring.twin_preference`)."""
     fits = [i for i, e in enumerate(results) if e is not None and _fits(e, usable)]
-    fits.sort(key=lambda i: preferred.get(points[i].schedule, len(preferred)))
+    fits.sort(key=lambda i: twin_preference(points[i].schedule))
     seen: set[tuple[object, ...]] = set()
     kept = []
     for i in fits:
         e, p = results[i], points[i]
         assert e is not None
-        key = (
-            e.fingerprint,
-            p.tensor,
-            p.pipeline,
-            p.microbatch_size,
-            p.n_microbatches,
-            p.sequence_parallel,
-            p.recompute,
-            p.distributed_optimizer,
-            p.context_parallel,
-        )
+        key = twin_key(p, e.fingerprint)
         if e.fingerprint and key in seen:
             continue
         seen.add(key)

@@ -25,21 +25,23 @@ from pipesim.plan.iteration import (
     static_bytes,
 )
 from pipesim.plan.point import Point, SweepContext
-from pipesim.plan.stage_costs import _StageTable
+from pipesim.plan.stage_costs import StageTable
 from pipesim.plan.workload import Workload
 from pipesim.schedule import Schedule
+
+__all__ = ["RankLoads", "clear_caches", "rank_iterations", "rank_loads", "sharded_static_bytes"]
 
 # -- per-process cache (a worker keeps it for its lifetime) ------------------------------
 _ITERATIONS: dict[tuple[Any, ...], RankIteration] = {}
 
 
-def _clear_caches() -> None:
+def clear_caches() -> None:
     """Forget every rank's iteration (a new sweep context)."""
     _ITERATIONS.clear()
 
 
 @dataclass(frozen=True, slots=True)
-class _RankLoads:
+class RankLoads:
     """Per rank what the schedule places on it, and the rank with the peak memory."""
 
     rank_params: list[int | Fraction]
@@ -58,9 +60,9 @@ class _RankLoads:
     """Peak activations (with any recomputation transient) of the rank with the peak."""
 
 
-def _rank_loads(
-    context: SweepContext, point: Point, schedule: Schedule, table: _StageTable, metrics: Metrics
-) -> _RankLoads:
+def rank_loads(
+    context: SweepContext, point: Point, schedule: Schedule, table: StageTable, metrics: Metrics
+) -> RankLoads:
     """Sum the stages' parameters, transients and tensor-parallel traffic onto the ranks
     that hold them, and find the rank with the most memory."""
     n_ranks = schedule.n_ranks
@@ -77,11 +79,14 @@ def _rank_loads(
         rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
         if first_stage[rank] is None:
             first_stage[rank] = stage
-    static = [_static(context, point, rank_params[r], rank_experts[r]) for r in range(n_ranks)]
+    static = [
+        sharded_static_bytes(context, point, rank_params[r], rank_experts[r])
+        for r in range(n_ranks)
+    ]
     activation = [r.peak_activation_bytes + rank_transient[r.rank] for r in metrics.ranks]
     peak, peak_rank = max((static[r] + activation[r], -r) for r in range(n_ranks))
     peak_rank = -peak_rank
-    return _RankLoads(
+    return RankLoads(
         rank_params=rank_params,
         rank_experts=rank_experts,
         first_stage=first_stage,
@@ -92,7 +97,7 @@ def _rank_loads(
     )
 
 
-def _static(
+def sharded_static_bytes(
     context: SweepContext, point: Point, params: int | Fraction, expert_params: int | Fraction
 ) -> int:
     """Weights, gradients and optimizer state of ``params`` on one device: the
@@ -113,6 +118,36 @@ def _static(
         return sharded(params, point.gradient_group)
     edp = max(1, point.gradient_group * point.tensor // point.expert_devices)
     return sharded(params - expert_params, point.gradient_group) + sharded(expert_params, edp)
+
+
+def rank_iterations(
+    context: SweepContext,
+    workload: Workload,
+    point: Point,
+    placement: Sequence[int],
+    costs: CostModel,
+    rank_params: Sequence[int | Fraction],
+    first_stage: Sequence[int | None],
+    rank_experts: Sequence[int | Fraction] | None = None,
+) -> list[RankIteration]:
+    """Per rank, the iteration around the pipeline (:func:`pipesim.plan.iteration.rank_iteration`)
+    of the ``rank_params`` its stages hold (``rank_experts`` of them routed experts; None:
+    none counted), its first stage's F and backward, and the tied-embedding sync of
+    ``placement``."""
+    sync = _embedding_syncs(context, workload, point, placement)
+    return [
+        _rank_iteration(
+            context,
+            workload,
+            point,
+            rank_params[r],
+            costs,
+            first,
+            expert_params=0 if rank_experts is None else rank_experts[r],
+            embedding_sync=sync.get(r, 0),
+        )
+        for r, first in enumerate(first_stage)
+    ]
 
 
 def _embedding_syncs(

@@ -6,22 +6,27 @@ steady-state period under another optimizer synchronization."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import fields, replace
 
 from pipesim.iterations import DEFAULT_SYNC
 from pipesim.plan.evaluation import pipeline_comm_ns
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.point import Evaluation, Point, SweepContext, from_plan_point, to_plan_point
 from pipesim.plan.result import PlanPoint, PlanResult, rank_points
+from pipesim.plan.settings import Settings
 from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S, format_bytes
 
-if TYPE_CHECKING:
-    from pipesim.plan.settings import _Settings
+__all__ = [
+    "by_period",
+    "plan_result",
+    "twin_key",
+    "twin_preference",
+    "unranked_beyond",
+]
 
 
-def _by_period(
+def by_period(
     result: PlanResult, context: SweepContext, *, sync: str, candidates: int
 ) -> PlanResult:
     """``result`` ranked by the steady-state period under ``sync``. Under ``global`` that
@@ -54,7 +59,7 @@ def _by_period(
     return replace(result, points=ranked, optimizer_sync=sync, period_candidates=len(chosen))
 
 
-def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
+def unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
     """``result`` with no rank on the points that fit at or past ``exact_below`` ns, where
     pruned configurations may come before them (their Pareto marks stay exact)."""
     if exact_below == math.inf:
@@ -68,9 +73,9 @@ def _unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
     )
 
 
-def _plan_result(
+def plan_result(
     context: SweepContext,
-    settings: _Settings,
+    settings: Settings,
     global_batch: int,
     points: list[Point],
     evaluations: list[Evaluation],
@@ -132,33 +137,37 @@ def _with_winner_sends(
 _PREFERRED = ("1f1b", "interleaved-1f1b", "gpipe")
 
 
+def twin_preference(schedule: str, /) -> int:
+    """Where a schedule comes among identical twins: the one kept is named 1f1b,
+    interleaved-1f1b or gpipe if one of them is among them (1F1B at p = 1 is also
+    "sequential"), else the first in registry order (a stable sort keeps it)."""
+    return _PREFERRED.index(schedule) if schedule in _PREFERRED else len(_PREFERRED)
+
+
+def twin_key(point: Point | PlanPoint, fingerprint: str, /) -> tuple[object, ...]:
+    """What two configurations share when they are twins: the same generated per-rank
+    orders (``fingerprint``) and every other choice of a :class:`Point` but the schedule's
+    name and the stages per rank asked of it, which the orders already say."""
+    return (
+        fingerprint,
+        *(getattr(point, f.name) for f in fields(Point) if f.name not in _NAMED_BY_THE_ORDERS),
+    )
+
+
+_NAMED_BY_THE_ORDERS = frozenset({"schedule", "virtual"})
+
+
 def _dedupe(points: list[PlanPoint], fingerprints: list[str]) -> tuple[list[PlanPoint], int]:
-    """Drop configurations identical to another: the same generated per-rank orders
-    (``fingerprint``) with the same degrees, batch and memory choices give the same
-    simulation. The one kept is named 1f1b, interleaved-1f1b or gpipe if one of them
-    is among the twins (1F1B at p = 1 is also "sequential"), else the first in
-    registry order."""
-    rank = {name: i for i, name in enumerate(_PREFERRED)}
-    order = sorted(range(len(points)), key=lambda i: rank.get(points[i].schedule, len(rank)))
+    """Drop configurations identical to another (:func:`twin_key`: the same simulation);
+    the one kept is the first by :func:`twin_preference`."""
+    order = sorted(range(len(points)), key=lambda i: twin_preference(points[i].schedule))
     seen: set[tuple[object, ...]] = set()
     dropped: set[int] = set()
     for i in order:
         point, fingerprint = points[i], fingerprints[i]
         if not (point.feasible and fingerprint):
             continue
-        key = (
-            fingerprint,
-            point.tensor,
-            point.pipeline,
-            point.microbatch_size,
-            point.n_microbatches,
-            point.sequence_parallel,
-            point.recompute,
-            point.distributed_optimizer,
-            point.context_parallel,
-            point.expert_parallel,
-            point.expert_tensor,
-        )
+        key = twin_key(point, fingerprint)
         if key in seen:
             dropped.add(i)
         seen.add(key)

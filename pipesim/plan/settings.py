@@ -11,13 +11,25 @@ from typing import TypeVar
 
 from pipesim.errors import PlanError
 from pipesim.iterations import check_sync
-from pipesim.plan.hardware import Accelerator
+from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.iteration import OPTIMIZER_BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.point import SweepContext
 from pipesim.plan.workload import Workload, workload_from_model
 
-__all__ = ["DEFAULT_MEMORY_HEADROOM", "check_share"]
+__all__ = [
+    "DEFAULT_MEMORY_HEADROOM",
+    "Settings",
+    "as_workload",
+    "check_options",
+    "check_share",
+    "pinned",
+    "pipeline_degrees",
+    "plan_settings",
+    "resolve_accelerator",
+    "sweep_context",
+    "with_dtype",
+]
 
 
 _T = TypeVar("_T")
@@ -45,7 +57,7 @@ def check_share(value: object, /, *, name: str, include_one: bool = False) -> fl
     return float(share)
 
 
-def _check_options(*, prune: bool, cluster: str | None, optimizer_sync: str) -> None:
+def check_options(*, prune: bool, cluster: str | None, optimizer_sync: str) -> None:
     """Refuse what :func:`plan` cannot do, before any work."""
     if prune and cluster is not None:
         raise PlanError(
@@ -55,12 +67,12 @@ def _check_options(*, prune: bool, cluster: str | None, optimizer_sync: str) -> 
     check_sync(optimizer_sync)
 
 
-def _context(
+def sweep_context(
     workload: Workload,
     accelerator: Accelerator,
     *,
     devices: int,
-    settings: _Settings,
+    settings: Settings,
     overlaps: tuple[bool, bool, bool],
 ) -> SweepContext:
     """What every worker needs; ``overlaps``: tensor-parallel collectives, pipeline sends,
@@ -81,14 +93,24 @@ def _context(
     )
 
 
-def _as_workload(model: ModelSpec | Workload | str) -> Workload:
+def as_workload(model: ModelSpec | Workload | str) -> Workload:
     """The workload of a preset name, a :class:`ModelSpec` or a :class:`Workload`."""
     if isinstance(model, str):
         model = get_model(model)
     return workload_from_model(model) if isinstance(model, ModelSpec) else model
 
 
-def _with_dtype(workload: Workload, dtype: str | None) -> Workload:
+def resolve_accelerator(accelerator: Accelerator | str, workload: Workload) -> Accelerator:
+    """The accelerator of a preset name (or given); an FP8 workload's PlanError about an
+    accelerator without FP8 rates comes now, not in every worker."""
+    if isinstance(accelerator, str):
+        accelerator = get_accelerator(accelerator)
+    if workload.spec is not None and workload.spec.dtype == "fp8":
+        accelerator.fp8_flops  # noqa: B018  # raises where the accelerator has none
+    return accelerator
+
+
+def with_dtype(workload: Workload, dtype: str | None) -> Workload:
     """``workload`` trained in ``dtype`` (None: its own); a cost file has its own."""
     if dtype is None or (workload.spec is not None and workload.spec.dtype == dtype):
         return workload
@@ -99,7 +121,7 @@ def _with_dtype(workload: Workload, dtype: str | None) -> Workload:
     return workload_from_model(replace(workload.spec, dtype=dtype))
 
 
-def _pipeline_degrees(
+def pipeline_degrees(
     pipeline_parallel: Sequence[int] | None, stages: Sequence[int] | None
 ) -> Sequence[int] | None:
     """The pipeline-parallel degrees under their name or their old one, not both."""
@@ -111,13 +133,13 @@ def _pipeline_degrees(
     return stages if pipeline_parallel is None else pipeline_parallel
 
 
-def _pinned(values: Sequence[_T] | None) -> tuple[_T, ...] | None:
+def pinned(values: Sequence[_T] | None) -> tuple[_T, ...] | None:
     """The values a dimension is pinned to, as a tuple; None: its defaults."""
     return None if values is None else tuple(values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Settings:
+class Settings:
     """A plan's checked settings besides the sweep's dimensions."""
 
     engine: str
@@ -130,7 +152,7 @@ class _Settings:
     min_mfu: float
 
 
-def _settings(
+def plan_settings(
     accelerator: Accelerator,
     *,
     engine: str,
@@ -138,7 +160,7 @@ def _settings(
     memory_capacity_bytes: int | None,
     memory_headroom: float,
     min_mfu: float | None,
-) -> _Settings:
+) -> Settings:
     """``plan``'s settings checked (PlanError naming the first bad one) and defaulted from
     ``accelerator``."""
     if engine not in ("fast", "simpy"):
@@ -155,7 +177,7 @@ def _settings(
     headroom = check_share(memory_headroom, name="memory headroom")
     if min_mfu is None:
         min_mfu = accelerator.matmul_efficiency / 8
-    return _Settings(
+    return Settings(
         engine=engine,
         bytes_per_param=bytes_per_param,
         capacity=capacity,

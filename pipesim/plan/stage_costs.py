@@ -37,13 +37,15 @@ from pipesim.plan.point import Point, SweepContext
 from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S
 
+__all__ = ["StageTable", "clear_caches", "pipeline_ranks_per_node", "stage_sizes", "stage_table"]
+
 # -- per-process caches (a worker keeps them for its lifetime) ---------------------------
 _LAYER_TIMES: dict[tuple[Any, ...], dict[str, LayerTime]] = {}
 _PARTITIONS: dict[tuple[int, bool, str, int, int, int, int], tuple[int, ...]] = {}
-_COSTS: dict[tuple[Any, ...], _StageTable] = {}
+_COSTS: dict[tuple[Any, ...], StageTable] = {}
 
 
-def _clear_caches() -> None:
+def clear_caches() -> None:
     """Forget every priced stage (a new sweep context)."""
     _LAYER_TIMES.clear()
     _PARTITIONS.clear()
@@ -52,7 +54,7 @@ def _clear_caches() -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class _StageTable:
+class StageTable:
     costs: CostModel
     params: list[int | Fraction]
     """Per stage."""
@@ -64,7 +66,7 @@ class _StageTable:
     """Per stage: the part of ``params`` that is routed experts (None: none)."""
 
 
-def _stage_costs(
+def stage_table(
     context: SweepContext,
     workload: Workload,
     sizes: tuple[int, ...],
@@ -72,14 +74,14 @@ def _stage_costs(
     ranks_per_node: int | None,
     n_copies: int,
     partners: tuple[int, ...] | None = None,
-) -> _StageTable:
+) -> StageTable:
     """Cost model of the stages (integer ns) and what the iteration needs per stage;
     ``n_copies`` copies of the model's stages one after the other; pipeline ranks
     ``ranks_per_node`` to a node (None: the whole job in one node); ``partners``: per
     stage, the stage whose backward an overlapped F&B pair runs its forward with
     (:func:`pipesim.plan.overlap.overlap_partners`; None: no pairs priced apart)."""
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         sizes,
         microbatch_size,
         n_copies,
@@ -108,7 +110,7 @@ def _model_costs(
     ranks_per_node: int | None,
     n_copies: int,
     partners: tuple[int, ...] | None = None,
-) -> _StageTable:
+) -> StageTable:
     """The stages of a model given by its shapes: its layers' work on this accelerator,
     tensor-parallel traffic inside F and the backward, the accelerator's links, and
     overlapped F&B pairs priced from their parts (:mod:`pipesim.plan.overlap`)."""
@@ -144,7 +146,7 @@ def _model_costs(
             prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)
         ]
         experts = per_stage * n_copies
-    return _StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies, experts)
+    return StageTable(costs, params * n_copies, transient * n_copies, tp_ns * n_copies, experts)
 
 
 def _model_stages(
@@ -247,25 +249,12 @@ def _ns(seconds: float) -> int:
     return round(seconds * NS_PER_S)
 
 
-def _shard_key(workload: Workload) -> tuple[int, bool, str, int, int, int]:
-    """How ``workload`` is sharded: what the per-variant caches below key on beside their
-    own arguments."""
-    return (
-        workload.tensor,
-        workload.sequence_parallel,
-        workload.recompute,
-        workload.context,
-        workload.expert,
-        workload.expert_tensor,
-    )
-
-
 def _layer_times(context: SweepContext, workload: Workload, b: int) -> dict[str, LayerTime]:
     """F, I and W of each layer kind of ``workload`` at micro-batch size ``b`` on the
     context's accelerator (:mod:`pipesim.plan.gpu`), priced once per variant."""
     assert workload.spec is not None
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         b,
     )
     found = _LAYER_TIMES.get(key)
@@ -325,7 +314,7 @@ def _measured_costs(
     microbatch_size: int,
     ranks_per_node: int | None,
     n_copies: int,
-) -> _StageTable:
+) -> StageTable:
     """The stages of a cost file at this micro-batch size, with the file's link and
     overheads (:mod:`pipesim.plan.measured`); static memory from its parameters."""
     assert workload.measured is not None
@@ -350,7 +339,7 @@ def _measured_costs(
         time_unit="ns",  # a cost file's times, as plan reads them
     )
     n = len(sizes) * n_copies
-    return _StageTable(costs, params * n_copies, [0] * n, [0] * n)
+    return StageTable(costs, params * n_copies, [0] * n, [0] * n)
 
 
 _SUMMED = (
@@ -381,7 +370,7 @@ def _prefix_sums(workload: Workload) -> dict[str, list[Fraction]]:
 
 def _partition(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...]:
     key = (
-        *_shard_key(workload),
+        *workload.sharding,
         per_copy,
     )
     sizes = _PARTITIONS.get(key)
@@ -404,7 +393,7 @@ def _link(path: Interconnect, message_bytes: int) -> Link:
     )
 
 
-def _pipeline_ranks_per_node(context: SweepContext, point: Point) -> int | None:
+def pipeline_ranks_per_node(context: SweepContext, point: Point) -> int | None:
     """Pipeline ranks per node, devices ordered tp-dp-pp (each pipeline rank is a block
     of t d devices); None when the job fits one node."""
     g = context.accelerator.gpus_per_node
@@ -414,7 +403,7 @@ def _pipeline_ranks_per_node(context: SweepContext, point: Point) -> int | None:
     return g // span if g % span == 0 else 1
 
 
-def _stage_sizes(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...] | str:
+def stage_sizes(context: SweepContext, workload: Workload, per_copy: int) -> tuple[int, ...] | str:
     """Layers per stage of one model copy cut into ``per_copy`` stages; the reason when
     the model has too few layers."""
     n_layers = len(workload.layers)

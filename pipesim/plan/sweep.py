@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError, PlanError
-from pipesim.plan import evaluation
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.evaluation import build_configuration, evaluate_point, pipeline_comm_ns
 from pipesim.plan.point import Evaluation, Point, SweepContext, to_plan_point
@@ -38,14 +37,14 @@ __all__ = [
 
 
 def _evaluate_chunk(
-    chunk: list[tuple[int, Point]], context: SweepContext | None = None
+    chunk: list[tuple[int, Point]], context: SweepContext
 ) -> list[tuple[int, Evaluation]]:
-    ctx = context if context is not None else evaluation._CONTEXT
-    assert ctx is not None, "worker started without a sweep context"
+    """Evaluate ``chunk`` under ``context`` in this process (a backend's worker, or here);
+    a point a generator or cost check refuses is its reason, not an error."""
     out = []
     for index, point in chunk:
         try:
-            out.append((index, evaluate_point(ctx, point)))
+            out.append((index, evaluate_point(context, point)))
         except PipesimError as exc:  # a generator or cost check refused this point
             out.append((index, Evaluation(reason=f"refused: {exc}")))
     return out

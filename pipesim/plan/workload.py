@@ -108,6 +108,19 @@ class Workload:
     measured: MeasuredCosts | None = None
     """A cost file's own model: what the sweep prices each micro-batch size from."""
 
+    @property
+    def sharding(self) -> tuple[int, bool, str, int, int, int]:
+        """How the layer costs are split: (t, sequence parallel, recomputation, c, e,
+        expert tensor), as :attr:`pipesim.plan.point.Point.sharding` asks for them."""
+        return (
+            self.tensor,
+            self.sequence_parallel,
+            self.recompute,
+            self.context,
+            self.expert,
+            self.expert_tensor,
+        )
+
 
 def workload_from_model(
     spec: ModelSpec,

@@ -53,7 +53,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 from pipesim.schedules.zbv import require_two_stages_per_rank, v_placement
 from pipesim.step.dependencies import prerequisites
-from pipesim.step.memory import op_effects
+from pipesim.step.memory import byte_peaks, op_effects
 
 __all__ = ["BLOCKS", "block_slots", "repeated_orders", "v_half", "v_min"]
 
@@ -120,12 +120,10 @@ def repeated_orders(kind: str, p: int, m: int) -> list[list[Action]]:
     return orders
 
 
-def _peak(order: list[Action]) -> int:
-    held = peak = 0
-    for action in order:
-        held += _HELD[action.op]
-        peak = max(peak, held)
-    return peak
+def _highest_peak(orders: list[list[Action]]) -> int:
+    """The most chunks of activations any rank holds running its order
+    (:func:`pipesim.step.memory.byte_peaks` of the one-unit effects)."""
+    return max(byte_peaks(_UNIT, ([OP_INDEX[action.op] for action in order] for order in orders)))
 
 
 class _Squeeze:
@@ -133,7 +131,7 @@ class _Squeeze:
 
     def __init__(self, orders: list[list[Action]], n_stages: int) -> None:
         self.remaining = [list(order) for order in orders]
-        self.cap = max(_peak(order) for order in orders)
+        self.cap = _highest_peak(orders)
         self.n_stages = n_stages
         self.forwards_left = [sum(a.op is Op.F for a in order) for order in orders]
         self.held = [0] * len(orders)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from pipesim.actions import OP_INDEX, Action, Overlap, Work
+from pipesim.actions import OP_INDEX, Action, Overlap, Work, action_code
 from pipesim.costs import CostModel
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.exact import Time, as_number
@@ -44,7 +44,7 @@ from pipesim.metrics import Metrics
 from pipesim.plan.fastsim import StepResult, compile_schedule, evaluate, metrics_of
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec, schedule_names
-from pipesim.step.memory import stage_effects, work_effect
+from pipesim.step.memory import byte_peaks, stage_effects, work_effect
 from pipesim.synth.bound import lower_bound, split_is_cheapest
 from pipesim.synth.heuristic import greedy_run, links_never_queue
 from pipesim.synth.policies import Policy, policies
@@ -509,26 +509,21 @@ def order_peaks(problem: Problem, orders: Sequence[Sequence[Work]]) -> tuple[int
     (:mod:`pipesim.step.memory`, an overlapped unit's summed) at its start and its end in
     program order, as the evaluator applies them; no timing needed."""
     table = stage_effects(problem.memory_costs, n_stages=problem.n_stages, forward_only=False)
-    changes = {
-        (s, op): (row[index].start_bytes, row[index].end_bytes)
-        for s, row in enumerate(table)
-        for op, index in OP_INDEX.items()
-    }
-    peaks = []
+    # an action's row is its action code; an overlapped unit's summed effect gets a row
+    # of its own after them
+    effects = [effect for row in table for effect in row]
+    codes = {op: [action_code(s, op) for s in range(len(table))] for op in OP_INDEX}
+    numbered = []
     for order in orders:
-        held = peak = 0
+        ids = []
         for work in order:
             if isinstance(work, Action):
-                start, end = changes[work.stage, work.op]
+                ids.append(codes[work.op][work.stage])
             else:
-                effect = work_effect(table, work)
-                start, end = effect.start_bytes, effect.end_bytes
-            for change in (start, end):
-                held += change
-                if held > peak:
-                    peak = held
-        peaks.append(peak)
-    return tuple(peaks)
+                ids.append(len(effects))
+                effects.append(work_effect(table, work))
+        numbered.append(ids)
+    return byte_peaks(effects, numbered)
 
 
 def _fits(problem: Problem, peaks: tuple[int, ...]) -> bool:
