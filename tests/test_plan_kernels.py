@@ -408,12 +408,20 @@ def test_no_accelerator_number_comes_from_a_published_run_it_is_checked_against(
              "Efficient Large-Scale", "model_table", "weak scaling", "weak-scaling",
              "GPU hours", "GPU-hours", "180K")  # fmt: skip
     data = json.loads(resources.files("pipesim").joinpath("data/accelerators.json").read_text())
-    for name, entry in data["accelerators"].items():
-        for key, text in entry.items():
-            if key.endswith("_source"):
-                assert text.strip(), (name, key)
-                found = [w for w in words if w.lower() in text.lower()]
-                assert not found, f"{name}.{key} cites a checked run: {found}"
+    tables = json.loads(resources.files("pipesim").joinpath("data/gemm_tables.json").read_text())
+    sources = [
+        *(
+            (f"{name}.{key}", text)
+            for name, entry in data["accelerators"].items()
+            for key, text in entry.items()
+            if key.endswith("_source")
+        ),
+        *((f"gemm table {name}", entry["source"]) for name, entry in tables["tables"].items()),
+    ]
+    for where, text in sources:
+        assert text.strip(), where
+        found = [w for w in words if w.lower() in text.lower()]
+        assert not found, f"{where} cites a checked run: {found}"
 
 
 @pytest.mark.slow
