@@ -71,11 +71,15 @@ def test_flops_with_tensor_parallelism_and_recomputation() -> None:
     # selective: the attention core (4 s^2 h = 512) again
     selective = transformer_block(GPT, recompute="selective")
     assert selective.input_grad_flops == 7168 + 512
-    # with flash attention selective recomputation changes nothing
+    # with flash attention selective recomputation stores the same (no s x s scores to
+    # drop) and still runs the attention core again (Megatron-Core checkpoints it):
+    # 4 s^2 h = 4 * 16 * 8
     flash = ModelSpec(
         n_layers=1, hidden=8, n_heads=2, seq_length=4, vocab_size=10, flash_attention=True
     )
-    assert transformer_block(flash, recompute="selective") == transformer_block(flash)
+    plain, again = transformer_block(flash), transformer_block(flash, recompute="selective")
+    assert again.activation_bytes == plain.activation_bytes
+    assert again.input_grad_flops == plain.input_grad_flops + 4 * 16 * 8
 
 
 def test_parameters_per_device() -> None:

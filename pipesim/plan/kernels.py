@@ -42,8 +42,8 @@ et al. 2023, section 4.1).
 
 Recomputation adds the forward kernels it repeats to I: ``full`` the whole block
 (Megatron-LM's ``--recompute-granularity full``), ``selective`` the attention core
-(Korthikanti et al. 2023, section 5; with flash attention the kernel already
-recomputes it, so nothing is added).
+(Korthikanti et al. 2023, section 5; Megatron-Core checkpoints it with a fused
+attention kernel too, so its forward runs again).
 
 >>> from pipesim.plan.model import ModelSpec
 >>> gpt = ModelSpec(n_layers=1, hidden=1024, n_heads=16, seq_length=2048, vocab_size=50000)
@@ -449,7 +449,12 @@ def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
     weight = (_weight_grad(proj), _weight_grad(qkv))
-    recomputed = () if spec.flash_attention else core
+    # selective recomputation checkpoints the core attention whatever its kernel, a fused
+    # (flash) one and its context-parallel ring included: Megatron-Core's
+    # ``Attention.checkpoint_core_attention`` (``recompute_granularity == 'selective'``,
+    # ``megatron/core/transformer/attention.py``) re-runs ``self.core_attention`` forward
+    # in the backward
+    recomputed = (*ring, *core)
     bias = x.h + (x.q + 2 * x.kv) // t if spec.bias else 0
     return BlockHalf(forward, backward, weight, recomputed, bias)
 
