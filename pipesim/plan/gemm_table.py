@@ -73,13 +73,13 @@ class GemmTable:
         # a short side costs the shortest's time: the rate falls by the FLOPs it lacks
         shortfall = math.prod(sides) / math.prod(padded)
         log_rate = 0.0
-        for corners in itertools.product(
-            _bracket(b, self.grid), *(_bracket(side, self.sides) for side in padded)
+        bm, bn, bk = (_bracket(side, self.sides) for side in padded)
+        for (pb, wb), (pm, wm), (pn, wn), (pk, wk) in itertools.product(
+            _bracket(b, self.grid), bm, bn, bk
         ):
-            weight = math.prod(w for _, w in corners)
+            weight = wb * wm * wn * wk
             if weight:
-                point = tuple(p for p, _ in corners)
-                log_rate += weight * math.log(self.rates[point])  # type: ignore[index]
+                log_rate += weight * math.log(self.rates[(pb, pm, pn, pk)])
         return math.exp(log_rate) * shortfall
 
 

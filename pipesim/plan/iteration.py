@@ -37,11 +37,12 @@ the bf16 model weight (reads 4, writes 2); the gradient buffer is zeroed for the
 step (writes 4): 42 bytes. The zeroing covers the whole buffer, every parameter of the
 rank, even when the distributed optimizer holds a shard (Megatron-Core's
 ``DistributedDataParallel.zero_grad_buffer`` resets each ``ParamAndGradBuffer``:
-``self.grad_data.zero_()``, ``megatron/core/distributed/param_and_grad_buffer.py``). An fp16 model keeps fp16 gradients and a loss scale
-(Megatron-LM's ``Float16OptimizerWithFloat16Params``, ``megatron/core/optimizer/
-optimizer.py``): ``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2,
-writes 4), ``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4,
-writes 4), and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
+``self.grad_data.zero_()``, ``megatron/core/distributed/param_and_grad_buffer.py``).
+An fp16 model keeps fp16 gradients and a loss scale (Megatron-LM's
+``Float16OptimizerWithFloat16Params``, ``megatron/core/optimizer/optimizer.py``):
+``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2, writes 4),
+``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4, writes 4),
+and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
 is already fp32: ``.float()`` returns it, and there is no loss scale.)
 
 Tied word embeddings (the GPT models' default: the LM head reuses the input embedding's
