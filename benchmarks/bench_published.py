@@ -74,11 +74,13 @@ class Table:
     target_max: float | None = None
 
 
-def _gpt(run: Run, *, seq: int, vocab: int, dtype: str, flash: bool) -> ModelSpec:
+def _gpt(
+    run: Run, *, seq: int, vocab: int, dtype: str, flash: bool, tied: bool = True
+) -> ModelSpec:
     # tied embeddings: Megatron-LM's GPT shares the input embedding with the LM head
     # unless --untie-embeddings-and-output-weights is passed (megatron/training/arguments.py)
     return ModelSpec(
-        tied_embeddings=True,
+        tied_embeddings=tied,
         n_layers=run.layers,
         hidden=run.hidden,
         n_heads=run.heads,
@@ -237,13 +239,20 @@ TABLES = (
         assumed="GPT shapes (ffn 4h, GeLU, multi-head attention, no GQA), bf16, flash "
         "attention, no dropout, micro-batch 1, no recomputation, no interleaving, no "
         "context parallelism, sequence parallelism wherever t > 1, distributed optimizer, "
-        "tied embeddings (Megatron-LM's default)",
-        model=lambda run: _gpt(run, seq=4096, vocab=131072, dtype="bf16", flash=True),
+        "blocking pipeline sends (no interleaving, so Megatron-LM overlaps none), "
+        "untied embeddings (the rows' names are the untied parameter counts)",
+        # the names are the untied counts (1.75B, 7.13B, 16.1B, ... 461.5B; tied they
+        # would read 1.49B, 6.60B, 15.3B, ... 459.1B): --untie-embeddings-and-output-weights
+        model=lambda run: _gpt(run, seq=4096, vocab=131072, dtype="bf16", flash=True, tied=False),
         measure="tflops",
         flops=_model_flops,
         distributed_optimizer=True,
         tp_comm_overlap=True,
-        overlap_p2p=True,  # the README: "and PP (enabled by default)"
+        # the README overlaps "pipeline-parallel communication (enabled by default)", but
+        # Megatron-LM turns overlap_p2p_comm off without interleaving ("non-interleaved
+        # schedule does not support overlapping p2p communication", arguments.py and
+        # schedules.py at core_r0.8.0), and the table prints no interleaving
+        overlap_p2p=False,
         overlap_grad_reduce=True,
     ),
 )

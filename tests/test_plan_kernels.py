@@ -26,6 +26,7 @@ from pipesim.plan.kernels import (
     Attention,
     Collective,
     Gemm,
+    Kernel,
     Shard,
     Streaming,
     block_kernels,
@@ -91,6 +92,25 @@ def test_gemm_flops_scale_with_the_microbatch_and_the_head_is_2shv() -> None:
     for kernels in (head.forward, head.input_grad, head.weight_grad):
         assert _gemm_flops(kernels) == lm_head(GPT, tensor=2).forward_flops == 64 * 32 * 100
     assert _gemm_flops(embedding_kernels(GPT, Shard()).forward) == embedding(GPT).forward_flops
+
+
+def test_the_loss_moves_the_bytes_of_megatrons_unfused_cross_entropy() -> None:
+    # VocabParallelCrossEntropy, line by line over T x V/t logits of d bytes: to fp32
+    # (d + 4), max (4), -= max (8), exp (8), sum (4), div_ (8); backward: mul_ (8) and
+    # autograd's cast back to d (4 + d)
+    s, v, d = GPT.seq_length, GPT.vocab_size, 2
+    head = head_kernels(GPT, Shard(tensor=2, microbatch_size=3))
+    elems = 3 * s * (v // 2)
+
+    def loss_bytes(kernels: tuple[Kernel, ...]) -> int:
+        return sum(
+            k.bytes_moved
+            for k in kernels
+            if isinstance(k, Streaming) and k.name.startswith("cross entropy")
+        )
+
+    assert loss_bytes(head.forward) == elems * (d + 4 + 4 + 8 + 8 + 4 + 8)
+    assert loss_bytes(head.input_grad) == elems * (8 + 4 + d)
 
 
 def test_flash_attention_counts_the_causal_half_and_a_backward_of_five_matmuls() -> None:
@@ -216,10 +236,9 @@ def test_sequence_parallel_backward_gathers_each_column_parallel_input_again() -
         assert names[i + 1] == gemm
         assert sp.input_grad[i].size_bytes == s * h * d
     head = head_kernels(GPT, Shard(tensor=2, sequence_parallel=True))
-    assert [k.name for k in head.input_grad][1:3] == [
-        "all-gather before head (again, for the weight gradient)",
-        "lm head (input grad)",
-    ]
+    head_names = [k.name for k in head.input_grad]
+    i = head_names.index("all-gather before head (again, for the weight gradient)")
+    assert head_names[i + 1] == "lm head (input grad)"
     # without sequence parallelism the input is whole: nothing to gather
     assert "all-gather" not in _kinds(block_kernels(GPT, Shard(tensor=2)).input_grad)
     # exposed without comm overlap: on a 1e11 B/s link (x 0.5) each costs (n-1)/n S / bw
@@ -389,12 +408,20 @@ def test_no_accelerator_number_comes_from_a_published_run_it_is_checked_against(
              "Efficient Large-Scale", "model_table", "weak scaling", "weak-scaling",
              "GPU hours", "GPU-hours", "180K")  # fmt: skip
     data = json.loads(resources.files("pipesim").joinpath("data/accelerators.json").read_text())
-    for name, entry in data["accelerators"].items():
-        for key, text in entry.items():
-            if key.endswith("_source"):
-                assert text.strip(), (name, key)
-                found = [w for w in words if w.lower() in text.lower()]
-                assert not found, f"{name}.{key} cites a checked run: {found}"
+    tables = json.loads(resources.files("pipesim").joinpath("data/gemm_tables.json").read_text())
+    sources = [
+        *(
+            (f"{name}.{key}", text)
+            for name, entry in data["accelerators"].items()
+            for key, text in entry.items()
+            if key.endswith("_source")
+        ),
+        *((f"gemm table {name}", entry["source"]) for name, entry in tables["tables"].items()),
+    ]
+    for where, text in sources:
+        assert text.strip(), where
+        found = [w for w in words if w.lower() in text.lower()]
+        assert not found, f"{where} cites a checked run: {found}"
 
 
 @pytest.mark.slow

@@ -149,7 +149,7 @@ def register(subparsers: Any) -> None:
         "--recompute",
         metavar="none|selective|full[,...]",
         help="activation recomputation (default: all three; selective is left out with "
-        "flash attention, where it changes nothing)",
+        "flash attention, where it saves no memory and runs the attention twice)",
     )
     sweep.add_argument(
         "--distributed-optimizer",

@@ -10,6 +10,7 @@ front of step time versus memory.
   :mod:`~pipesim.plan.moe`, :mod:`~pipesim.plan.mla`: mixture-of-experts blocks and
   multi-head latent attention;
 - :mod:`~pipesim.plan.hardware`: accelerator presets with sources;
+  :mod:`~pipesim.plan.gemm_table`: GEMM rates measured by shape;
 - :mod:`~pipesim.plan.kernels`: what one layer runs on one GPU, pass by pass;
   :mod:`~pipesim.plan.gpu`: what each kernel costs there;
   :mod:`~pipesim.plan.collectives`: ring collectives on a link;

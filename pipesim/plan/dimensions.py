@@ -38,7 +38,7 @@ class Dimensions:
     virtual: tuple[int, ...] = DEFAULT_VIRTUAL
     schedules: tuple[str, ...] | None = None
     recompute: tuple[str, ...] | None = None
-    """None: none, selective (unless flash attention makes it the same as none), full."""
+    """None: none, selective (unless flash attention, where it saves no memory), full."""
     sequence_parallel: tuple[bool, ...] | None = None
     """None: on wherever t > 1 (it costs no time and saves memory)."""
     distributed_optimizer: tuple[bool, ...] | None = None
@@ -155,7 +155,7 @@ def _recomputes(dims: Dimensions, workload: Workload) -> tuple[str, ...]:
     if dims.recompute is None:
         if workload.spec is None:
             return ("none",)
-        if workload.spec.flash_attention:  # selective recomputes what flash already does
+        if workload.spec.flash_attention:  # selective saves nothing, repeats attention
             return ("none", "full")
         return RECOMPUTE
     values = tuple(dict.fromkeys(dims.recompute))

@@ -4,8 +4,10 @@
 takes on one :class:`~pipesim.plan.hardware.Accelerator`, from its data file
 (``pipesim/data/accelerators.json``, every number with its public source):
 
-- a GEMM runs at the accelerator's *achievable* matmul rate (``matmul_efficiency`` of
-  the dense peak: the largest rate a measured sweep of GEMM shapes reached), less what
+- a GEMM runs at the rate measured for its shape where the accelerator names a GEMM
+  table (:mod:`pipesim.plan.gemm_table`: the H100 family, from OpenXLA's measured
+  table); otherwise at the accelerator's *achievable* matmul rate (``matmul_efficiency``
+  of the dense peak: the largest rate a measured sweep of GEMM shapes reached), less what
   its shape wastes: cuBLAS cuts the output into tiles, one thread block per tile, and
   the tiles run in *waves* of one per SM, so a shape that leaves tiles partly filled
   (tile quantization) or the last wave partly full (wave quantization) loses that share
@@ -46,6 +48,7 @@ import math
 from dataclasses import dataclass
 
 from pipesim.plan.collectives import all_gather_s, all_to_all_s, allreduce_s, reduce_scatter_s
+from pipesim.plan.gemm_table import gemm_table
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.kernels import (
     Attention,
@@ -102,14 +105,23 @@ def wave_utilization(m: int, n: int, *, batch: int = 1, sm_count: int | None) ->
 def gemm_seconds(
     gemm: Gemm, accelerator: Accelerator, /, *, dtype_bytes: int, fp8: bool = False
 ) -> float:
-    """Seconds of one GEMM: its FLOPs at the achievable matmul rate times its wave
-    utilization, or its operands' bytes at the achievable HBM rate, whichever is longer."""
-    peak, share = accelerator.peak_flops, accelerator.matmul_efficiency
-    if fp8 and gemm.low_precision:
-        peak, share = accelerator.fp8_flops, accelerator.fp8_matmul_share
-    utilization = wave_utilization(gemm.m, gemm.n, batch=gemm.batch, sm_count=accelerator.sm_count)
-    compute = gemm.flops / (peak * share * utilization)
-    operand_bytes = gemm.operand_bytes(1 if fp8 and gemm.low_precision else dtype_bytes)
+    """Seconds of one GEMM: its FLOPs at the rate the accelerator's measured GEMM table
+    gives its shape (:mod:`pipesim.plan.gemm_table`), or without one at the achievable
+    matmul rate times its wave utilization; never less than its operands' bytes at the
+    achievable HBM rate."""
+    low = fp8 and gemm.low_precision
+    if accelerator.gemm_table is not None and not low:  # the tables hold bf16 GEMMs
+        table = gemm_table(accelerator.gemm_table)
+        compute = gemm.flops / table.rate(gemm.m, gemm.n, gemm.k, batch=gemm.batch)
+    else:
+        peak, share = accelerator.peak_flops, accelerator.matmul_efficiency
+        if low:
+            peak, share = accelerator.fp8_flops, accelerator.fp8_matmul_share
+        utilization = wave_utilization(
+            gemm.m, gemm.n, batch=gemm.batch, sm_count=accelerator.sm_count
+        )
+        compute = gemm.flops / (peak * share * utilization)
+    operand_bytes = gemm.operand_bytes(1 if low else dtype_bytes)
     return max(compute, operand_bytes / accelerator.achieved_memory_bandwidth)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pipesim.errors import CostError, ParseError, PlanError, UnknownNameError, brief
 from pipesim.files import read_json, read_package_json
+from pipesim.plan.gemm_table import gemm_table, gemm_table_names
 from pipesim.suggest import did_you_mean
 from pipesim.units import parse_bytes
 
@@ -116,6 +117,10 @@ class Accelerator:
     """Share of ``fp8_peak_flops`` the best FP8 GEMM reaches, measured; None: as bf16's."""
     sm_count: int | None = None
     """Streaming multiprocessors (GEMM wave quantization); None: not modeled."""
+    gemm_table: str | None = None
+    """A table of GEMM rates measured by shape (``pipesim/data/gemm_tables.json``,
+    :mod:`pipesim.plan.gemm_table`) for its bf16 / fp16 GEMMs; None: the GEMMs run at
+    ``matmul_efficiency`` of the peak less their tile and wave losses."""
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -141,6 +146,16 @@ class Accelerator:
                 raise PlanError(f"{name} must be a whole number >= 1, got {brief(value)}")
         if self.fp8_peak_flops is not None:
             _check_number("fp8_peak_flops", self.fp8_peak_flops, positive=True)
+        if self.gemm_table is not None:
+            if not isinstance(self.gemm_table, str):
+                raise PlanError(
+                    f"gemm_table must be the name of a measured GEMM table, got "
+                    f"{brief(self.gemm_table)}; names are: {', '.join(gemm_table_names())}"
+                )
+            try:
+                gemm_table(self.gemm_table)
+            except UnknownNameError as exc:
+                raise PlanError(str(exc)) from None
         object.__setattr__(self, "intra_node_size_curve", _size_curve(self.intra_node_size_curve))
         shares = [
             *EFFICIENCIES,
@@ -280,6 +295,7 @@ _OPTIONAL = {
     "fp8_matmul_efficiency",
     "sm_count",
     "intra_node_size_curve",
+    "gemm_table",
 }
 
 

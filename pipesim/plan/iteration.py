@@ -34,11 +34,15 @@ gradient (4 bytes; Megatron-LM's ``clip_grad_norm_fp32``, on by default with
 ``--clip-grad 1.0``); Adam reads the fp32 gradient, master weight, momentum and
 variance and writes the last three (28); the updated master weight is copied into
 the bf16 model weight (reads 4, writes 2); the gradient buffer is zeroed for the next
-step (writes 4): 42 bytes. An fp16 model keeps fp16 gradients and a loss scale
-(Megatron-LM's ``Float16OptimizerWithFloat16Params``, ``megatron/core/optimizer/
-optimizer.py``): ``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2,
-writes 4), ``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4,
-writes 4), and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
+step (writes 4): 42 bytes. The zeroing covers the whole buffer, every parameter of the
+rank, even when the distributed optimizer holds a shard (Megatron-Core's
+``DistributedDataParallel.zero_grad_buffer`` resets each ``ParamAndGradBuffer``:
+``self.grad_data.zero_()``, ``megatron/core/distributed/param_and_grad_buffer.py``).
+An fp16 model keeps fp16 gradients and a loss scale (Megatron-LM's
+``Float16OptimizerWithFloat16Params``, ``megatron/core/optimizer/optimizer.py``):
+``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2, writes 4),
+``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4, writes 4),
+and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
 is already fp32: ``.float()`` returns it, and there is no loss scale.)
 
 Tied word embeddings (the GPT models' default: the LM head reuses the input embedding's
@@ -216,6 +220,11 @@ def rank_iteration(
     0
     >>> it.optimizer_ns == round(42e9 / h100.achieved_memory_bandwidth * 1e9)  # 42 GB
     True
+    >>> sharded = rank_iteration(10**9, accelerator=h100, tensor=8,
+    ...     data_parallel=4, distributed_optimizer=True, grad_bytes_per_param=4,
+    ...     weight_bytes_per_param=2, last_backward_ns=0, first_forward_ns=0)
+    >>> sharded.optimizer_ns == round((38e9 / 4 + 4e9) / h100.achieved_memory_bandwidth * 1e9)
+    True
     """
     d = data_parallel
     # (parameters, replicas, link): the dense part over d, the routed experts over the
@@ -247,6 +256,9 @@ def rank_iteration(
         exposed = max(0, total - hidden_b)
     total += embedding_sync
     exposed += embedding_sync
-    seconds = held * step_bytes_per_param / Fraction(repr(accelerator.achieved_memory_bandwidth))
+    # the step over the parameters held, the zeroing of the gradient buffer over them all
+    step_bytes = held * (step_bytes_per_param - grad_bytes_per_param)
+    step_bytes += Fraction(params) * grad_bytes_per_param
+    seconds = step_bytes / Fraction(repr(accelerator.achieved_memory_bandwidth))
     optimizer = round(seconds * NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)

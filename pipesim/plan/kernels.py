@@ -42,8 +42,8 @@ et al. 2023, section 4.1).
 
 Recomputation adds the forward kernels it repeats to I: ``full`` the whole block
 (Megatron-LM's ``--recompute-granularity full``), ``selective`` the attention core
-(Korthikanti et al. 2023, section 5; with flash attention the kernel already
-recomputes it, so nothing is added).
+(Korthikanti et al. 2023, section 5; Megatron-Core checkpoints it with a fused
+attention kernel too, so its forward runs again).
 
 >>> from pipesim.plan.model import ModelSpec
 >>> gpt = ModelSpec(n_layers=1, hidden=1024, n_heads=16, seq_length=2048, vocab_size=50000)
@@ -449,7 +449,12 @@ def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
     weight = (_weight_grad(proj), _weight_grad(qkv))
-    recomputed = () if spec.flash_attention else core
+    # selective recomputation checkpoints the core attention whatever its kernel, a fused
+    # (flash) one and its context-parallel ring included: Megatron-Core's
+    # ``Attention.checkpoint_core_attention`` (``recompute_granularity == 'selective'``,
+    # ``megatron/core/transformer/attention.py``) re-runs ``self.core_attention`` forward
+    # in the backward
+    recomputed = (*ring, *core)
     bias = x.h + (x.q + 2 * x.kv) // t if spec.bias else 0
     return BlockHalf(forward, backward, weight, recomputed, bias)
 
@@ -578,10 +583,11 @@ def embedding_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
 def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     """Final norm, the vocabulary-parallel LM head and the cross-entropy loss.
 
-    The loss (Megatron-LM's ``vocab_parallel_cross_entropy``) turns the logits into
-    fp32 and makes three passes over them (max, exp and sum, the target's logit), with
-    three tiny all-reduces over the tensor-parallel group; its backward reads the fp32
-    softmax and writes the logits' gradient.
+    The loss is Megatron-LM's unfused ``vocab_parallel_cross_entropy``
+    (``megatron/core/tensor_parallel/cross_entropy.py``, ``VocabParallelCrossEntropy``;
+    the jit-fused one is opt-in, ``--cross-entropy-loss-fusion``), one PyTorch kernel
+    per line of it over the ``T x V / t`` logits (:func:`_cross_entropy`), with three
+    tiny all-reduces over the tensor-parallel group.
     """
     x = _dims(spec, shard)
     sp = shard.sequence_parallel and x.t > 1
@@ -589,9 +595,7 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     norm, norm_b = _norm(spec, x, "final norm")
     gather = _to_model_parallel(x, sp, "all-gather before head")
     logits = Gemm("lm head", x.T, v, x.h)
-    elems = x.T * v
-    loss = Streaming("cross entropy", elems * (x.d + 3 * FP32))
-    loss_b = Streaming("cross entropy (backward)", elems * (FP32 + x.d))
+    loss, loss_b = _cross_entropy(x.T * v, x.d)
     tiny: tuple[Kernel, ...] = ()
     if x.t > 1:
         tiny = tuple(
@@ -603,15 +607,44 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
         if sp or x.t == 1
         else (Collective("head input grad", "all-reduce", "tensor", x.T * x.h * x.d),)
     )
-    forward: tuple[Kernel, ...] = (norm, *gather, logits, loss, *tiny)
+    forward: tuple[Kernel, ...] = (norm, *gather, logits, *loss, *tiny)
     backward: tuple[Kernel, ...] = (
-        loss_b,
+        *loss_b,
         *_regathered(gather),
         _input_grad(logits),
         *(_backward_of(gather, x, sp) or in_grad),
         norm_b,
     )
     return LayerKernels(forward=forward, input_grad=backward, weight_grad=(_weight_grad(logits),))
+
+
+def _cross_entropy(elems: int, d: int) -> tuple[tuple[Streaming, ...], tuple[Streaming, ...]]:
+    """The loss's passes over ``elems`` logits of ``d`` bytes, forward and backward, as
+    ``VocabParallelCrossEntropy`` runs them (Megatron-LM, ``megatron/core/tensor_parallel/
+    cross_entropy.py``): ``.float()`` (read d, write 4), ``max`` over the vocabulary (read
+    4), the in-place ``-= logits_max`` (read and write 4), ``torch.exp(out=)`` (read and
+    write 4), ``sum`` (read 4) and the in-place ``div_`` into the softmax kept for the
+    backward (read and write 4); the backward's in-place ``mul_`` by the loss gradient
+    (read and write 4), and autograd's cast of that fp32 gradient back to the logits'
+    dtype (read 4, write d). The target's gather and scatter touch one element a token.
+
+    >>> fwd, bwd = _cross_entropy(1, 2)
+    >>> sum(k.bytes_moved for k in fwd), sum(k.bytes_moved for k in bwd)
+    (38, 14)
+    """
+    forward = (
+        Streaming("cross entropy: to fp32", elems * (d + FP32)),
+        Streaming("cross entropy: max", elems * FP32),
+        Streaming("cross entropy: subtract max", elems * 2 * FP32),
+        Streaming("cross entropy: exp", elems * 2 * FP32),
+        Streaming("cross entropy: sum", elems * FP32),
+        Streaming("cross entropy: softmax", elems * 2 * FP32),
+    )
+    backward = (
+        Streaming("cross entropy (backward): scale", elems * 2 * FP32),
+        Streaming("cross entropy (backward): to logits' dtype", elems * (FP32 + d)),
+    )
+    return forward, backward
 
 
 #: Layer kinds of a model given by its shapes, as :mod:`pipesim.plan.layers` names them.

@@ -26,8 +26,10 @@ each block's input and re-runs its forward before the backward (Narayanan et
 al. 2021's ``4`` passes instead of 3: the forward FLOPs are added to I);
 ``selective`` re-runs only the attention core (the two s x s matmuls, 4s^2h
 FLOPs), whose softmax, dropout mask and dropout output are the ``5as^2``
-bytes it stops storing. With flash attention those are never stored and the
-kernel already recomputes them, so ``selective`` changes nothing.
+bytes it stops storing. With flash attention those are never stored, so
+``selective`` saves no memory, and Megatron-Core still checkpoints the core
+attention (``Attention.checkpoint_core_attention``,
+``megatron/core/transformer/attention.py``): its forward runs again.
 
 Activation bytes (Korthikanti et al. 2023, Table 2): a GPT block stores ``s h
 (34 + 5 a s / h)`` bytes with 16-bit activations and 1-byte dropout masks.
@@ -283,7 +285,7 @@ def block_cost(
     input_grad = weighted + 2 * attention  # Qi et al. 2024, Table 1
     if recompute == "full":
         input_grad += forward  # the whole forward again (Narayanan et al. 2021, 4 passes)
-    elif recompute == "selective" and not spec.flash_attention:
+    elif recompute == "selective":
         input_grad += attention  # the attention core again (Korthikanti et al. 2023, sec. 5)
     recomputable = 0 if spec.flash_attention else total("score_bytes")
     seq_t = t if sequence_parallel else 1

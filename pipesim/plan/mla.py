@@ -130,4 +130,6 @@ def mla_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
     weight = tuple(_weight_grad(g) for g in (proj, kv_up, q_up, kv_down, q_down))
-    return BlockHalf(forward, backward, weight)
+    # selective recomputation re-runs the core attention (Megatron-Core's MLA is an
+    # ``Attention``: its ``checkpoint_core_attention``)
+    return BlockHalf(forward, backward, weight, (core,))

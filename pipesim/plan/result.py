@@ -411,8 +411,8 @@ def alternatives(result: PlanResult, /) -> list[tuple[str, PlanPoint]]:
 
 
 def compare_step_times(best_ns: float, other_ns: float, /) -> str:
-    """How the winner's step time reads beside another's: never "0.0% faster" (selective
-    recomputation with flash attention recomputes nothing, so it ties with none).
+    """How the winner's step time reads beside another's: never "0.0% faster" (two
+    configurations can tie exactly, as 1F1B and GPipe on one stage do).
 
     >>> compare_step_times(100, 112), compare_step_times(100, 100)
     ('12.0% faster than', 'same step time as')

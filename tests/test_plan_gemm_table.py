@@ -1,0 +1,84 @@
+"""GEMM rates measured by shape (pipesim.plan.gemm_table), worked by hand against the
+data file's own entries."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+
+import pytest
+from helpers import hand_accelerator
+
+from pipesim.errors import PlanError
+from pipesim.plan.gemm_table import gemm_table
+from pipesim.plan.gpu import gemm_seconds
+from pipesim.plan.hardware import accelerator_from_dict, get_accelerator
+from pipesim.plan.kernels import Gemm
+
+
+def _entries(name: str) -> dict[tuple[int, int, int, int], float]:
+    raw = json.loads(resources.files("pipesim").joinpath("data/gemm_tables.json").read_text())
+    return {(b, m, n, k): float(r) for b, m, n, k, r in raw["tables"][name]["entries"]}
+
+
+SM90 = _entries("xla-sm90-bf16")
+
+
+def test_the_h100_table_is_a_whole_grid_below_the_peak() -> None:
+    sides = (256, 512, 1024, 2048, 4096)
+    grid = {(b, m, n, k) for b in (1, 2, 4) for m in sides for n in sides for k in sides}
+    assert set(SM90) == grid
+    # every measured rate under the dense bf16 peak of each accelerator that names it
+    for name in ("h100-sxm", "h200", "h800"):
+        acc = get_accelerator(name)
+        assert acc.gemm_table == "xla-sm90-bf16"
+        assert max(SM90.values()) < acc.peak_flops
+
+
+def test_a_gemm_on_the_grid_takes_its_flops_at_the_measured_rate() -> None:
+    h100 = get_accelerator("h100-sxm")
+    g = Gemm("attention projection", 4096, 2048, 2048)
+    assert gemm_seconds(g, h100, dtype_bytes=2) == pytest.approx(
+        2 * 4096 * 2048 * 2048 / SM90[(1, 4096, 2048, 2048)], rel=1e-12
+    )
+
+
+def test_a_long_side_is_a_batch_of_pieces_and_a_long_k_runs_back_to_back() -> None:
+    table = gemm_table("xla-sm90-bf16")
+    # 8192 output columns: two pieces of 4096, a batch of 2 (the 1.7B's MLP up GEMM)
+    assert table.rate(4096, 8192, 2048) == pytest.approx(SM90[(2, 4096, 4096, 2048)])
+    # 12288 rows and 8192 columns: six pieces, past the grid's batch of 4: its rate
+    assert table.rate(12288, 8192, 1024) == pytest.approx(SM90[(4, 4096, 4096, 1024)])
+    # k = 8192: two GEMMs of k = 4096 accumulating
+    assert table.rate(4096, 2048, 8192) == pytest.approx(SM90[(1, 4096, 2048, 4096)])
+    # 6144 columns: two pieces of 3072, between 2048 and 4096 in log: a weighted
+    # geometric mean of the two batch-2 rates, w = log(3072 / 2048) / log 2
+    w = math.log2(3072 / 2048)
+    lo, hi = SM90[(2, 4096, 2048, 2048)], SM90[(2, 4096, 4096, 2048)]
+    assert table.rate(4096, 6144, 2048) == pytest.approx(lo ** (1 - w) * hi**w)
+    # a side under 256 costs what 256 costs: 128 rows take the time of 256
+    t128 = 2 * 128 * 512 * 512 / table.rate(128, 512, 512)
+    assert t128 == pytest.approx(2 * 256 * 512 * 512 / SM90[(1, 256, 512, 512)])
+
+
+def test_fp8_gemms_and_accelerators_without_a_table_keep_the_peak_share() -> None:
+    # outputs of exactly one wave of 128 x 128 tiles (132 SMs: 12 x 11; 108: 12 x 9)
+    h100 = get_accelerator("h100-sxm")
+    g = Gemm("one wave", 12 * 128, 11 * 128, 4096)
+    fp8 = gemm_seconds(g, h100, dtype_bytes=2, fp8=True)
+    assert fp8 == pytest.approx(g.flops / (h100.fp8_flops * h100.fp8_matmul_share))
+    a100 = get_accelerator("a100-80gb")
+    assert a100.gemm_table is None
+    g = Gemm("one wave", 12 * 128, 9 * 128, 4096)
+    assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(
+        g.flops / (a100.peak_flops * a100.matmul_efficiency)
+    )
+
+
+def test_an_unknown_table_is_refused_by_name() -> None:
+    with pytest.raises(PlanError, match=r"unknown gemm_table 'xla-sm9'.*xla-sm90-bf16"):
+        hand_accelerator(gemm_table="xla-sm9")
+    data = hand_accelerator().to_dict() | {"gemm_table": 90}
+    with pytest.raises(PlanError, match="gemm_table must be the name"):
+        accelerator_from_dict(data)
