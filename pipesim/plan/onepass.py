@@ -17,13 +17,13 @@ from pipesim.actions import OP_INDEX, Action, Op
 from pipesim.costs import CostModel, require_eager
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
-from pipesim.plan.steady import Extrapolation, Pattern
+from pipesim.plan.steady import Extrapolation, Pattern, Repeat
 from pipesim.schedule import Schedule
 from pipesim.step.cost_tables import cost_tables
 from pipesim.step.dependencies import forward_source, gradient_source
 from pipesim.step.numbering import action_key
 
-__all__ = ["quick_step"]
+__all__ = ["quick_step", "quick_step_repeat"]
 
 
 def quick_step(
@@ -52,6 +52,29 @@ def quick_step(
     >>> quick_step(long, CostModel(), pattern=find_pattern(long)).makespan  # (m + p - 1) 3
     3009
     """
+    return _one_pass(schedule, costs, None if pattern is None else Extrapolation(pattern))
+
+
+def quick_step_repeat(
+    schedule: Schedule, costs: CostModel, pattern: Pattern, /
+) -> tuple[StepResult | None, Repeat | None]:
+    """:func:`quick_step` with ``pattern``, and the repeat of the steady state it found
+    (None: none found, the evaluation was whole).
+
+    >>> from pipesim.schedules import generate
+    >>> from pipesim.plan.steady import find_pattern
+    >>> s = generate("1f1b", n_ranks=4, n_microbatches=40)
+    >>> result, repeat = quick_step_repeat(s, CostModel(), find_pattern(s))
+    >>> result.makespan, repeat.periods, repeat.delta  # one micro-batch more: F + B later
+    (129, 1, 3)
+    """
+    steady = Extrapolation(pattern)
+    return _one_pass(schedule, costs, steady), steady.repeat
+
+
+def _one_pass(
+    schedule: Schedule, costs: CostModel, steady: Extrapolation | None
+) -> StepResult | None:
     n_stages = schedule.n_stages
     costs = costs.for_stages(n_stages)
     require_eager(costs, evaluator="the one-pass evaluator (pipesim.plan.onepass)")
@@ -115,7 +138,6 @@ def quick_step(
     f_op, w_op = Op.F, Op.W
     runnable = list(range(n_ranks - 1, -1, -1))
     lengths = [len(order) for order in orders]
-    steady = None if pattern is None else Extrapolation(pattern)
     limits = lengths if steady is None else steady.limits()
     while True:
         while runnable:

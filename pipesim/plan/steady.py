@@ -33,7 +33,7 @@ from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step.numbering import action_key
 
-__all__ = ["MAX_CUTS", "Extrapolation", "Pattern", "find_pattern"]
+__all__ = ["MAX_CUTS", "Extrapolation", "Pattern", "Repeat", "find_pattern"]
 
 MAX_CUTS = 64
 """Periods the evaluator records before it gives up waiting for the state to repeat
@@ -124,6 +124,21 @@ def find_pattern(schedule: Schedule, /, *, keys: list[list[int]] | None = None) 
     return None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repeat:
+    """What the evaluator found when the state at a cut repeated an earlier one: each
+    further ``periods`` periods (``periods * shift`` micro-batches) of the run add
+    ``delta`` to every time and ``busy[r]`` to rank ``r``'s busy time, and change no
+    memory peak (:mod:`pipesim.plan.splice` reads it to price longer runs)."""
+
+    periods: int
+    """Periods from the earlier cut to the one that repeated it (``c``)."""
+    delta: Time
+    """The rise of rank 0's clock over those periods."""
+    busy: tuple[Time, ...]
+    """Per rank: busy time over those periods."""
+
+
 _Signals = tuple[dict[int, list[int]], set[int]]
 
 
@@ -186,6 +201,8 @@ class Extrapolation:
         self.seen: dict[tuple[object, ...], int] = {}
         self.refs: list[Time] = []
         self.busy: list[tuple[Time, ...]] = []
+        self.repeat: Repeat | None = None
+        """Set once the state at a cut repeats an earlier one."""
 
     def limits(self) -> list[int]:
         """Positions each rank may run up to before the next cut."""
@@ -227,6 +244,11 @@ class Extrapolation:
             )
             earlier = self.seen.get(state)
             if earlier is not None:
+                self.repeat = Repeat(
+                    periods=self.cut - earlier,
+                    delta=ref - self.refs[earlier],
+                    busy=tuple(b - e for b, e in zip(busy, self.busy[earlier], strict=True)),
+                )
                 return None, self._jump(
                     earlier, ref, positions, clock, busy, avail, sleeping, slots, makespan
                 )
