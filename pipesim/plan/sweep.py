@@ -52,6 +52,7 @@ from pipesim.costs import CostModel, Link, Links, StageCost
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
+from pipesim.nogc import sparse_gc
 from pipesim.partition import partition
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.cost_aware import get_cost_aware
@@ -1123,11 +1124,12 @@ def _evaluate_chunk(
     ctx = context if context is not None else _CONTEXT
     assert ctx is not None, "worker started without a sweep context"
     out = []
-    for index, point in chunk:
-        try:
-            out.append((index, evaluate_point(ctx, point)))
-        except PipesimError as exc:  # a generator or cost check refused this point
-            out.append((index, Evaluation(reason=f"refused: {exc}")))
+    with sparse_gc():
+        for index, point in chunk:
+            try:
+                out.append((index, evaluate_point(ctx, point)))
+            except PipesimError as exc:  # a generator or cost check refused this point
+                out.append((index, Evaluation(reason=f"refused: {exc}")))
     return out
 
 
@@ -1235,23 +1237,24 @@ def _evaluate_here(
     total = len(results)
     deadline, progress = stop.deadline, stop.progress
     done = 0
-    try:
-        for item in indexed:
-            if time.monotonic() > deadline:
-                if stop.partial:
-                    return _stopped_early(
-                        results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
-                    )
-                raise _timed_out(stop.timeout_s, done, total)
-            for index, evaluation in _evaluate_chunk([item], context):
-                results[index] = evaluation
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    except KeyboardInterrupt:
-        if not stop.partial:
-            raise
-        return _stopped_early(results, "the sweep was interrupted")
+    with sparse_gc():  # and each chunk's own, nested, keeps these thresholds
+        try:
+            for item in indexed:
+                if time.monotonic() > deadline:
+                    if stop.partial:
+                        return _stopped_early(
+                            results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
+                        )
+                    raise _timed_out(stop.timeout_s, done, total)
+                for index, evaluation in _evaluate_chunk([item], context):
+                    results[index] = evaluation
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        except KeyboardInterrupt:
+            if not stop.partial:
+                raise
+            return _stopped_early(results, "the sweep was interrupted")
     return [r for r in results if r is not None]
 
 
