@@ -19,7 +19,7 @@ from pipesim.plan import splice
 from pipesim.plan.hardware import get_accelerator
 from pipesim.plan.model import get_model
 from pipesim.plan.onepass import quick_step
-from pipesim.plan.steady import action_keys, find_pattern
+from pipesim.plan.steady import find_pattern, work_keys
 from pipesim.plan.sweep import Point, SweepContext, evaluate_points
 from pipesim.plan.workload import workload_from_model
 from pipesim.schedules import generate, get_spec, schedule_names
@@ -43,10 +43,11 @@ def _check_splices(name: str, p: int, v: int, largest: int) -> int:
         m0, shift = base.schedule.n_microbatches, base.pattern.shift
         periods = (m - m0) // shift
         schedule = generate(name, n_ranks=p, n_microbatches=m, virtual=v)  # never refused
-        keys = action_keys(schedule)
+        keys = work_keys(schedule)
         assert keys is not None
-        orders = [[divmod(key, m) for key in order] for order in keys]
-        assert orders == splice.spliced_orders(base.keys, m0, base.pattern, periods), (p, v, m)
+        orders = splice.works_of(keys, m, schedule.n_stages)
+        spliced = splice.spliced_orders(base.keys, m0, schedule.n_stages, base.pattern, periods)
+        assert orders == spliced, (p, v, m)
         assert find_pattern(schedule, keys=keys) == splice.extended(base.pattern, periods)
         assert schedule.placement == base.schedule.placement
         assert schedule.n_copies == base.schedule.n_copies and not schedule.happens_before
@@ -56,9 +57,7 @@ def _check_splices(name: str, p: int, v: int, largest: int) -> int:
 
 @pytest.mark.parametrize("name", _FAMILIES)
 def test_long_orders_are_their_base_spliced(name: str) -> None:
-    checked = sum(
-        _check_splices(name, p, v, 40) for p in (1, 2, 3, 4, 8) for v in _virtuals(name)
-    )
+    checked = sum(_check_splices(name, p, v, 40) for p in (1, 2, 3, 4, 8) for v in _virtuals(name))
     assert checked > 100
 
 
@@ -125,16 +124,18 @@ def test_order_form_identifies_orders() -> None:
         v = _virtuals(name)[-1]
         for m in (30, 31):
             s = generate(name, n_ranks=4, n_microbatches=m, virtual=v)
-            keys = action_keys(s)
+            keys = work_keys(s)
             assert keys is not None
             pattern = find_pattern(s, keys=keys)
             assert pattern is not None
-            forms[name, m] = splice.order_form(keys, m, pattern)
+            forms[name, m] = splice.order_form(keys, m, s.n_stages, pattern)
         base = splice.base_instance(name, 4, v, 31)
         assert base is not None
         periods = (31 - base.schedule.n_microbatches) // base.pattern.shift
-        assert splice.order_form(base.keys, base.schedule.n_microbatches, base.pattern,
-                                 periods=periods) == forms[name, 31]
+        form = splice.order_form(
+            base.keys, base.schedule.n_microbatches, 4 * v, base.pattern, periods=periods
+        )
+        assert form == forms[name, 31]
     assert len(set(forms.values())) == len(forms)
 
 
@@ -149,9 +150,15 @@ def _sweep(steady: bool, monkeypatch: pytest.MonkeyPatch) -> list[object]:
         memory_capacity_bytes=accelerator.memory_bytes,
     )
     points = [
-        Point(schedule=name, pipeline=p, virtual=v, microbatch_size=1, n_microbatches=m,
-              data_parallel=16 // p)
-        for name in _FAMILIES + ["gpipe", "interleaved-1f1b"]
+        Point(
+            schedule=name,
+            pipeline=p,
+            virtual=v,
+            microbatch_size=1,
+            n_microbatches=m,
+            data_parallel=16 // p,
+        )
+        for name in [*_FAMILIES, "gpipe", "interleaved-1f1b", "dualpipe"]
         for p in (2, 4)
         for v in (1, 2)
         for m in (3, 9, 17, 40, 64)

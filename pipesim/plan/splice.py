@@ -37,7 +37,7 @@ from pipesim.errors import ScheduleError
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
 from pipesim.plan.onepass import quick_step_repeat
-from pipesim.plan.steady import Pattern, Repeat, action_keys, find_pattern
+from pipesim.plan.steady import Pattern, Repeat, find_pattern, work_keys
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate
 
@@ -53,16 +53,19 @@ __all__ = [
     "order_form",
     "spliced",
     "spliced_orders",
+    "works_of",
 ]
 
-SPLICED_FAMILIES = frozenset({"1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min"})
+SPLICED_FAMILIES = frozenset({"1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min", "dualpipev"})
 """Families whose longer orders are their bases' with periods inserted (tested), and
-which accept every micro-batch count (the interleaved families refuse some, by rules
-that only their generators apply)."""
+which accept every micro-batch count from their bases' on (the interleaved families and
+DualPipe refuse some, by rules that only their generators apply; DualPipe's second copy
+also starts at the micro-batch count's half, so its prefix moves too)."""
 MAX_SPLICED_RANKS = 16
 MAX_SPLICED_VIRTUAL = 4
 MAX_SPLICED_MICROBATCHES = 128
 """The sizes the splice property is tested for; larger schedules are generated."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Instance:
@@ -70,13 +73,13 @@ class Instance:
 
     schedule: Schedule
     keys: list[list[int]]
-    """:func:`pipesim.plan.steady.action_keys` of ``schedule``."""
+    """:func:`pipesim.plan.steady.work_keys` of ``schedule``."""
     pattern: Pattern
 
 
-_INSTANCES: dict[tuple[str, int, int, int], Instance | None] = {}
+_INSTANCES: dict[tuple[str, int, int, int], Instance] = {}
 _PRICED: dict[tuple[int, int], tuple[Instance, CostModel, StepResult | None, Repeat | None]] = {}
-_MAX_CACHED = 512
+_MAX_CACHED = 1024
 
 
 def spliced(name: str, n_ranks: int, virtual: int, n_microbatches: int, /) -> bool:
@@ -93,29 +96,27 @@ def _instance(name: str, n_ranks: int, virtual: int, n_microbatches: int) -> Ins
     """The generated schedule, if the family accepts these sizes and it has a run (and no
     ``happens_before``, which splicing would have to shift too)."""
     key = (name, n_ranks, virtual, n_microbatches)
-    if key in _INSTANCES:
-        return _INSTANCES[key]
-    found: Instance | None = None
+    found = _INSTANCES.get(key)
+    if found is not None:
+        return found
     try:
-        schedule = generate(
-            name, n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual
-        )
+        schedule = generate(name, n_ranks=n_ranks, n_microbatches=n_microbatches, virtual=virtual)
     except ScheduleError:
-        schedule = None
-    if schedule is not None and not schedule.happens_before:
-        keys = action_keys(schedule)
-        pattern = None if keys is None else find_pattern(schedule, keys=keys)
-        if keys is not None and pattern is not None:
-            found = Instance(schedule=schedule, keys=keys, pattern=pattern)
-    if len(_INSTANCES) >= _MAX_CACHED:
+        return None
+    if schedule.happens_before:
+        return None
+    keys = work_keys(schedule)
+    pattern = None if keys is None else find_pattern(schedule, keys=keys)
+    if keys is None or pattern is None:
+        return None
+    found = Instance(schedule=schedule, keys=keys, pattern=pattern)
+    if len(_INSTANCES) >= _MAX_CACHED:  # the oldest first: bases stay in their searches
         _INSTANCES.pop(next(iter(_INSTANCES)))
     _INSTANCES[key] = found
     return found
 
 
-def base_instance(
-    name: str, n_ranks: int, virtual: int, n_microbatches: int, /
-) -> Instance | None:
+def base_instance(name: str, n_ranks: int, virtual: int, n_microbatches: int, /) -> Instance | None:
     """The base of the schedule of ``n_microbatches``: the generated instance of the
     fewest micro-batches ``m0 < n_microbatches`` with a run whose shift divides
     ``n_microbatches - m0``; None if there is none.
@@ -160,59 +161,97 @@ def extended(pattern: Pattern, periods: int, /) -> Pattern:
     )
 
 
+Parts = tuple[tuple[int, int], ...]
+"""A work as its parts' ``(action code, micro-batch)`` pairs (an action: one)."""
+
+
+def works_of(keys: list[list[int]], width: int, n_stages: int, /) -> list[list[Parts]]:
+    """Each rank's order of :func:`pipesim.plan.steady.work_keys` ints (stride ``width``)
+    as :data:`Parts`.
+
+    >>> from pipesim.schedules import generate
+    >>> s = generate("dualpipev", n_ranks=1, n_microbatches=4)
+    >>> works_of(work_keys(s), 4, 2)[0][4]  # (1F1;0B0): stage 1's F, stage 0's B
+    ((4, 1), (1, 0))
+    """
+    span = 4 * n_stages * width
+    orders = []
+    for order in keys:
+        works: list[Parts] = []
+        for key in order:
+            if key >= 0:
+                works.append((divmod(key, width),))
+            else:
+                first, second = divmod(-key - 1, span)
+                works.append((divmod(first, width), divmod(second, width)))
+        orders.append(works)
+    return orders
+
+
+def _later_by(work: Parts, microbatches: int) -> Parts:
+    return tuple((code, mb + microbatches) for code, mb in work)
+
+
 def spliced_orders(
-    keys: list[list[int]], width: int, pattern: Pattern, periods: int, /
-) -> list[list[tuple[int, int]]]:
-    """Each rank's order of the schedule ``keys`` (``action_key`` ints at stride
-    ``width``) with ``periods`` more periods in its run, as ``(action code, micro-batch)``
-    pairs: up to the run's end as it was, then the run continued, then the rest with its
-    micro-batches ``periods * shift`` higher.
+    keys: list[list[int]], width: int, n_stages: int, pattern: Pattern, periods: int, /
+) -> list[list[Parts]]:
+    """Each rank's order of the schedule ``keys`` (:func:`pipesim.plan.steady.work_keys`
+    at stride ``width``) with ``periods`` more periods in its run, as :data:`Parts`: up to
+    the run's end as it was, then the run continued, then the rest with its micro-batches
+    ``periods * shift`` higher.
 
     >>> from pipesim.schedules import generate
     >>> s = generate("1f1b", n_ranks=1, n_microbatches=5)
     >>> p = find_pattern(s)
-    >>> spliced_orders(action_keys(s), 5, p, 1)[0]  # F0 B0 F1 B1 ... as (code, mb)
+    >>> [w for (w,) in spliced_orders(work_keys(s), 5, 1, p, 1)[0]]  # F0 B0 F1 B1 ... F5 B5
     [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3), (0, 4), (1, 4), (0, 5), (1, 5)]
     """
     shift = pattern.shift
     orders = []
-    for order, end, length in zip(keys, pattern.ends, pattern.lengths, strict=True):
-        pairs = [divmod(key, width) for key in order]
-        longer = pairs[:end]
+    for works, end, length in zip(
+        works_of(keys, width, n_stages), pattern.ends, pattern.lengths, strict=True
+    ):
+        longer = works[:end]
         for x in range(end, end + periods * length):
-            code, mb = longer[x - length]
-            longer.append((code, mb + shift))
-        longer += [(code, mb + periods * shift) for code, mb in pairs[end:]]
+            longer.append(_later_by(longer[x - length], shift))
+        longer += [_later_by(work, periods * shift) for work in works[end:]]
         orders.append(longer)
     return orders
 
 
 def order_form(
-    keys: list[list[int]], width: int, pattern: Pattern, /, *, periods: int = 0
+    keys: list[list[int]], width: int, n_stages: int, pattern: Pattern, /, *, periods: int = 0
 ) -> tuple[object, ...]:
-    """The orders ``keys`` (at stride ``width``, run ``pattern``) with ``periods`` more
-    periods spliced in, described by their runs: per rank the actions before the run,
-    its first period, its length and the actions after it (micro-batches counted down
-    from the last), as ``(code, micro-batch)`` pairs; and the micro-batch count. Equal
-    orders have equal forms (the run is a function of the orders), and the form gives
-    the orders back, so it identifies them.
+    """The orders ``keys`` (:func:`pipesim.plan.steady.work_keys` at stride ``width``, run
+    ``pattern``) with ``periods`` more periods spliced in, described by their runs: per
+    rank the works before the run, its first period, its length and the works after it
+    (micro-batches counted down from the last), as :data:`Parts`; and the micro-batch
+    count. Equal orders have equal forms (the run is a function of the orders), and the
+    form gives the orders back, so it identifies them.
 
     >>> from pipesim.schedules import generate
     >>> short, long = (generate("1f1b", n_ranks=2, n_microbatches=m) for m in (8, 9))
-    >>> forms = [order_form(action_keys(s), s.n_microbatches, find_pattern(s)) for s in (short, long)]
-    >>> order_form(action_keys(short), 8, find_pattern(short), periods=1) == forms[1] != forms[0]
+    >>> def form(s, periods=0):
+    ...     return order_form(work_keys(s), s.n_microbatches, 2, find_pattern(s), periods=periods)
+    >>> form(short, 1) == form(long) != form(short)
     True
     """
     ranks = []
     for order, start, end, length in zip(
         keys, pattern.starts, pattern.ends, pattern.lengths, strict=True
     ):
+        # only the ends of the order are read: the run is its first period repeated
+        prefix, period, suffix = works_of(
+            [order[:start], order[start : start + length], order[end + length :]],
+            width,
+            n_stages,
+        )
         ranks.append(
             (
-                tuple(divmod(key, width) for key in order[:start]),
-                tuple(divmod(key, width) for key in order[start : start + length]),
+                tuple(prefix),
+                tuple(period),
                 end - start + periods * length,
-                tuple((key // width, width - key % width) for key in order[end + length :]),
+                tuple(tuple((c, width - mb) for c, mb in w) for w in suffix),
             )
         )
     return (width + periods * pattern.shift, pattern.shift, tuple(ranks))

@@ -54,6 +54,7 @@ from pipesim.errors import PipesimError, PlanError, ScheduleError
 from pipesim.metrics import Metrics
 from pipesim.nogc import sparse_gc
 from pipesim.partition import partition
+from pipesim.plan import splice
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
@@ -71,9 +72,8 @@ from pipesim.plan.kernels import Shard
 from pipesim.plan.measured import measured_stages
 from pipesim.plan.onepass import quick_step
 from pipesim.plan.overlap import overlap_partners, pair_seconds, pass_parts
-from pipesim.plan import splice
 from pipesim.plan.result import PlanPoint
-from pipesim.plan.steady import Pattern, action_keys, find_pattern
+from pipesim.plan.steady import Pattern, find_pattern, work_keys
 from pipesim.plan.workload import Workload, workload_from_model
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
@@ -288,13 +288,16 @@ def _fingerprint(
     periods: int = 0,
 ) -> str:
     """A digest of the per-rank orders, equal across processes for equal schedules:
-    actions by their keys (``keys``, :func:`pipesim.plan.steady.action_keys`; ints,
+    actions by their keys (``keys``, :func:`pipesim.plan.steady.work_keys`; ints,
     whose hashes, unlike strings', are not salted per process), by their run
     (``pattern``, :func:`pipesim.plan.splice.order_form`, ``periods`` more periods
-    spliced in) where they have one, overlapped works (no ``keys``) by their text."""
+    spliced in) where they have one, overlapped works of more than two parts (no
+    ``keys``) by their text."""
     digest = hashlib.blake2b(digest_size=12)
     if keys is not None and pattern is not None:
-        form = splice.order_form(keys, schedule.n_microbatches, pattern, periods=periods)
+        form = splice.order_form(
+            keys, schedule.n_microbatches, schedule.n_stages, pattern, periods=periods
+        )
         digest.update(repr(("run", hash(form))).encode())
     elif keys is not None:
         digest.update(repr(hash(tuple(map(tuple, keys)))).encode())
@@ -326,7 +329,7 @@ def _generated(point: Point) -> tuple[Schedule, str]:
         n_microbatches=point.n_microbatches,
         virtual=point.virtual,
     )
-    keys = action_keys(schedule)
+    keys = work_keys(schedule)
     pattern = None if keys is None else find_pattern(schedule, keys=keys)
     _remember_pattern(schedule, pattern)
     return schedule, _fingerprint(schedule, keys, pattern)
@@ -1105,7 +1108,7 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
 
 
 def _build_fingerprint(schedule: Schedule) -> str:
-    keys = action_keys(schedule)
+    keys = work_keys(schedule)
     return _fingerprint(schedule, keys, None if keys is None else find_pattern(schedule, keys=keys))
 
 
