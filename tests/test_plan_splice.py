@@ -182,3 +182,51 @@ def test_sweep_is_the_same_with_and_without(monkeypatch: pytest.MonkeyPatch) -> 
     assert sum(calls) >= 20  # the splicing was used
     whole = _sweep(False, monkeypatch)
     assert spliced == whole
+
+
+def test_sampled_goal_sweep_points_equal_the_simpy_engine() -> None:
+    """Configurations drawn from bench_plan.py's goal sweep (Llama 2 13B on 16 H100s,
+    p <= 16, m <= 128), each priced through its base: the whole Evaluation equals the
+    sweep run on the SimPy engine (which generates every schedule and simulates it)."""
+    model, accelerator = get_model("llama2-13b"), get_accelerator("h100-sxm")
+    contexts = [
+        SweepContext(
+            workload=workload_from_model(model),
+            accelerator=accelerator,
+            devices=16,
+            memory_capacity_bytes=accelerator.memory_bytes,
+            engine=engine,
+        )
+        for engine in ("fast", "simpy")
+    ]
+    rng = random.Random(27)
+    points = []
+    for name in _FAMILIES:
+        v = _virtuals(name)[-1]
+        for p in rng.sample([2, 4, 8, 16], 2):
+            m = rng.randint(2 * p + 8, 96 if p < 16 else 48)
+            points.append(
+                Point(
+                    schedule=name,
+                    pipeline=p,
+                    virtual=v,
+                    microbatch_size=1,
+                    n_microbatches=m,
+                    data_parallel=16 // p,
+                )
+            )
+    calls = []
+    real = splice.extrapolated_step
+
+    def counted(*args: object) -> object:
+        found = real(*args)  # type: ignore[arg-type]
+        calls.append(found is not None)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(splice, "extrapolated_step", counted)
+        fast = evaluate_points(contexts[0], points, workers=1, timeout_s=600)
+    reference = evaluate_points(contexts[1], points, workers=1, timeout_s=1200)
+    assert sum(calls) >= len(points) // 2
+    assert [e.reason for e in fast] == [None] * len(points)
+    assert fast == reference

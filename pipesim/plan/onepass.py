@@ -302,9 +302,10 @@ def _run_ranks(
     message not yet sent (it then sleeps until that message is sent).
 
     The hot loop of the planner: one function, every table a local, the per-action work
-    inlined (action_code, the link queue, the memory peaks). Calling a helper per action
-    for the reads, the memory or the send made a sweep's evaluations slower (see
-    docs/planner-speed.md, "The evaluator's shape"); overlapped works, rarer, have theirs.
+    inlined (action_code, the link queue, the memory peaks). A helper per action costs a
+    Python call per action: the memory update alone as a function made whole evaluations
+    8-10 % slower (docs/planner-speed.md, "The evaluator's shape"), so this stays one
+    function; overlapped works, rarer, have their own (:func:`_run_overlap`).
     """
     durations, effects, width = wiring.durations, wiring.effects, wiring.width
     f_src, g_src, f_waits, g_waits = wiring.f_src, wiring.g_src, wiring.f_waits, wiring.g_waits

@@ -50,6 +50,7 @@ __all__ = [
     "base_instance",
     "extended",
     "extrapolated_step",
+    "note_generated",
     "order_form",
     "spliced",
     "spliced_orders",
@@ -138,6 +139,32 @@ def base_instance(name: str, n_ranks: int, virtual: int, n_microbatches: int, /)
             if (n_microbatches - search.searched) % found.pattern.shift == 0:
                 return found
     return None
+
+
+def note_generated(
+    name: str,
+    n_ranks: int,
+    virtual: int,
+    n_microbatches: int,
+    found: tuple[Schedule, list[list[int]] | None, Pattern | None] | None,
+    /,
+) -> None:
+    """Tell :func:`base_instance` of a schedule its caller generated (``found``: it, its
+    keys and its run; None: refused), so that a sweep over the micro-batch counts does
+    not generate the short ones twice."""
+    if not spliced(name, n_ranks, virtual, n_microbatches):
+        return
+    search = _SEARCHES.setdefault((name, n_ranks, virtual), _Search())
+    if n_microbatches != search.searched + 1:
+        return
+    search.searched = n_microbatches
+    if found is None:
+        return
+    schedule, keys, pattern = found
+    if keys is not None and pattern is not None and not schedule.happens_before:
+        instance = Instance(schedule=schedule, keys=keys, pattern=pattern)
+        search.found.append(instance)
+        _INSTANCES[(name, n_ranks, virtual, n_microbatches)] = instance
 
 
 @dataclass(slots=True)

@@ -323,14 +323,20 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
 
 
 def _generated(point: Point) -> tuple[Schedule, str]:
-    schedule = generate(
-        point.schedule,
-        n_ranks=point.pipeline,
-        n_microbatches=point.n_microbatches,
-        virtual=point.virtual,
-    )
+    sizes = (point.schedule, point.pipeline, point.virtual, point.n_microbatches)
+    try:
+        schedule = generate(
+            point.schedule,
+            n_ranks=point.pipeline,
+            n_microbatches=point.n_microbatches,
+            virtual=point.virtual,
+        )
+    except ScheduleError:
+        splice.note_generated(*sizes, None)
+        raise
     keys = work_keys(schedule)
     pattern = None if keys is None else find_pattern(schedule, keys=keys)
+    splice.note_generated(*sizes, (schedule, keys, pattern))
     _remember_pattern(schedule, pattern)
     return schedule, _fingerprint(schedule, keys, pattern)
 
