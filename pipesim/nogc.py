@@ -35,7 +35,7 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-SPARSE_THRESHOLDS = (50_000, 20, 100)
+SPARSE_THRESHOLDS = (100_000, 100, 1000)
 """Allocations between young collections, and young (then middle) collections between
 older ones, inside :func:`sparse_gc` (CPython's defaults: 700, 10, 10)."""
 

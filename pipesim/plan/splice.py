@@ -50,6 +50,7 @@ __all__ = [
     "base_instance",
     "extended",
     "extrapolated_step",
+    "instance_form",
     "note_generated",
     "order_form",
     "spliced",
@@ -263,6 +264,8 @@ def order_form(
     >>> form(short, 1) == form(long) != form(short)
     True
     """
+    if periods:
+        return _longer_form(order_form(keys, width, n_stages, pattern), pattern, periods)
     ranks = []
     for order, start, end, length in zip(
         keys, pattern.starts, pattern.ends, pattern.lengths, strict=True
@@ -282,6 +285,42 @@ def order_form(
             )
         )
     return (width + periods * pattern.shift, pattern.shift, tuple(ranks))
+
+
+def _longer_form(form: tuple[object, ...], pattern: Pattern, periods: int) -> tuple[object, ...]:
+    """``form`` (of no periods more) with ``periods`` more: only the run lengths and the
+    micro-batch count change."""
+    width, shift, ranks = form
+    return (
+        width + periods * shift,  # type: ignore[operator]
+        shift,
+        tuple(
+            (prefix, period, run + periods * length, suffix)
+            for (prefix, period, run, suffix), length in zip(
+                ranks,  # type: ignore[call-overload]
+                pattern.lengths,
+                strict=True,
+            )
+        ),
+    )
+
+
+_FORMS: dict[int, tuple[Instance, tuple[object, ...]]] = {}
+
+
+def instance_form(instance: Instance, periods: int, /) -> tuple[object, ...]:
+    """:func:`order_form` of ``instance`` with ``periods`` more periods (its own form is
+    found once)."""
+    found = _FORMS.get(id(instance))
+    if found is None or found[0] is not instance:
+        schedule = instance.schedule
+        form = order_form(
+            instance.keys, schedule.n_microbatches, schedule.n_stages, instance.pattern
+        )
+        if len(_FORMS) >= _MAX_CACHED:
+            _FORMS.pop(next(iter(_FORMS)))
+        found = _FORMS[id(instance)] = (instance, form)
+    return _longer_form(found[1], instance.pattern, periods)
 
 
 def extrapolated_step(

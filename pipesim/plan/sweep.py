@@ -285,19 +285,17 @@ def _fingerprint(
     keys: list[list[int]] | None,
     pattern: Pattern | None,
     *,
-    periods: int = 0,
+    form: tuple[object, ...] | None = None,
 ) -> str:
     """A digest of the per-rank orders, equal across processes for equal schedules:
     actions by their keys (``keys``, :func:`pipesim.plan.steady.work_keys`; ints,
     whose hashes, unlike strings', are not salted per process), by their run
-    (``pattern``, :func:`pipesim.plan.splice.order_form`, ``periods`` more periods
-    spliced in) where they have one, overlapped works of more than two parts (no
-    ``keys``) by their text."""
+    (``pattern``, :func:`pipesim.plan.splice.order_form`, or that ``form`` given) where
+    they have one, overlapped works of more than two parts (no ``keys``) by their text."""
     digest = hashlib.blake2b(digest_size=12)
-    if keys is not None and pattern is not None:
-        form = splice.order_form(
-            keys, schedule.n_microbatches, schedule.n_stages, pattern, periods=periods
-        )
+    if form is None and keys is not None and pattern is not None:
+        form = splice.order_form(keys, schedule.n_microbatches, schedule.n_stages, pattern)
+    if form is not None:
         digest.update(repr(("run", hash(form))).encode())
     elif keys is not None:
         digest.update(repr(hash(tuple(map(tuple, keys)))).encode())
@@ -353,7 +351,8 @@ def _spliced(point: Point) -> tuple[Schedule, str] | None:
     if base is None:
         return None
     periods = (m - base.schedule.n_microbatches) // base.pattern.shift
-    return base.schedule, _fingerprint(base.schedule, base.keys, base.pattern, periods=periods)
+    form = splice.instance_form(base, periods)
+    return base.schedule, _fingerprint(base.schedule, base.keys, base.pattern, form=form)
 
 
 def _workload(context: SweepContext, point: Point) -> Workload:
