@@ -134,11 +134,11 @@ def base_instance(name: str, n_ranks: int, virtual: int, n_microbatches: int, /)
             return found
     while search.searched + 1 < n_microbatches:
         search.searched += 1
-        found = _instance(name, n_ranks, virtual, search.searched)
-        if found is not None:
-            search.found.append(found)
-            if (n_microbatches - search.searched) % found.pattern.shift == 0:
-                return found
+        generated = _instance(name, n_ranks, virtual, search.searched)
+        if generated is not None:
+            search.found.append(generated)
+            if (n_microbatches - search.searched) % generated.pattern.shift == 0:
+                return generated
     return None
 
 
@@ -352,6 +352,7 @@ def extrapolated_step(
             if found is None or found[1] is None or found[1].periods * shift != cycle:
                 return None
             m1, (result, repeat) = m1 + more * shift, found
+        assert result is not None and repeat is not None, "_instance_priced gives a result"
         return _later(result, repeat, (n_microbatches - m1) // cycle)
     return None
 
