@@ -42,6 +42,8 @@ front of step time versus memory.
 - :mod:`~pipesim.plan.fastsim`, :mod:`~pipesim.plan.onepass`,
   :mod:`~pipesim.plan.fasttrace`: fast evaluators identical to the SimPy engine;
   :mod:`~pipesim.plan.steady`: the one-pass evaluator's exact steady-state extrapolation;
+- :mod:`~pipesim.plan.splice`: long schedules of a family priced exactly from short ones
+  (their orders are the short ones' with whole periods inserted);
 - :mod:`~pipesim.plan.bounds`, :mod:`~pipesim.plan.prune`: exact lower bounds and the
   branch and bound over them (``prune=True``);
 - :mod:`~pipesim.plan.period`: a configuration's steady-state period under an

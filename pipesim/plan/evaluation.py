@@ -17,7 +17,7 @@ from pipesim.costs import CostModel, Link
 from pipesim.engine import simulate
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.metrics import Metrics
-from pipesim.plan import ranks, stage_costs
+from pipesim.plan import ranks, splice, stage_costs
 from pipesim.plan.cost_aware import get_cost_aware
 from pipesim.plan.fastsim import compile_schedule, evaluate, metrics_of
 from pipesim.plan.onepass import quick_step
@@ -30,7 +30,7 @@ from pipesim.plan.stage_costs import (
     stage_sizes,
     stage_table,
 )
-from pipesim.plan.steady import Pattern, action_keys, find_pattern
+from pipesim.plan.steady import Pattern, find_pattern, work_keys
 from pipesim.plan.workload import Workload
 from pipesim.schedule import Schedule
 from pipesim.schedules import generate, get_spec
@@ -49,7 +49,7 @@ __all__ = [
 _CONTEXT: SweepContext | None = None
 _SCHEDULES: dict[tuple[str, int, int, int], tuple[Schedule, str] | str] = {}
 _WORKLOADS: dict[tuple[int, bool, str, int, int, int], Workload] = {}
-_SIMULATED: dict[tuple[int, int], tuple[Schedule, CostModel, Metrics]] = {}
+_SIMULATED: dict[tuple[int, int, int], tuple[Schedule, CostModel, Metrics]] = {}
 _MAX_SCHEDULES = 64
 _PATTERNS: dict[int, tuple[Schedule, Pattern | None]] = {}  # by id(schedule)
 _STRUCTURES: dict[int, tuple[Schedule, StepStructure]] = {}  # by id(schedule)
@@ -79,13 +79,24 @@ def _install(context: SweepContext) -> None:
     _STEADY[0] = os.environ.get("PIPESIM_STEADY", "1") != "0"
 
 
-def _fingerprint(schedule: Schedule, keys: list[list[int]] | None) -> str:
+def _fingerprint(
+    schedule: Schedule,
+    keys: list[list[int]] | None,
+    pattern: Pattern | None,
+    *,
+    form: tuple[object, ...] | None = None,
+) -> str:
     """A digest of the per-rank orders, equal across processes for equal schedules:
-    actions by their keys (``keys``, :func:`pipesim.plan.steady.action_keys`; ints,
-    whose hashes, unlike strings', are not salted per process), overlapped works (no
-    ``keys``) by their text."""
+    actions by their keys (``keys``, :func:`pipesim.plan.steady.work_keys`; ints,
+    whose hashes, unlike strings', are not salted per process), by their run
+    (``pattern``, :func:`pipesim.plan.splice.order_form`, or that ``form`` given) where
+    they have one, overlapped works of more than two parts (no ``keys``) by their text."""
     digest = hashlib.blake2b(digest_size=12)
-    if keys is not None:
+    if form is None and keys is not None and pattern is not None:
+        form = splice.order_form(keys, schedule.n_microbatches, schedule.n_stages, pattern)
+    if form is not None:
+        digest.update(repr(("run", hash(form))).encode())
+    elif keys is not None:
         digest.update(repr(hash(tuple(map(tuple, keys)))).encode())
     else:
         digest.update(repr(tuple(tuple(map(str, order)) for order in schedule.orders)).encode())
@@ -99,21 +110,48 @@ def _schedule(point: Point) -> tuple[Schedule, str] | str:
     found = _SCHEDULES.get(key)
     if found is None:
         try:
-            schedule = generate(
-                point.schedule,
-                n_ranks=point.pipeline,
-                n_microbatches=point.n_microbatches,
-                virtual=point.virtual,
-            )
-            keys = action_keys(schedule)
-            found = (schedule, _fingerprint(schedule, keys))
-            _remember_pattern(schedule, keys)
+            found = _spliced(point) or _generated(point)
         except ScheduleError as exc:
             found = f"schedule rule: {exc}"
         if len(_SCHEDULES) >= _MAX_SCHEDULES:
             _SCHEDULES.pop(next(iter(_SCHEDULES)))
         _SCHEDULES[key] = found
     return found
+
+
+def _generated(point: Point) -> tuple[Schedule, str]:
+    sizes = (point.schedule, point.pipeline, point.virtual, point.n_microbatches)
+    try:
+        schedule = generate(
+            point.schedule,
+            n_ranks=point.pipeline,
+            n_microbatches=point.n_microbatches,
+            virtual=point.virtual,
+        )
+    except ScheduleError:
+        splice.note_generated(*sizes, None)
+        raise
+    keys = work_keys(schedule)
+    pattern = None if keys is None else find_pattern(schedule, keys=keys)
+    splice.note_generated(*sizes, (schedule, keys, pattern))
+    _remember_pattern(schedule, pattern)
+    return schedule, _fingerprint(schedule, keys, pattern)
+
+
+def _spliced(point: Point) -> tuple[Schedule, str] | None:
+    """A shorter schedule of the family that stands in for ``point``'s (its base,
+    :mod:`pipesim.plan.splice`; ``_simulate`` prices the longer one from it), or None."""
+    m = point.n_microbatches
+    if not (_STEADY[0] and _CONTEXT is not None and _CONTEXT.engine != "simpy"):
+        return None
+    if not splice.spliced(point.schedule, point.pipeline, point.virtual, m):
+        return None
+    base = splice.base_instance(point.schedule, point.pipeline, point.virtual, m)
+    if base is None:
+        return None
+    periods = (m - base.schedule.n_microbatches) // base.pattern.shift
+    form = splice.instance_form(base, periods)
+    return base.schedule, _fingerprint(base.schedule, base.keys, base.pattern, form=form)
 
 
 def point_workload(context: SweepContext, point: Point) -> Workload:
@@ -167,7 +205,7 @@ def evaluate_point(context: SweepContext, point: Point, /) -> Evaluation:
         if isinstance(built, str):
             return Evaluation(reason=built)
         schedule = built
-    metrics = _simulate(context, schedule, table.costs)
+    metrics = _simulate(context, schedule, table.costs, point)
     loads = rank_loads(context, point, schedule, table, metrics)
     after = rank_iterations(
         context,
@@ -254,14 +292,21 @@ def _build_cost_aware(
     return schedule
 
 
-def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Metrics:
+def _simulate(
+    context: SweepContext, schedule: Schedule, costs: CostModel, point: Point | None = None
+) -> Metrics:
+    """The step's metrics; ``point``'s longer schedule where ``schedule`` is its base
+    (:func:`_spliced`)."""
+    m = schedule.n_microbatches if point is None else point.n_microbatches
     # Points that differ only in the optimizer's sharding come one after the other and
     # share the cached schedule and cost objects: simulate them once.
-    key = (id(schedule), id(costs))
+    key = (id(schedule), id(costs), m)
     found = _SIMULATED.get(key)
     if found is not None and found[0] is schedule and found[1] is costs:
         return found[2]
-    if context.engine == "simpy":
+    if point is not None and m != schedule.n_microbatches:
+        metrics = _extrapolated(schedule, costs, point)
+    elif context.engine == "simpy":
         metrics = simulate(schedule, costs=costs, check=False).metrics
     else:
         step = quick_step(schedule, costs, pattern=_pattern(schedule))
@@ -271,6 +316,19 @@ def _simulate(context: SweepContext, schedule: Schedule, costs: CostModel) -> Me
     _SIMULATED.clear()
     _SIMULATED[key] = (schedule, costs, metrics)
     return metrics
+
+
+def _extrapolated(base: Schedule, costs: CostModel, point: Point) -> Metrics:
+    """``point``'s metrics from its schedule's ``base`` (:mod:`pipesim.plan.splice`); where
+    no shorter instance repeats, from its schedule generated after all."""
+    m = point.n_microbatches
+    step = splice.extrapolated_step(point.schedule, point.pipeline, point.virtual, m, costs)
+    if step is None:
+        full, _ = _generated(point)
+        step = quick_step(full, costs, pattern=_pattern(full))
+    assert step is not None, "a spliced family's schedules are of simple actions"
+    # the base's metrics but for the micro-batch count: the rest is the step's or the same
+    return replace(metrics_of(base, costs, step), n_microbatches=m)
 
 
 def _compiled(schedule: Schedule) -> StepStructure:
@@ -290,16 +348,16 @@ def _pattern(schedule: Schedule) -> Pattern | None:
         return None
     found = _PATTERNS.get(id(schedule))
     if found is None or found[0] is not schedule:
-        return _remember_pattern(schedule, None)
+        return _remember_pattern(schedule, find_pattern(schedule))
     return found[1]
 
 
-def _remember_pattern(schedule: Schedule, keys: list[list[int]] | None) -> Pattern | None:
+def _remember_pattern(schedule: Schedule, pattern: Pattern | None) -> Pattern | None:
     if len(_PATTERNS) >= _MAX_SCHEDULES:
         _PATTERNS.pop(next(iter(_PATTERNS)))
-    pattern = find_pattern(schedule, keys=keys) if _STEADY[0] else None
-    _PATTERNS[id(schedule)] = (schedule, pattern)
-    return pattern
+    used = pattern if _STEADY[0] else None
+    _PATTERNS[id(schedule)] = (schedule, used)
+    return used
 
 
 def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedule, CostModel]:
@@ -329,7 +387,7 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
         point.microbatch_size,
         pipeline_ranks_per_node(context, point),
         schedule.n_copies,
-        _partners(workload, schedule, _fingerprint(schedule, action_keys(schedule))),
+        _partners(workload, schedule, _build_fingerprint(schedule)),
     )
     # the static memory of this point (the table's param_bytes assume no sharding)
     experts = table.expert_params or [0] * len(table.params)
@@ -339,6 +397,11 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
     )
     return schedule, replace(table.costs, stages=stages)
 
+
+
+def _build_fingerprint(schedule: Schedule) -> str:
+    keys = work_keys(schedule)
+    return _fingerprint(schedule, keys, None if keys is None else find_pattern(schedule, keys=keys))
 
 def pipeline_comm_ns(context: SweepContext, point: Point, /, *, makespan_ns: int) -> int:
     """How much longer ``point``'s pipeline is for its sends between stages: its

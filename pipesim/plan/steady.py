@@ -33,7 +33,7 @@ from pipesim.exact import Time
 from pipesim.schedule import Schedule
 from pipesim.step.numbering import action_key
 
-__all__ = ["MAX_CUTS", "Extrapolation", "Pattern", "find_pattern"]
+__all__ = ["MAX_CUTS", "Extrapolation", "Pattern", "Repeat", "find_pattern"]
 
 MAX_CUTS = 64
 """Periods the evaluator records before it gives up waiting for the state to repeat
@@ -64,25 +64,42 @@ class Pattern:
     """Per rank: one past the last position whose action repeats ``lengths[r]`` later."""
 
 
-def action_keys(schedule: Schedule, /) -> list[list[int]] | None:
-    """Each rank's order as :func:`pipesim.step.numbering.action_key` ints (stride: the
-    micro-batch count); None when a rank runs an overlapped work.
+def work_keys(schedule: Schedule, /) -> list[list[int]] | None:
+    """Each rank's order as ints: an action its :func:`pipesim.step.numbering.action_key`
+    (stride: the micro-batch count), an overlapped pair of actions of keys ``a`` and ``b``
+    ``-(1 + a * K + b)``, where ``K = 4 * n_stages * width`` is the number of action keys
+    (so a pair's key moves by ``-(K + 1)`` per micro-batch its parts move on); None when
+    an overlapped work has more than two parts.
 
     >>> from pipesim.schedules import generate
     >>> # rank 0 (stage 0): F0 F1 B0 B1; rank 1 (stage 1, code 4 + op): F0 B0 F1 B1
-    >>> action_keys(generate("1f1b", n_ranks=2, n_microbatches=2))
+    >>> work_keys(generate("1f1b", n_ranks=2, n_microbatches=2))
     [[0, 1, 2, 3], [8, 10, 9, 11]]
+    >>> # (1F1;0B0) at m = 4, two stages: -(1 + 17 * 32 + 4)
+    >>> work_keys(generate("dualpipev", n_ranks=1, n_microbatches=4))[0][4]
+    -549
     """
     width = schedule.n_microbatches
+    span = 4 * schedule.n_stages * width
     op_index = OP_INDEX
     keys = []
     for order in schedule.orders:
-        if any(type(work) is not Action for work in order):
-            return None
-        # action_key, inlined: the sweep reads every action of every schedule here
-        keys.append(
-            [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr, operator]
-        )
+        if all(type(work) is Action for work in order):
+            # action_key, inlined: the sweep reads every action of every schedule here
+            keys.append(
+                [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr, operator]
+            )
+            continue
+        row = []
+        for work in order:
+            parts = [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in work.parts]
+            if len(parts) == 1:
+                row.append(parts[0])
+            elif len(parts) == 2:
+                row.append(-(1 + parts[0] * span + parts[1]))
+            else:
+                return None
+        keys.append(row)
     return keys
 
 
@@ -90,30 +107,49 @@ def find_pattern(schedule: Schedule, /, *, keys: list[list[int]] | None = None) 
     """The repeating run of ``schedule``'s orders (see :class:`Pattern`), with the smallest
     shift that covers the middle of every rank's order; None when there is none (overlapped
     works, a rank whose work is not the same per micro-batch, a shift-variant
-    ``happens_before``, fewer than four periods). ``keys``: :func:`action_keys` of
-    ``schedule``, when the caller has them.
+    ``happens_before``, fewer than four periods). ``keys``: :func:`work_keys` of
+    ``schedule``, when the caller has them. A rank whose order has overlapped pairs
+    (DualPipe) runs a different number of works per micro-batch in its warm-up and in its
+    steady state: its period is the fewest works that repeat.
 
     >>> from pipesim.schedules import generate
     >>> find_pattern(generate("interleaved-1f1b", n_ranks=2, n_microbatches=32, virtual=2)).shift
     2
     """
     width = schedule.n_microbatches
-    codes = action_keys(schedule) if keys is None else keys
-    if codes is None:
+    codes = work_keys(schedule) if keys is None else keys
+    if codes is None or not all(codes):
         return None
-    if any(not order or len(order) % width for order in codes):
-        return None
-    per_microbatch = [len(order) // width for order in codes]
+    paired = [min(order) < 0 for order in codes]
+    # actions per micro-batch; an order with pairs may split some backwards in two (I and
+    # W), so at most this many works per micro-batch
+    per_microbatch = []
+    for order, pairs in zip(codes, paired, strict=True):
+        if pairs:
+            per_microbatch.append(-(-(len(order) + sum(k < 0 for k in order)) // width))
+        elif len(order) % width:
+            return None
+        else:
+            per_microbatch.append(len(order) // width)
     signals = _signals(schedule)
+    if signals is not None and any(paired):
+        return None
+    span = 4 * schedule.n_stages * width
     # a period spans at most a few passes over the stages (interleaved 1F1B: p micro-batches)
     for shift in range(1, min(width // _MIN_PERIODS, 2 * schedule.n_stages) + 1):
-        lengths = [shift * k for k in per_microbatch]
+        lengths = []
         runs = []
-        for order, length in zip(codes, lengths, strict=True):
-            run = _run(order, length, shift, width, signals)
-            if run is None or run[1] - run[0] < _MIN_PERIODS * length:
+        for order, k, pairs in zip(codes, per_microbatch, paired, strict=True):
+            found = None
+            for length in range(1, shift * k + 1) if pairs else (shift * k,):
+                run = _run(order, length, shift, width, signals, span)
+                if run is not None and run[1] - run[0] >= _MIN_PERIODS * length:
+                    found = length, run
+                    break
+            if found is None:
                 break
-            runs.append(run)
+            lengths.append(found[0])
+            runs.append(found[1])
         else:
             return Pattern(
                 shift=shift,
@@ -122,6 +158,21 @@ def find_pattern(schedule: Schedule, /, *, keys: list[list[int]] | None = None) 
                 ends=tuple(e for _, e in runs),
             )
     return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repeat:
+    """What the evaluator found when the state at a cut repeated an earlier one: each
+    further ``periods`` periods (``periods * shift`` micro-batches) of the run add
+    ``delta`` to every time and ``busy[r]`` to rank ``r``'s busy time, and change no
+    memory peak (:mod:`pipesim.plan.splice` reads it to price longer runs)."""
+
+    periods: int
+    """Periods from the earlier cut to the one that repeated it (``c``)."""
+    delta: Time
+    """The rise of rank 0's clock over those periods."""
+    busy: tuple[Time, ...]
+    """Per rank: busy time over those periods."""
 
 
 _Signals = tuple[dict[int, list[int]], set[int]]
@@ -141,19 +192,29 @@ def _signals(schedule: Schedule) -> _Signals | None:
 
 
 def _run(
-    codes: list[int], length: int, shift: int, width: int, signals: _Signals | None
+    codes: list[int],
+    length: int,
+    shift: int,
+    width: int,
+    signals: _Signals | None,
+    span: int,
 ) -> tuple[int, int] | None:
-    """The positions around the middle of ``codes`` whose action recurs ``length`` later,
-    ``shift`` micro-batches on (a code is ``action_key``: stage and op times ``width``
-    plus micro-batch, so the same stage and op is the difference ``shift`` with the
-    micro-batch still below ``width``), waiting for and sending the same signals shifted."""
+    """The positions around the middle of ``codes`` whose work recurs ``length`` later,
+    ``shift`` micro-batches on (an action's code is ``action_key``: stage and op times
+    ``width`` plus micro-batch, so the same stage and op is the difference ``shift`` with
+    the micro-batch still below ``width``; a pair's, :func:`work_keys`, moves by
+    ``-shift (span + 1)``), waiting for and sending the same signals shifted."""
     limit = len(codes) - length
     if limit <= 0:
         return None
     top = width - shift
+    pair_step = shift * (span + 1)
 
     def repeats(x: int) -> bool:
         early, late = codes[x], codes[x + length]
+        if early < 0:
+            first, second = divmod(-early - 1, span)
+            return early - late == pair_step and first % width < top and second % width < top
         if late - early != shift or early % width >= top:
             return False
         if signals is None:
@@ -186,6 +247,8 @@ class Extrapolation:
         self.seen: dict[tuple[object, ...], int] = {}
         self.refs: list[Time] = []
         self.busy: list[tuple[Time, ...]] = []
+        self.repeat: Repeat | None = None
+        """Set once the state at a cut repeats an earlier one."""
 
     def limits(self) -> list[int]:
         """Positions each rank may run up to before the next cut."""
@@ -227,6 +290,11 @@ class Extrapolation:
             )
             earlier = self.seen.get(state)
             if earlier is not None:
+                self.repeat = Repeat(
+                    periods=self.cut - earlier,
+                    delta=ref - self.refs[earlier],
+                    busy=tuple(b - e for b, e in zip(busy, self.busy[earlier], strict=True)),
+                )
                 return None, self._jump(
                     earlier, ref, positions, clock, busy, avail, sleeping, slots, makespan
                 )

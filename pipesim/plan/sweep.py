@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError, PlanError
+from pipesim.nogc import sparse_gc
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.evaluation import build_configuration, evaluate_point, pipeline_comm_ns
 from pipesim.plan.point import Evaluation, Point, SweepContext, to_plan_point
@@ -42,11 +43,12 @@ def _evaluate_chunk(
     """Evaluate ``chunk`` under ``context`` in this process (a backend's worker, or here);
     a point a generator or cost check refuses is its reason, not an error."""
     out = []
-    for index, point in chunk:
-        try:
-            out.append((index, evaluate_point(context, point)))
-        except PipesimError as exc:  # a generator or cost check refused this point
-            out.append((index, Evaluation(reason=f"refused: {exc}")))
+    with sparse_gc():
+        for index, point in chunk:
+            try:
+                out.append((index, evaluate_point(context, point)))
+            except PipesimError as exc:  # a generator or cost check refused this point
+                out.append((index, Evaluation(reason=f"refused: {exc}")))
     return out
 
 
@@ -154,23 +156,24 @@ def _evaluate_here(
     total = len(results)
     deadline, progress = stop.deadline, stop.progress
     done = 0
-    try:
-        for item in indexed:
-            if time.monotonic() > deadline:
-                if stop.partial:
-                    return _stopped_early(
-                        results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
-                    )
-                raise _timed_out(stop.timeout_s, done, total)
-            for index, evaluation in _evaluate_chunk([item], context):
-                results[index] = evaluation
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    except KeyboardInterrupt:
-        if not stop.partial:
-            raise
-        return _stopped_early(results, "the sweep was interrupted")
+    with sparse_gc():  # and each chunk's own, nested, keeps these thresholds
+        try:
+            for item in indexed:
+                if time.monotonic() > deadline:
+                    if stop.partial:
+                        return _stopped_early(
+                            results, f"the sweep stopped at its {stop.timeout_s:g} s deadline"
+                        )
+                    raise _timed_out(stop.timeout_s, done, total)
+                for index, evaluation in _evaluate_chunk([item], context):
+                    results[index] = evaluation
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        except KeyboardInterrupt:
+            if not stop.partial:
+                raise
+            return _stopped_early(results, "the sweep was interrupted")
     return [r for r in results if r is not None]
 
 

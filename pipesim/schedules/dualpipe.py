@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from pipesim.actions import Action, Op, Overlap, Work
+from pipesim.actions import Action, Op, Overlap, Work, trusted_action
 from pipesim.errors import ScheduleError
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
@@ -72,11 +72,11 @@ class _Chunk:
 
     def forward(self) -> Action:
         self.next_f += 1
-        return Action(stage=self.stage, op=Op.F, microbatch=self.next_f - 1)
+        return trusted_action(self.stage, Op.F, self.next_f - 1)
 
     def backward(self, op: Op) -> Action:
         self.next_b += 1
-        return Action(stage=self.stage, op=op, microbatch=self.next_b - 1)
+        return trusted_action(self.stage, op, self.next_b - 1)
 
 
 def _rank_order(near: _Chunk, far: _Chunk, *, depth: int, half: int, chunks: int) -> list[Work]:
@@ -88,7 +88,7 @@ def _rank_order(near: _Chunk, far: _Chunk, *, depth: int, half: int, chunks: int
     def backward(chunk: _Chunk, split: bool) -> Action:
         action = chunk.backward(Op.I if split else Op.B)
         if split:
-            pending_w.append(Action(stage=action.stage, op=Op.W, microbatch=action.microbatch))
+            pending_w.append(trusted_action(action.stage, Op.W, action.microbatch))
         return action
 
     def pair(forward_chunk: _Chunk, backward_chunk: _Chunk) -> Overlap:

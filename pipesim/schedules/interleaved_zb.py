@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.errors import ScheduleError
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
@@ -71,13 +71,13 @@ def split_backward_orders(
             chunk = (k // group) % v
             mb = f_next[chunk]
             f_next[chunk] += 1
-            return Action(stage=chunk * p + rank, op=Op.F, microbatch=mb)
+            return trusted_action(chunk * p + rank, Op.F, mb)
 
         def input_grad(k: int, rank: int = rank, i_next: list[int] = i_next) -> Action:
             chunk = v - 1 - (k // group) % v
             mb = i_next[chunk]
             i_next[chunk] += 1
-            return Action(stage=chunk * p + rank, op=Op.I, microbatch=mb)
+            return trusted_action(chunk * p + rank, Op.I, mb)
 
         order += [forward(k) for k in range(warmup)]
         for k in range(total):
@@ -85,7 +85,7 @@ def split_backward_orders(
                 order.append(forward(warmup + k))
             grad = input_grad(k)
             order.append(grad)
-            pending_w.append(Action(stage=grad.stage, op=Op.W, microbatch=grad.microbatch))
+            pending_w.append(trusted_action(grad.stage, Op.W, grad.microbatch))
             # Rank r holds back its first r weight-gradient passes (Qi et al. 2024, ZB-H1).
             if k >= rank:
                 order.append(pending_w.popleft())

@@ -21,7 +21,7 @@ training only.
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op
+from pipesim.actions import Action, Op, trusted_action
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 
@@ -44,11 +44,9 @@ def looped_bfs(
     orders: list[list[Action]] = []
     for rank in range(p):
         stages = [chunk * p + rank for chunk in range(v)]
-        order = [Action(stage=s, op=Op.F, microbatch=mb) for s in stages for mb in range(m)]
+        order = [trusted_action(s, Op.F, mb) for s in stages for mb in range(m)]
         order += [
-            Action(stage=s, op=Op.B, microbatch=mb)
-            for s in reversed(stages)
-            for mb in reversed(range(m))
+            trusted_action(s, Op.B, mb) for s in reversed(stages) for mb in reversed(range(m))
         ]
         orders.append(order)
     placement = tuple(stage % p for stage in range(p * v))
