@@ -17,7 +17,8 @@ cost model (``docs/planner-speed.md`` has the proof):
   last unit the chain that depends on it still runs (the rest of that micro-batch's
   backward). The chains follow :func:`pipesim.step.dependencies.prerequisites`; sends only
   ever add time, so links are left out.
-- **Memory.** Static memory (weights, gradients, optimizer state) and the
+- **Memory.** Static memory (weights, gradients, optimizer state, sharded as the
+  sweep shards it, routed experts over their own group) and the
   recomputation transient are the sweep's own numbers; activations held never go
   below zero, so a rank's peak is at least what any one of its units holds.
 
@@ -40,7 +41,6 @@ from pipesim.errors import PipesimError
 from pipesim.exact import Time
 from pipesim.plan import evaluation, ranks, stage_costs
 from pipesim.plan.cost_aware import get_cost_aware
-from pipesim.plan.iteration import static_bytes
 from pipesim.plan.point import Point, SweepContext
 from pipesim.schedules import generate
 from pipesim.step.cost_tables import cost_tables
@@ -316,12 +316,14 @@ def _memory_bound(
                 held = max(held, start_bytes, start_bytes + end_bytes)
         if warmups is not None:
             held = max(held, warmups[rank])
-        static = static_bytes(
+        # the sweep's own static figure: a mixture-of-experts model shards its routed
+        # experts over the expert-data-parallel group, not the gradient group
+        experts = table.expert_params or [0] * len(table.params)
+        static = ranks.sharded_static_bytes(
+            context,
+            point,
             sum((table.params[s] for s in stages), start=0),
-            data_parallel=point.gradient_group,
-            distributed_optimizer=point.distributed_optimizer,
-            bytes_per_param=context.bytes_per_param,
-            optimizer_bytes_per_param=context.optimizer_bytes_per_param,
+            sum((experts[s] for s in stages), start=0),
         )
         transient = max((table.transient[s] for s in stages), default=0)
         best = max(best, static + transient + held)
