@@ -284,7 +284,7 @@ class _Search:
                 )
             else:
                 why = (
-                    f"pruned: step time at least {found.step_ns / NS_PER_S:.4g} s, behind "
+                    f"pruned: step time at least {float(found.step_ns) / NS_PER_S:.4g} s, behind "
                     "every configuration printed (not simulated)"
                 )
             out.append(Evaluation(reason=why))
