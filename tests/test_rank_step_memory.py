@@ -72,7 +72,6 @@ def test_each_step_starts_with_the_earlier_steps_tensors_released(
     assert result["step_cpu_ns"] == [5] * (warmup + 1)
 
 
-
 def test_every_timed_step_keeps_its_timings_and_releases_the_last_ones_tensors(
     fake_runner: type[_FakeRunner],
 ) -> None:
@@ -83,6 +82,7 @@ def test_every_timed_step_keeps_its_timings_and_releases_the_last_ones_tensors(
     assert result["step_timings"] == [[("0F0", k, k + 1)] for k in (2, 3, 4)]
     assert result["grads"][0][0] is _FakeRunner.earlier[-1]()
     assert result["step_wall_ns"] == [10] * 5
+
 
 def test_the_next_schedule_starts_after_the_last_ones_result_is_saved_and_released(
     fake_runner: type[_FakeRunner], monkeypatch: pytest.MonkeyPatch, tmp_path: Path

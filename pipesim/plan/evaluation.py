@@ -398,10 +398,10 @@ def build_configuration(context: SweepContext, point: Point, /) -> tuple[Schedul
     return schedule, replace(table.costs, stages=stages)
 
 
-
 def _build_fingerprint(schedule: Schedule) -> str:
     keys = work_keys(schedule)
     return _fingerprint(schedule, keys, None if keys is None else find_pattern(schedule, keys=keys))
+
 
 def pipeline_comm_ns(context: SweepContext, point: Point, /, *, makespan_ns: int) -> int:
     """How much longer ``point``'s pipeline is for its sends between stages: its
