@@ -349,19 +349,22 @@ def _after_pipeline(
     context: SweepContext, point: Point, found: Shape, table: stage_costs.StageTable
 ) -> int:
     """The data-parallel traffic, tied-embedding sync and optimizer step after the pipeline,
-    as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the placement),
-    less the expert parameters' share of a mixture-of-experts model: never more than the
-    sweep's figure, so still a lower bound."""
+    exactly as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the
+    placement), a mixture-of-experts model's routed experts reduced and stepped over their
+    own expert-data-parallel group as there."""
     n_ranks = len(found.per_microbatch)
     rank_params: list[int | Fraction] = [0] * n_ranks
+    rank_experts: list[int | Fraction] = [0] * n_ranks
+    experts = table.expert_params or [0] * len(table.params)
     first: list[int | None] = [None] * n_ranks
     for stage, rank in enumerate(found.placement):
         rank_params[rank] += table.params[stage]
+        rank_experts[rank] += experts[stage]
         if first[rank] is None:
             first[rank] = stage
     workload = evaluation.point_workload(context, point)
     after = ranks.rank_iterations(
-        context, workload, point, found.placement, table.costs, rank_params, first
+        context, workload, point, found.placement, table.costs, rank_params, first, rank_experts
     )
     return max(x.dp_exposed_ns + x.optimizer_ns for x in after)
 
