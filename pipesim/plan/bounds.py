@@ -307,6 +307,9 @@ def _memory_bound(
     best = 0
     late = point.n_microbatches >= found.n_microbatches
     warmups = _warmup_peaks(found.warmup, per_stage) if late else None
+    rank_params, rank_experts, _ = ranks.placed_params(
+        found.placement, table, n_ranks=len(found.per_microbatch)
+    )
     for rank, runs in enumerate(found.per_microbatch):
         stages = [s for s, r in enumerate(found.placement) if r == rank]
         held = 0
@@ -318,13 +321,7 @@ def _memory_bound(
             held = max(held, warmups[rank])
         # the sweep's own static figure: a mixture-of-experts model shards its routed
         # experts over the expert-data-parallel group, not the gradient group
-        experts = table.expert_params or [0] * len(table.params)
-        static = ranks.sharded_static_bytes(
-            context,
-            point,
-            sum((table.params[s] for s in stages), start=0),
-            sum((experts[s] for s in stages), start=0),
-        )
+        static = ranks.sharded_static_bytes(context, point, rank_params[rank], rank_experts[rank])
         transient = max((table.transient[s] for s in stages), default=0)
         best = max(best, static + transient + held)
     return best
@@ -352,16 +349,9 @@ def _after_pipeline(
     exactly as :func:`pipesim.plan.evaluation.evaluate_point` adds them (they read only the
     placement), a mixture-of-experts model's routed experts reduced and stepped over their
     own expert-data-parallel group as there."""
-    n_ranks = len(found.per_microbatch)
-    rank_params: list[int | Fraction] = [0] * n_ranks
-    rank_experts: list[int | Fraction] = [0] * n_ranks
-    experts = table.expert_params or [0] * len(table.params)
-    first: list[int | None] = [None] * n_ranks
-    for stage, rank in enumerate(found.placement):
-        rank_params[rank] += table.params[stage]
-        rank_experts[rank] += experts[stage]
-        if first[rank] is None:
-            first[rank] = stage
+    rank_params, rank_experts, first = ranks.placed_params(
+        found.placement, table, n_ranks=len(found.per_microbatch)
+    )
     workload = evaluation.point_workload(context, point)
     after = ranks.rank_iterations(
         context, workload, point, found.placement, table.costs, rank_params, first, rank_experts

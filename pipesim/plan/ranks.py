@@ -60,25 +60,37 @@ class RankLoads:
     """Peak activations (with any recomputation transient) of the rank with the peak."""
 
 
+def placed_params(
+    placement: Sequence[int], table: StageTable, /, *, n_ranks: int
+) -> tuple[list[int | Fraction], list[int | Fraction], list[int | None]]:
+    """Per rank of ``n_ranks``: the parameters of the stages ``placement`` puts on it, the
+    routed experts' part of them, and its first stage (None: it holds none)."""
+    rank_params: list[int | Fraction] = [0] * n_ranks
+    rank_experts: list[int | Fraction] = [0] * n_ranks
+    first_stage: list[int | None] = [None] * n_ranks
+    for stage, rank in enumerate(placement):
+        rank_params[rank] += table.params[stage]
+        if table.expert_params is not None:
+            rank_experts[rank] += table.expert_params[stage]
+        if first_stage[rank] is None:
+            first_stage[rank] = stage
+    return rank_params, rank_experts, first_stage
+
+
 def rank_loads(
     context: SweepContext, point: Point, schedule: Schedule, table: StageTable, metrics: Metrics
 ) -> RankLoads:
     """Sum the stages' parameters, transients and tensor-parallel traffic onto the ranks
     that hold them, and find the rank with the most memory."""
     n_ranks = schedule.n_ranks
-    rank_params: list[int | Fraction] = [0] * n_ranks
-    rank_experts: list[int | Fraction] = [0] * n_ranks
+    rank_params, rank_experts, first_stage = placed_params(
+        schedule.placement, table, n_ranks=n_ranks
+    )
     rank_transient = [0] * n_ranks
     rank_tp = [0] * n_ranks
-    first_stage: list[int | None] = [None] * n_ranks
     for stage, rank in enumerate(schedule.placement):
-        rank_params[rank] += table.params[stage]
-        if table.expert_params is not None:
-            rank_experts[rank] += table.expert_params[stage]
         rank_transient[rank] = max(rank_transient[rank], table.transient[stage])
         rank_tp[rank] += table.tp_ns[stage] * point.n_microbatches
-        if first_stage[rank] is None:
-            first_stage[rank] = stage
     static = [
         sharded_static_bytes(context, point, rank_params[r], rank_experts[r])
         for r in range(n_ranks)
