@@ -306,8 +306,13 @@ def test_ctrl_c_on_a_terminal_stops_the_local_cluster_and_prints_the_partial_pla
     try:
         deadline = time.monotonic() + 60
         while len(processes_with(marker)) < 3 and time.monotonic() < deadline:  # + 2 workers
+            if proc.poll() is not None:  # the plan ended before its cluster was up: say why
+                break
             time.sleep(0.1)
-        assert len(processes_with(marker)) >= 3
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the plan exited {proc.returncode} before Ctrl-C:\n{err[-3000:]}")
+        assert len(processes_with(marker)) >= 3, f"processes seen: {processes_with(marker)}"
         time.sleep(1.0)
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
