@@ -58,7 +58,9 @@ __all__ = [
     "works_of",
 ]
 
-SPLICED_FAMILIES = frozenset({"1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min", "dualpipev"})
+SPLICED_FAMILIES = frozenset(
+    {"sequential", "1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min", "dualpipev"}
+)
 """Families whose longer orders are their bases' with periods inserted (tested), and
 which accept every micro-batch count from their bases' on (the interleaved families and
 DualPipe refuse some, by rules that only their generators apply; DualPipe's second copy
