@@ -51,6 +51,9 @@ def _check_splices(name: str, p: int, v: int, largest: int) -> int:
         assert find_pattern(schedule, keys=keys) == splice.extended(base.pattern, periods)
         assert schedule.placement == base.schedule.placement
         assert schedule.n_copies == base.schedule.n_copies and not schedule.happens_before
+        # and built from the base as works (what a sweep evaluates whole): the same schedule
+        built = splice.spliced_schedule(name, p, v, m)
+        assert built is not None and built == (schedule, find_pattern(schedule, keys=keys))
         checked += 1
     return checked
 

@@ -323,9 +323,11 @@ def _extrapolated(base: Schedule, costs: CostModel, point: Point) -> Metrics:
     no shorter instance repeats, from its schedule generated after all."""
     m = point.n_microbatches
     step = splice.extrapolated_step(point.schedule, point.pipeline, point.virtual, m, costs)
-    if step is None:
-        full, _ = _generated(point)
-        step = quick_step(full, costs, pattern=_pattern(full))
+    if step is None:  # evaluated whole, from its base's orders spliced
+        built = splice.spliced_schedule(point.schedule, point.pipeline, point.virtual, m)
+        assert built is not None, "a spliced point has a base"
+        full, run = built
+        step = quick_step(full, costs, pattern=run)
     assert step is not None, "a spliced family's schedules are of simple actions"
     # the base's metrics but for the micro-batch count: the rest is the step's or the same
     return replace(metrics_of(base, costs, step), n_microbatches=m)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from pipesim.actions import Action, Overlap, Work, trusted_action
 from pipesim.costs import CostModel
 from pipesim.errors import ScheduleError
 from pipesim.exact import Time
@@ -55,6 +56,7 @@ __all__ = [
     "order_form",
     "spliced",
     "spliced_orders",
+    "spliced_schedule",
     "works_of",
 ]
 
@@ -247,6 +249,49 @@ def spliced_orders(
         longer += [_later_by(work, periods * shift) for work in works[end:]]
         orders.append(longer)
     return orders
+
+
+def spliced_schedule(
+    name: str, n_ranks: int, virtual: int, n_microbatches: int, /
+) -> tuple[Schedule, Pattern] | None:
+    """The schedule of ``n_microbatches`` and its run, built from its base (the orders of
+    :func:`spliced_orders`, as works: the base's own up to its run's end, later ones
+    shifted) instead of by the family's generator: what the generator gives, by the splice
+    property (tested). For a schedule that must be evaluated whole (no shorter instance
+    repeats), the generator's search (ZB-H2's, V-Half's) is the costly part. None when
+    there is no base.
+
+    >>> s, run = spliced_schedule("1f1b", 2, 1, 12)
+    >>> s == generate("1f1b", n_ranks=2, n_microbatches=12) and run == find_pattern(s)
+    True
+    """
+    base = base_instance(name, n_ranks, virtual, n_microbatches)
+    if base is None:
+        return None
+    pattern, schedule = base.pattern, base.schedule
+    periods = (n_microbatches - schedule.n_microbatches) // pattern.shift
+    shift = pattern.shift
+    orders = []
+    for works, end, length in zip(schedule.orders, pattern.ends, pattern.lengths, strict=True):
+        longer = list(works[:end])
+        for x in range(end, end + periods * length):
+            longer.append(_work_later(longer[x - length], shift))
+        longer += [_work_later(work, periods * shift) for work in works[end:]]
+        orders.append(longer)
+    spliced = Schedule.from_orders(
+        orders,
+        placement=schedule.placement,
+        n_microbatches=n_microbatches,
+        name=schedule.name,
+        n_copies=schedule.n_copies,
+    )
+    return spliced, extended(pattern, periods)
+
+
+def _work_later(work: Work, microbatches: int) -> Work:
+    if type(work) is Action:
+        return trusted_action(work.stage, work.op, work.microbatch + microbatches)
+    return Overlap(parts=tuple(_work_later(a, microbatches) for a in work.parts))  # type: ignore[misc]
 
 
 def order_form(
