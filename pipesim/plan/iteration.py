@@ -123,6 +123,8 @@ def static_bytes(
     """Weights, gradients and optimizer state of ``params`` parameters on one device."""
     shard = data_parallel if distributed_optimizer else 1
     optimizer = min(optimizer_bytes_per_param, bytes_per_param)
+    if type(params) is int:  # the sum below in integers: a sweep asks this per stage
+        return params * (bytes_per_param - optimizer) + -(-params * optimizer // shard)
     total = Fraction(params) * (bytes_per_param - optimizer) + Fraction(params) * optimizer / shard
     return math.ceil(total)
 

@@ -35,6 +35,8 @@ from pipesim.step.numbering import action_key
 
 __all__ = ["MAX_CUTS", "Extrapolation", "Pattern", "Repeat", "find_pattern"]
 
+_ACTION_ONLY = {Action}
+
 MAX_CUTS = 64
 """Periods the evaluator records before it gives up waiting for the state to repeat
 (the transient of the max-plus system) and evaluates the rest in full."""
@@ -84,7 +86,7 @@ def work_keys(schedule: Schedule, /) -> list[list[int]] | None:
     op_index = OP_INDEX
     keys = []
     for order in schedule.orders:
-        if all(type(work) is Action for work in order):
+        if set(map(type, order)) <= _ACTION_ONLY:
             # action_key, inlined: the sweep reads every action of every schedule here
             keys.append(
                 [(4 * a.stage + op_index[a.op]) * width + a.microbatch for a in order]  # type: ignore[union-attr, operator]

@@ -21,7 +21,7 @@ training only.
 
 from __future__ import annotations
 
-from pipesim.actions import Action, Op, trusted_action
+from pipesim.actions import Action, Op, trusted_actions
 from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 
@@ -44,10 +44,9 @@ def looped_bfs(
     orders: list[list[Action]] = []
     for rank in range(p):
         stages = [chunk * p + rank for chunk in range(v)]
-        order = [trusted_action(s, Op.F, mb) for s in stages for mb in range(m)]
-        order += [
-            trusted_action(s, Op.B, mb) for s in reversed(stages) for mb in reversed(range(m))
-        ]
+        order = [a for s in stages for a in trusted_actions(s, Op.F, range(m))]
+        last_first = range(m - 1, -1, -1)
+        order += [a for s in reversed(stages) for a in trusted_actions(s, Op.B, last_first)]
         orders.append(order)
     placement = tuple(stage % p for stage in range(p * v))
     return Schedule.from_orders(orders, placement=placement, n_microbatches=m, name="looped-bfs")
