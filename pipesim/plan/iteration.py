@@ -66,7 +66,6 @@ divides the GPUs per node, otherwise it uses the inter-node link.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -123,10 +122,10 @@ def static_bytes(
     """Weights, gradients and optimizer state of ``params`` parameters on one device."""
     shard = data_parallel if distributed_optimizer else 1
     optimizer = min(optimizer_bytes_per_param, bytes_per_param)
-    if type(params) is int:  # the sum below in integers: a sweep asks this per stage
-        return params * (bytes_per_param - optimizer) + -(-params * optimizer // shard)
-    total = Fraction(params) * (bytes_per_param - optimizer) + Fraction(params) * optimizer / shard
-    return math.ceil(total)
+    # ceil(params (bytes - optimizer) + params optimizer / shard), in integers (an int or
+    # a Fraction count has a numerator and a denominator): a sweep asks this per stage
+    n, d = params.numerator, params.denominator
+    return -(-(n * ((bytes_per_param - optimizer) * shard + optimizer)) // (d * shard))
 
 
 def data_parallel_link(
