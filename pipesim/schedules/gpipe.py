@@ -12,9 +12,9 @@ Rules: any ranks >= 1, micro-batches >= 1, one stage per rank.
 
 from __future__ import annotations
 
-from pipesim.actions import Action
+from pipesim.actions import Action, Op, trusted_actions
 from pipesim.schedule import Schedule
-from pipesim.schedules._common import backward, check_count, forward, refuse_virtual
+from pipesim.schedules._common import check_count, refuse_virtual
 
 
 def gpipe(
@@ -30,8 +30,8 @@ def gpipe(
     refuse_virtual("gpipe", virtual)
     orders: list[list[Action]] = []
     for rank in range(p):
-        order = [forward(rank, mb) for mb in range(m)]
+        order = trusted_actions(rank, Op.F, range(m))
         if not forward_only:
-            order += [backward(rank, mb) for mb in range(m)]
+            order += trusted_actions(rank, Op.B, range(m))
         orders.append(order)
     return Schedule.from_orders(orders, placement=tuple(range(p)), n_microbatches=m, name="gpipe")
