@@ -49,9 +49,8 @@ from pipesim.plan.dimensions import (
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
-from pipesim.plan.point import from_plan_point
 from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
-from pipesim.plan.result import PlanPoint, PlanResult
+from pipesim.plan.result import PlanPoint, PlanResult, from_plan_point
 from pipesim.plan.scoring import by_period, plan_result, unranked_beyond
 from pipesim.plan.settings import (
     DEFAULT_MEMORY_HEADROOM,
