@@ -255,8 +255,9 @@ def test_the_branch_and_bound_drops_the_twins_the_plan_drops() -> None:
     or expert tensor split is not (the branch and bound's own key once left both out)."""
     from dataclasses import replace
 
-    from pipesim.plan.point import Evaluation, to_plan_point
+    from pipesim.plan.point import Evaluation
     from pipesim.plan.prune import _distinct
+    from pipesim.plan.result import to_plan_point
     from pipesim.plan.scoring import _dedupe
 
     base = Point(

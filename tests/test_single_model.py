@@ -39,9 +39,9 @@ RULES: dict[str, tuple[re.Pattern[str], set[str]]] = {
         ),
         {"pipesim/step/memory.py"},
     ),
-    # A rank's memory peak: the highest of its levels (pipesim.step.memory.level_peaks).
+    # A rank's memory peak: the highest of its levels (pipesim.step.memory.RunningPeak).
     "memory peaks": (
-        re.compile(r">\s*peak\w*\b|\bmax\(\s*(max\(|peak\w*(\[[^\]]*\])?\s*,)"),
+        re.compile(r">\s*(\w+\.)?peak\w*\b|\bmax\(\s*(max\(|(\w+\.)?peak\w*(\[[^\]]*\])?\s*,)"),
         {"pipesim/step/memory.py"},
     ),
     # Rendezvous: a receive posted late is answered at the end of the node its sender is
@@ -68,6 +68,9 @@ NOT_THE_RULE = {
     "pinned equal to the engine by tests/test_plan_fastsim.py",
     ("memory peaks", "pipesim/plan/onepass.py"): "the one-pass evaluator's per-action loop, "
     "for speed, pinned equal to the engine by tests/test_plan_fastsim.py",
+    ("memory peaks", "verify/runtime.py"): "the torch replay's measured high-water mark of "
+    "the weight-gradient bytes torch saved between I and W, the value the model is checked "
+    "against",
     ("deadlock error", "pipesim/comms.py"): "a cycle of blocking sends and receives in a comms "
     "program, not the compute step's wait cycle",
 }
@@ -90,6 +93,7 @@ OLD_CODE = {
 OLD_PEAK_AND_ANSWER_LINES = [
     ("memory peaks", "if held_bytes > peak_bytes:"),
     ("memory peaks", "if h > peak:"),
+    ("memory peaks", "if self.level > self.peak:"),
     ("rendezvous answer", "if begins < posted < done or (begins >= posted and at[3] in takes):"),
 ]
 OLD_MEMORY_LINES = [

@@ -7,7 +7,7 @@ after untimed warm-up steps, and fits a cost model with
 all measured, see :func:`calibration_schedule`), per-message send and receive
 overheads, link latency and a per-action dispatch overhead. Intra-op threads
 per rank are set explicitly (ranks sharing cores with more than one thread each
-run 3-12x slower when they overlap) and recorded with the rest of the
+slow each other down: docs/guide/calibrate.md) and recorded with the rest of the
 provenance in the cost file's ``meta``, with each run's own compute times per stage
 and op (``compute_samples_ns``, one mapping per run) and how far the runs' medians
 spread (``compute_run_spread_pct``), from which :func:`pipesim.band.predict_band`
@@ -79,11 +79,9 @@ def threads_per_rank(n_threads: int) -> Iterator[None]:
 
 # Untimed steps the first schedule in fresh rank processes runs beyond ``warmup``.
 # A fresh process keeps faulting in memory pages it never touched in its 2nd and 3rd
-# steps (measured on the 6x512 GPT, p=2 m=16, every family: 0-10,500 pages per rank in
-# step 2 and 0-1,400 in step 3, at about 10 us each on a KVM guest), so the schedule
-# that came first in a round ran up to 18% slow: calibrating from those runs alone put
-# the grid 3-18% off on average (docs/fidelity.md, "The first schedule in fresh
-# processes").
+# steps, so the schedule that came first in a round ran slow, and calibrating from those
+# runs alone put the grid off (the counts and figures: docs/fidelity.md, "The first
+# schedule in fresh processes").
 BURN_IN = 2
 
 

@@ -106,9 +106,9 @@ def run_rank(
         for k in range(spec.warmup + spec.timed_steps):  # untimed warm-ups, then measured
             # Let go of the last step's tensors first, as a training loop's next step finds
             # them gone: the step then reuses their memory instead of touching new pages.
-            # Held, they made the measured step fault in fresh pages (about 10 us each on a
-            # virtual machine): DualPipe's first F&B pairs took 190 ms instead of 87 (10,000
-            # faults each), its steps 13-23% longer than predicted (docs/fidelity.md).
+            # Held, they made the measured step fault in fresh pages, each a slow trap on a
+            # virtual machine, and so run longer than predicted (docs/fidelity.md, "Two
+            # harness faults behind 'DualPipe runs slower'").
             result = {}
             before = minor_page_faults()
             with profiled(rank, measured=k == spec.warmup):

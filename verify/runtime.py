@@ -103,9 +103,9 @@ class SavedBytes:
         # Detached: the tensor handed in still carries its grad_fn, and where it is that
         # node's own output (softmax, exp) the node would hold itself through it, a cycle
         # through C++ that no gc.collect() frees once a graph outlives its backward
-        # (retain_graph=True, as I and W do). It leaked every split stage's activations,
-        # about 9 MB per micro-batch of the 6x512 GPT per step, and the heap's growth made
-        # each W fault in fresh pages (68 ms instead of 34). Lossless: unpacking restores
+        # (retain_graph=True, as I and W do). It leaked every split stage's activations
+        # each step, and the heap's growth made each W fault in fresh pages and run slow
+        # (docs/fidelity.md, "Two harness faults"). Lossless: unpacking restores
         # the grad_fn. pytorch/pytorch#115255, #153049 (torch's docs now say the same).
         return tensor.detach()
 

@@ -14,8 +14,8 @@ from pipesim.plan.cost_aware import cost_aware_names, get_cost_aware
 from pipesim.plan.kernels import check_context_parallel
 from pipesim.plan.layers import RECOMPUTE
 from pipesim.plan.moe import check_expert_parallel
-from pipesim.plan.point import Point, to_plan_point
-from pipesim.plan.result import PlanPoint
+from pipesim.plan.point import Point
+from pipesim.plan.result import PlanPoint, to_plan_point
 from pipesim.plan.workload import Workload
 from pipesim.schedules import get_spec, schedule_names
 

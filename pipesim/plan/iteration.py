@@ -227,39 +227,72 @@ def rank_iteration(
     >>> sharded.optimizer_ns == round((38e9 / 4 + 4e9) / h100.achieved_memory_bandwidth * 1e9)
     True
     """
-    d = data_parallel
-    # (parameters, replicas, link): the dense part over d, the routed experts over the
-    # t d / e devices holding the same experts, e apart within the t d devices
-    groups = [(Fraction(params) - Fraction(expert_params), d, tensor)]
-    if expert_params:
-        span = expert_parallel * expert_tensor
-        groups.append((Fraction(expert_params), max(1, tensor * d // span), span))
+    groups = _replica_groups(
+        params,
+        expert_params,
+        tensor=tensor,
+        data_parallel=data_parallel,
+        expert_span=expert_parallel * expert_tensor,
+    )
+    reduce, gather = _reduction_ns(
+        groups,
+        accelerator,
+        distributed_optimizer=distributed_optimizer,
+        grad_bytes_per_param=grad_bytes_per_param,
+        weight_bytes_per_param=weight_bytes_per_param,
+    )
     hidden_b = last_backward_ns if overlap else 0
     hidden_f = first_forward_ns if overlap else 0
-    rs = ag = reduce = 0
-    held = Fraction(0)
-    for n_params, replicas, apart in groups:
-        link = data_parallel_link(accelerator, tensor=apart, data_parallel=replicas)
-        grads = n_params * grad_bytes_per_param
-        if distributed_optimizer:
-            rs += round(reduce_scatter_s(grads, n_devices=replicas, link=link) * NS_PER_S)
-            weights = n_params * weight_bytes_per_param
-            ag += round(all_gather_s(weights, n_devices=replicas, link=link) * NS_PER_S)
-            held += n_params / replicas
-        else:
-            reduce += round(allreduce_s(grads, n_devices=replicas, link=link) * NS_PER_S)
-            held += n_params
-    if distributed_optimizer:
-        total = rs + ag
-        exposed = max(0, rs - hidden_b) + max(0, ag - hidden_f)
-    else:
-        total = reduce
-        exposed = max(0, total - hidden_b)
-    total += embedding_sync
-    exposed += embedding_sync
+    total = reduce + gather + embedding_sync
+    exposed = max(0, reduce - hidden_b) + max(0, gather - hidden_f) + embedding_sync
+    # the distributed optimizer holds each group's share of its parameters
+    held = sum((n / r for n, r, _ in groups), Fraction(0)) if distributed_optimizer else params
     # the step over the parameters held, the zeroing of the gradient buffer over them all
     step_bytes = held * (step_bytes_per_param - grad_bytes_per_param)
     step_bytes += Fraction(params) * grad_bytes_per_param
     seconds = step_bytes / Fraction(repr(accelerator.achieved_memory_bandwidth))
     optimizer = round(seconds * NS_PER_S)
     return RankIteration(dp_comm_ns=total, dp_exposed_ns=exposed, optimizer_ns=optimizer)
+
+
+def _replica_groups(
+    params: int | Fraction,
+    expert_params: int | Fraction,
+    *,
+    tensor: int,
+    data_parallel: int,
+    expert_span: int,
+) -> list[tuple[Fraction, int, int]]:
+    """The groups a rank's gradients are reduced over, as (parameters, replicas, devices
+    apart): the dense part over the d replicas ``tensor`` apart; the routed experts over
+    the t d / e devices holding the same experts, e = ``expert_span`` (expert x expert
+    tensor parallel) apart within the t d devices."""
+    groups = [(Fraction(params) - Fraction(expert_params), data_parallel, tensor)]
+    if expert_params:
+        replicas = max(1, tensor * data_parallel // expert_span)
+        groups.append((Fraction(expert_params), replicas, expert_span))
+    return groups
+
+
+def _reduction_ns(
+    groups: list[tuple[Fraction, int, int]],
+    accelerator: Accelerator,
+    *,
+    distributed_optimizer: bool,
+    grad_bytes_per_param: int,
+    weight_bytes_per_param: int,
+) -> tuple[int, int]:
+    """Nanoseconds of the gradients' reduction and of the weights' gather after the step
+    (0 without the distributed optimizer, whose gradients are all-reduced) over ``groups``
+    (:func:`_replica_groups`), back to back."""
+    reduce = gather = 0
+    for n_params, replicas, apart in groups:
+        link = data_parallel_link(accelerator, tensor=apart, data_parallel=replicas)
+        grads = n_params * grad_bytes_per_param
+        if distributed_optimizer:
+            reduce += round(reduce_scatter_s(grads, n_devices=replicas, link=link) * NS_PER_S)
+            weights = n_params * weight_bytes_per_param
+            gather += round(all_gather_s(weights, n_devices=replicas, link=link) * NS_PER_S)
+        else:
+            reduce += round(allreduce_s(grads, n_devices=replicas, link=link) * NS_PER_S)
+    return reduce, gather

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from pipesim.actions import OP_INDEX, Action, Op, Overlap, Work
+from pipesim.actions import OP_INDEX, Action, Overlap, Work
 from pipesim.costs import CostModel, require_eager
 from pipesim.exact import Time
 from pipesim.plan.fastsim import StepResult
@@ -142,18 +142,14 @@ class _Wiring:
     durations: list[Time]
     effects: list[tuple[int, int, int, int]]
     width: int
-    f_src: list[int | None]
-    """Per stage: the stage whose F output its F reads."""
-    g_src: list[int | None]
-    """Per stage: the stage whose gradient its B or I reads."""
-    f_waits: list[bool]
-    g_waits: list[bool]
-    f_pair: list[int]
-    """Per producing stage: the rank its F message goes to (-1: none)."""
-    g_pair: list[int]
-    f_send: list[_Send]
-    g_send: list[_Send]
-    g_base: int
+    read_base: list[int]
+    """Per action code: the key of the message it reads less its micro-batch (-1: none)."""
+    send_to: list[int]
+    """Per action code: the rank its message goes to (-1: none)."""
+    send_base: list[int]
+    """Per action code: the key of the message it sends less its micro-batch."""
+    send_link: list[_Send]
+    """Per action code: how its message is sent."""
     s_base: int
     blocking_sends: bool
     signal_of: dict[int, list[int]]
@@ -203,6 +199,18 @@ def _wiring(schedule: Schedule, costs: CostModel) -> _Wiring | None:
     width = schedule.n_microbatches
     g_base = n_stages * width
     s_base = 2 * g_base
+    f_send = _sends(costs, placement, f_pair, tables.forward_bytes)
+    g_send = _sends(costs, placement, g_pair, tables.gradient_bytes)
+    # Per action code (4 * stage + OP_INDEX[op]): F reads its source stage's F output and
+    # sends its own; B and I read and send gradients; W neither.
+    read_base, send_to, send_base, send_link = [], [], [], []
+    for s in range(n_stages):
+        f_read = f_src[s] * width if f_waits[s] else -1  # type: ignore[operator]
+        g_read = g_base + g_src[s] * width if g_waits[s] else -1  # type: ignore[operator]
+        read_base += [f_read, g_read, g_read, -1]
+        send_to += [f_pair[s], g_pair[s], g_pair[s], -1]
+        send_base += [s * width, g_base + s * width, g_base + s * width, 0]
+        send_link += [f_send[s], g_send[s], g_send[s], g_send[s]]
     signal_of: dict[int, list[int]] = {}
     signal_src: set[int] = set()
     readers: dict[int, int] = {}
@@ -216,15 +224,10 @@ def _wiring(schedule: Schedule, costs: CostModel) -> _Wiring | None:
         durations=tables.durations,
         effects=tables.effects,  # type: ignore[arg-type]
         width=width,
-        f_src=f_src,
-        g_src=g_src,
-        f_waits=f_waits,
-        g_waits=g_waits,
-        f_pair=f_pair,
-        g_pair=g_pair,
-        f_send=_sends(costs, placement, f_pair, tables.forward_bytes),
-        g_send=_sends(costs, placement, g_pair, tables.gradient_bytes),
-        g_base=g_base,
+        read_base=read_base,
+        send_to=send_to,
+        send_base=send_base,
+        send_link=send_link,
         s_base=s_base,
         blocking_sends=costs.blocking_sends,
         signal_of=signal_of,
@@ -254,13 +257,8 @@ def _overlap_kinds(schedule: Schedule) -> dict[tuple[int, ...], Overlap]:
 
 def _read_key(wiring: _Wiring, action: Action) -> int:
     """The message ``action`` reads (-1: none)."""
-    stage = action.stage
-    if action.op is Op.F:
-        src = wiring.f_src[stage]
-        return src * wiring.width + action.microbatch if wiring.f_waits[stage] else -1  # type: ignore[operator]
-    if action.op is Op.W or not wiring.g_waits[stage]:
-        return -1
-    return wiring.g_base + wiring.g_src[stage] * wiring.width + action.microbatch  # type: ignore[operator]
+    base = wiring.read_base[4 * action.stage + OP_INDEX[action.op]]
+    return base + action.microbatch if base >= 0 else -1
 
 
 def _find_consumers(schedule: Schedule, wiring: _Wiring) -> None:
@@ -302,33 +300,39 @@ def _run_ranks(
     message not yet sent (it then sleeps until that message is sent).
 
     The hot loop of the planner: one function, every table a local, the per-action work
-    inlined (action_code, the link queue, the memory peaks). A helper per action costs a
-    Python call per action: the memory update alone as a function made whole evaluations
-    8-10 % slower (docs/planner-speed.md, "The evaluator's shape"), so this stays one
-    function; overlapped works, rarer, have their own (:func:`_run_overlap`).
+    inlined (action_code, the link queue, the memory peaks), as a Python call per action
+    costs measurably (docs/planner-speed.md, "The evaluator's shape"). Rarer work has its
+    own functions: overlapped works (:func:`_run_overlap`) and ``happens_before`` signals
+    (:func:`_take_signals`, :func:`_post_signal`). tests/test_plan_fastsim.py holds this
+    loop equal to the compiled evaluator and the SimPy engine.
     """
-    durations, effects, width = wiring.durations, wiring.effects, wiring.width
-    f_src, g_src, f_waits, g_waits = wiring.f_src, wiring.g_src, wiring.f_waits, wiring.g_waits
-    f_pair, g_pair, f_send, g_send = wiring.f_pair, wiring.g_pair, wiring.f_send, wiring.g_send
-    g_base, s_base, blocking_sends = wiring.g_base, wiring.s_base, wiring.blocking_sends
-    signal_of, signal_src, readers = wiring.signal_of, wiring.signal_src, state.readers
+    durations, effects, width, s_base = (
+        wiring.durations,
+        wiring.effects,
+        wiring.width,
+        wiring.s_base,
+    )
+    read_base, send_to, send_base, send_link = (
+        wiring.read_base,
+        wiring.send_to,
+        wiring.send_base,
+        wiring.send_link,
+    )
+    blocking_sends, signal_of, signal_src = (
+        wiring.blocking_sends,
+        wiring.signal_of,
+        wiring.signal_src,
+    )
     avail, sleeping, slots, runnable = state.avail, state.sleeping, state.slots, state.runnable
     positions, clock, held, count = state.positions, state.clock, state.held, state.count
     peaks, peak_counts, busy = state.peaks, state.peak_counts, state.busy
     makespan = state.makespan
-    f_op, w_op = Op.F, Op.W
     while runnable:
         rank = runnable.pop()
         order = orders[rank]
         k, end_k = positions[rank], limits[rank]
-        t_free, h, c, peak, peak_c, spent = (
-            clock[rank],
-            held[rank],
-            count[rank],
-            peaks[rank],
-            peak_counts[rank],
-            busy[rank],
-        )
+        t_free, h, c = clock[rank], held[rank], count[rank]
+        peak, peak_c, spent = peaks[rank], peak_counts[rank], busy[rank]
         while k < end_k:
             work = order[k]
             if type(work) is not Action:
@@ -340,55 +344,32 @@ def _run_ranks(
                 makespan = state.makespan
                 k += 1
                 continue
-            stage, op, mb = work.stage, work.op, work.microbatch
-            cost_key = 4 * stage + OP_INDEX[op]  # actions.action_code, inlined: per action
+            mb = work.microbatch
+            code = 4 * work.stage + OP_INDEX[work.op]  # actions.action_code, inlined
             t = t_free
-            read = -1  # the message this action reads, once it runs
-            if op is f_op:
-                if f_waits[stage]:
-                    key = f_src[stage] * width + mb  # type: ignore[operator]
-                    arrival = avail.get(key)
-                    if arrival is None:
-                        sleeping[key] = rank
-                        break
-                    if arrival > t:
-                        t = arrival
-                    read = key
-            elif op is not w_op and g_waits[stage]:
-                key = g_base + g_src[stage] * width + mb  # type: ignore[operator]
-                arrival = avail.get(key)
+            read = read_base[code]  # the message this action reads, once it runs
+            if read >= 0:
+                read += mb
+                arrival = avail.get(read)
                 if arrival is None:
-                    sleeping[key] = rank
+                    sleeping[read] = rank
                     break
                 if arrival > t:
                     t = arrival
-                read = key
             if signal_of:
-                own = s_base + cost_key * width + mb
-                blocked = False
-                for a_key in signal_of.get(own, ()):
-                    arrival = avail.get(a_key)
-                    if arrival is None:
-                        sleeping[a_key] = rank
-                        blocked = True
-                        break
-                    if arrival > t:
-                        t = arrival
-                if blocked:
+                signalled = _take_signals(wiring, state, rank, s_base + code * width + mb, t)
+                if signalled is None:
                     break
-                for a_key in signal_of.get(own, ()):
-                    readers[a_key] -= 1
-                    if not readers[a_key]:
-                        del avail[a_key]
+                t = signalled
             if read >= 0:
                 del avail[read]
-            duration = durations[cost_key]
+            duration = durations[code]
             end = t + duration
             spent += duration
             if end > makespan:
                 makespan = end
             # memory: the work's effect at its start, then at its end (pipesim.step.memory)
-            start_bytes, start_count, end_bytes, end_count = effects[cost_key]
+            start_bytes, start_count, end_bytes, end_count = effects[code]
             h += start_bytes
             c += start_count
             if h > peak:
@@ -401,19 +382,11 @@ def _run_ranks(
                 peak = h
             if c > peak_c:
                 peak_c = c
-            if op is f_op:
-                dst = f_pair[stage]
-                key = stage * width + mb
-                send = f_send[stage]
-            elif op is w_op:
-                dst = -1
-            else:
-                dst = g_pair[stage]
-                key = g_base + stage * width + mb
-                send = g_send[stage]
             after = end
+            dst = send_to[code]
             if dst >= 0:
-                occupancy, latency, free, capacity, _ = send
+                key = send_base[code] + mb
+                occupancy, latency, free, capacity, _ = send_link[code]
                 if free:
                     arrival = end
                 else:
@@ -430,18 +403,42 @@ def _run_ranks(
                 if waiter is not None:
                     runnable.append(waiter)
             if signal_src:
-                own = s_base + cost_key * width + mb
-                if own in signal_src:
-                    avail[own] = end
-                    waiter = sleeping.pop(own, None)
-                    if waiter is not None:
-                        runnable.append(waiter)
+                _post_signal(wiring, state, s_base + code * width + mb, end)
             t_free = after
             k += 1
         positions[rank] = k
         clock[rank], held[rank], count[rank] = t_free, h, c
         peaks[rank], peak_counts[rank], busy[rank] = peak, peak_c, spent
     state.makespan = makespan
+
+
+def _take_signals(wiring: _Wiring, state: _State, rank: int, own: int, t: Time) -> Time | None:
+    """The time the action of signal key ``own`` may start on ``rank`` (``t`` or later), once
+    every ``happens_before`` signal it waits for has arrived; those it then reads. None: one
+    has not (``rank`` sleeps on it)."""
+    waits_for = wiring.signal_of.get(own, ())
+    for a_key in waits_for:
+        arrival = state.avail.get(a_key)
+        if arrival is None:
+            state.sleeping[a_key] = rank
+            return None
+        if arrival > t:
+            t = arrival
+    for a_key in waits_for:
+        state.readers[a_key] -= 1
+        if not state.readers[a_key]:
+            del state.avail[a_key]
+    return t
+
+
+def _post_signal(wiring: _Wiring, state: _State, own: int, end: Time) -> None:
+    """Send the ``happens_before`` signal of key ``own`` at ``end``, if some action waits for
+    it, and wake the rank asleep on it."""
+    if own in wiring.signal_src:
+        state.avail[own] = end
+        waiter = state.sleeping.pop(own, None)
+        if waiter is not None:
+            state.runnable.append(waiter)
 
 
 _Clocks = tuple[Time, int, int, int, int, Time]
@@ -513,16 +510,10 @@ def _overlap_sends(
     the order they take their links."""
     sends = []
     for action in parts:
-        stage, mb = action.stage, action.microbatch
-        if action.op is Op.F:
-            dst, key, send = wiring.f_pair[stage], stage * wiring.width + mb, wiring.f_send[stage]
-        elif action.op is Op.W:
-            continue
-        else:
-            dst = wiring.g_pair[stage]
-            key, send = wiring.g_base + stage * wiring.width + mb, wiring.g_send[stage]
-        if dst >= 0:
-            sends.append((key, dst, send))
+        code = 4 * action.stage + OP_INDEX[action.op]
+        if wiring.send_to[code] >= 0:
+            key = wiring.send_base[code] + action.microbatch
+            sends.append((key, wiring.send_to[code], wiring.send_link[code]))
     leads: list[Time] = []
     later: Time = 0
     for _, _, send in reversed(sends):

@@ -49,9 +49,8 @@ from pipesim.plan.dimensions import (
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
-from pipesim.plan.point import from_plan_point
 from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
-from pipesim.plan.result import PlanPoint, PlanResult
+from pipesim.plan.result import PlanPoint, PlanResult, from_plan_point
 from pipesim.plan.scoring import by_period, plan_result, unranked_beyond
 from pipesim.plan.settings import (
     DEFAULT_MEMORY_HEADROOM,
@@ -127,46 +126,45 @@ def plan(
 ) -> PlanResult:
     """Sweep the configurations of ``model`` on ``devices`` x ``accelerator``; rank them.
 
-    ``model``: a preset name, a :class:`ModelSpec`, or a :class:`Workload` (e.g.
-    from a calibrated cost file: t = 1 and no recomputation only).
-    ``pipeline_parallel`` (``stages``: its old name, still taken), ``tensor``,
-    ``recompute``, ``sequence_parallel``, ``distributed_optimizer``, ``microbatch_sizes``,
-    ``virtual``, ``schedules``: the values to try (see the module docstring for the
-    defaults). ``bytes_per_param``: weights + gradients
-    + optimizer state per parameter without the distributed optimizer (18:
-    Megatron-LM's bf16 weights with fp32 gradients and Adam, see
-    :mod:`pipesim.plan.iteration`). ``context_parallel``: the context-parallel sizes
-    to try (default 1). ``expert_parallel``: the expert-parallel sizes to try (default 1;
-    a model with expert layers, :mod:`pipesim.plan.moe`), ``expert_tensor_parallel``
-    the sizes each routed expert is split into (default 1). ``dtype``: the training
-    precision instead of the model's own (``fp8``: FP8 GEMMs, bf16 storage).
-    ``tp_comm_overlap``: hide tensor-parallel collectives under the GEMMs next to them
-    (Megatron-LM's ``--tp-comm-overlap``).
-    ``overlap_p2p``: pipeline sends beside compute (Megatron-Core's
-    ``--overlap-p2p-communication``; off by default, as Megatron-LM waits for each send
-    and receive). ``overlap_grad_reduce``: hide data-parallel traffic behind the last backward and
-    first forward (``--overlap-grad-reduce`` / ``--overlap-param-gather``; on by
-    default, as Megatron-Core's recipes run).
-    ``memory_capacity_bytes`` overrides the
-    accelerator's memory; ``memory_headroom`` is the share of it kept free.
-    ``min_mfu``: the least MFU a winner needs to be recommended (default an
-    eighth of the accelerator's achievable matmul share). ``engine``: ``fast`` or ``simpy``
-    (the reference; identical results, slower). ``partial``: on a deadline or
-    Ctrl-C return what was evaluated (``result.stopped`` says why) instead of
-    raising. ``cluster``: evaluate on a Dask cluster instead of local processes, a
-    scheduler's address (``tcp://HOST:8786``) or ``local`` (a LocalCluster of ``workers``
-    processes); the same results (``pip install 'pipesim[dask]'``). ``prune``: simulate only
-    the configurations that can be among the ``keep`` fastest that fit, the next ``keep`` of
-    the Pareto front and the fastest alternatives (exact lower bounds,
-    :mod:`pipesim.plan.prune`); the others are listed as pruned. Exact (the printed rows are
-    those of ``prune=False``, which simulates every configuration) but not yet faster on the
-    sweeps measured (docs/planner-speed.md), so off by default; local processes only.
+    ``model``: a preset name, a :class:`ModelSpec`, or a :class:`Workload` (e.g. from a
+    calibrated cost file: t = 1 and no recomputation only); ``dtype``: the training precision
+    instead of the model's own (``fp8``: FP8 GEMMs, bf16 storage).
+
+    The values to try (defaults in the module docstring): ``pipeline_parallel`` (``stages``:
+    its old name, still taken), ``tensor``, ``recompute``, ``sequence_parallel``,
+    ``distributed_optimizer``, ``microbatch_sizes``, ``virtual``, ``schedules``;
+    ``context_parallel``, ``expert_parallel`` (a model with expert layers,
+    :mod:`pipesim.plan.moe`) and ``expert_tensor_parallel`` (the sizes each routed expert is
+    split into), each 1 by default.
+
+    How a configuration runs: ``tp_comm_overlap`` hides tensor-parallel collectives under the
+    GEMMs next to them (Megatron-LM's ``--tp-comm-overlap``); ``overlap_p2p`` runs pipeline
+    sends beside compute (Megatron-Core's ``--overlap-p2p-communication``; off, as Megatron-LM
+    waits for each send and receive); ``overlap_grad_reduce`` hides data-parallel traffic
+    behind the last backward and first forward (``--overlap-grad-reduce`` /
+    ``--overlap-param-gather``; on, as Megatron-Core's recipes run). ``bytes_per_param``:
+    weights + gradients + optimizer state per parameter without the distributed optimizer
+    (18: Megatron-LM's bf16 weights with fp32 gradients and Adam, :mod:`pipesim.plan.iteration`).
+
+    What fits and wins: ``memory_capacity_bytes`` overrides the accelerator's memory,
+    ``memory_headroom`` is the share of it kept free; ``min_mfu``: the least MFU a winner needs
+    to be recommended (default an eighth of the accelerator's achievable matmul share).
     ``optimizer_sync``: rank by the steady-state iteration period under this optimizer
-    synchronization (:mod:`pipesim.iterations`; default ``global``, Megatron-LM's, whose
-    period is the pipeline + exposed data-parallel traffic + optimizer step the sweep
-    prices); under another the ``period_candidates`` fastest by that are re-simulated
-    under it (:mod:`pipesim.plan.period`) and ranked again, and ``auto`` sweeps the
-    schedule synthesized for it.
+    synchronization (:mod:`pipesim.iterations`; default ``global``, Megatron-LM's, whose period
+    is what the sweep prices); under another the ``period_candidates`` fastest are re-simulated
+    under it (:mod:`pipesim.plan.period`) and ranked again; ``auto`` sweeps the schedule
+    synthesized for it.
+
+    How the sweep runs: ``engine``: ``fast`` or ``simpy`` (the reference; identical results,
+    slower). ``partial``: on a deadline (``timeout_s``) or Ctrl-C return what was evaluated
+    (``result.stopped`` says why) instead of raising. ``cluster``: a Dask scheduler's address
+    (``tcp://HOST:8786``) or ``local`` (a LocalCluster of ``workers`` processes) instead of
+    local processes; the same results (``pip install 'pipesim[dask]'``). ``prune``: simulate
+    only the configurations that can be among the ``keep`` fastest that fit, the next ``keep``
+    of the Pareto front and the fastest alternatives (exact lower bounds,
+    :mod:`pipesim.plan.prune`), listing the others as pruned: the printed rows are those of
+    ``prune=False``, but not yet faster on the sweeps measured (docs/planner-speed.md), so off
+    by default; local processes only.
     """
     check_options(prune=prune, cluster=cluster, optimizer_sync=optimizer_sync)
     workload = with_dtype(as_workload(model), dtype)
@@ -193,15 +191,7 @@ def plan(
         expert_tensor=tuple(expert_tensor_parallel),
         optimizer_sync=optimizer_sync,
     )
-    points, refused = sweep_points(
-        devices=devices,
-        global_batch=global_batch,
-        gpus_per_node=accelerator.gpus_per_node,
-        n_layers=len(workload.layers),
-        workload=workload,
-        dimensions=dims,
-    )
-    check_sweep(points, devices=devices, global_batch=global_batch)
+    points, refused = _points(workload, accelerator, dims, devices, global_batch)
     context = sweep_context(
         workload,
         accelerator,
@@ -225,6 +215,27 @@ def plan(
     result = plan_result(context, settings, global_batch, points, evaluations, refused)
     result = by_period(result, context, sync=optimizer_sync, candidates=period_candidates)
     return unranked_beyond(result, exact_below)
+
+
+def _points(
+    workload: Workload,
+    accelerator: Accelerator,
+    dimensions: Dimensions,
+    devices: int,
+    global_batch: int,
+) -> tuple[list[Point], list[PlanPoint]]:
+    """The configurations to evaluate and those refused before any evaluation; LimitError
+    for a sweep past pipesim's limit on simulated actions (:func:`check_sweep`)."""
+    points, refused = sweep_points(
+        devices=devices,
+        global_batch=global_batch,
+        gpus_per_node=accelerator.gpus_per_node,
+        n_layers=len(workload.layers),
+        workload=workload,
+        dimensions=dimensions,
+    )
+    check_sweep(points, devices=devices, global_batch=global_batch)
+    return points, refused
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

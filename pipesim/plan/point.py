@@ -4,16 +4,15 @@ every worker evaluates it with (:class:`SweepContext`), and its outcome
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from fractions import Fraction
 
 from pipesim.errors import PlanError
 from pipesim.plan.hardware import Accelerator
 from pipesim.plan.iteration import BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
-from pipesim.plan.result import PlanPoint
 from pipesim.plan.workload import Workload, workload_from_model
 
-__all__ = ["Evaluation", "Point", "SweepContext", "from_plan_point", "to_plan_point"]
+__all__ = ["Evaluation", "Point", "SweepContext"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,26 +21,29 @@ class Point:
 
     schedule: str
     pipeline: int
-    """Pipeline degree p: ranks per pipeline."""
+    """Pipeline degree p: ranks per pipeline (``--pipeline-parallel``)."""
     virtual: int
     """Stages per rank asked of the schedule."""
     microbatch_size: int
     n_microbatches: int
     data_parallel: int
     tensor: int = 1
-    """Tensor-parallel size t."""
+    """Tensor-parallel size t (``--tensor-parallel``)."""
     sequence_parallel: bool = False
     recompute: str = "none"
     """Activation recomputation: none, selective or full."""
     distributed_optimizer: bool = False
     """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
     context_parallel: int = 1
-    """Context-parallel size c: each sequence split over c devices (ring attention)."""
+    """Context-parallel size c (``--context-parallel``): each sequence split over c devices
+    (ring attention)."""
     expert_parallel: int = 1
-    """Expert-parallel size e: each expert layer's routed experts split over e devices
+    """Expert-parallel size e (``--expert-parallel``): each expert layer's routed experts
+    split over e devices
     (taken from the t c d devices that hold one pipeline stage, as Megatron-Core does)."""
     expert_tensor: int = 1
-    """Expert tensor parallelism: each routed expert split over this many devices (an
+    """Expert tensor parallelism (``--expert-tensor-parallel``): each routed expert split
+    over this many devices (an
     expert group spans e x this of the t c d devices)."""
 
     @property
@@ -155,16 +157,3 @@ class Evaluation:
     """Peak activations (with any recomputation transient) of the rank with the peak."""
     fingerprint: str = ""
     """Digest of the generated schedule: equal for identical per-rank orders."""
-
-
-def to_plan_point(point: Point, /) -> PlanPoint:
-    """``point`` as a ranked configuration, nothing measured yet: every field of a
-    :class:`Point` is one of :class:`~pipesim.plan.result.PlanPoint`'s, so a dimension
-    added to both is carried without an edit here."""
-    return PlanPoint(**{f.name: getattr(point, f.name) for f in fields(Point)})
-
-
-def from_plan_point(point: PlanPoint, /) -> Point:
-    """The sweep's configuration behind a ranked ``point`` (the converse of
-    :func:`to_plan_point`)."""
-    return Point(**{f.name: getattr(point, f.name) for f in fields(Point)})

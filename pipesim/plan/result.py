@@ -10,11 +10,12 @@ most as much memory, with one of the two strictly better.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
 from pipesim.plan.hardware import Accelerator
+from pipesim.plan.point import Point
 from pipesim.units import NS_PER_S, format_bytes
 
 __all__ = [
@@ -23,35 +24,17 @@ __all__ = [
     "alternatives",
     "compare_step_times",
     "explain",
+    "from_plan_point",
     "rank_points",
+    "to_plan_point",
 ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlanPoint:
-    """One configuration and what it costs."""
+class PlanPoint(Point):
+    """One configuration (a :class:`~pipesim.plan.point.Point`: a dimension added there is
+    a PlanPoint's too) and what it costs."""
 
-    schedule: str
-    pipeline: int
-    """Pipeline degree p (ranks per pipeline, ``--stages``)."""
-    virtual: int
-    """Stages per rank asked of the schedule."""
-    data_parallel: int
-    microbatch_size: int
-    n_microbatches: int
-    tensor: int = 1
-    """Tensor-parallel size t (``--tensor-parallel``)."""
-    sequence_parallel: bool = False
-    recompute: str = "none"
-    """Activation recomputation: none, selective or full."""
-    distributed_optimizer: bool = False
-    """Optimizer state sharded over the data-parallel replicas (ZeRO-1)."""
-    context_parallel: int = 1
-    """Context-parallel size c (``--context-parallel``): each sequence split c ways."""
-    expert_parallel: int = 1
-    """Expert-parallel size e (``--expert-parallel``): routed experts split e ways."""
-    expert_tensor: int = 1
-    """Expert tensor parallelism (``--expert-tensor-parallel``): each expert split so."""
     n_stages: int | None = None
     """Stages the model is cut into (``p * v`` for interleaved schedules)."""
     layers_per_stage: tuple[int, ...] = ()
@@ -221,6 +204,17 @@ class PlanPoint:
             ),
             "step": s(self.step_time_ns),
         }
+
+
+def to_plan_point(point: Point, /) -> PlanPoint:
+    """``point`` as a ranked configuration, nothing measured yet."""
+    return PlanPoint(**{f.name: getattr(point, f.name) for f in fields(Point)})
+
+
+def from_plan_point(point: PlanPoint, /) -> Point:
+    """The sweep's configuration behind a ranked ``point`` alone (the converse of
+    :func:`to_plan_point`): what workers are sent and compare."""
+    return Point(**{f.name: getattr(point, f.name) for f in fields(Point)})
 
 
 def _order(point: PlanPoint) -> tuple[Any, ...]:

@@ -11,8 +11,8 @@ from dataclasses import fields, replace
 from pipesim.iterations import DEFAULT_SYNC
 from pipesim.plan.evaluation import pipeline_comm_ns
 from pipesim.plan.hardware import Accelerator
-from pipesim.plan.point import Evaluation, Point, SweepContext, from_plan_point, to_plan_point
-from pipesim.plan.result import PlanPoint, PlanResult, rank_points
+from pipesim.plan.point import Evaluation, Point, SweepContext
+from pipesim.plan.result import PlanPoint, PlanResult, from_plan_point, rank_points, to_plan_point
 from pipesim.plan.settings import Settings
 from pipesim.plan.workload import Workload
 from pipesim.units import NS_PER_S, format_bytes

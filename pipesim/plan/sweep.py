@@ -24,7 +24,8 @@ from pipesim.errors import PipesimError, PlanError
 from pipesim.nogc import sparse_gc
 from pipesim.plan.backends import Backend, LostChunk, open_backend
 from pipesim.plan.evaluation import build_configuration, evaluate_point, pipeline_comm_ns
-from pipesim.plan.point import Evaluation, Point, SweepContext, to_plan_point
+from pipesim.plan.point import Evaluation, Point, SweepContext
+from pipesim.plan.result import to_plan_point
 
 __all__ = [
     "Evaluation",

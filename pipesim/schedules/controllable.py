@@ -53,7 +53,7 @@ from pipesim.schedule import Schedule
 from pipesim.schedules._common import check_count, refuse_forward_only
 from pipesim.schedules.zbv import require_two_stages_per_rank, v_placement
 from pipesim.step.dependencies import prerequisites
-from pipesim.step.memory import byte_peaks, op_effects
+from pipesim.step.memory import RunningPeak, byte_peaks, op_effects
 
 __all__ = ["BLOCKS", "block_slots", "repeated_orders", "v_half", "v_min"]
 
@@ -172,22 +172,22 @@ class _Squeeze:
             return None
         if self.ready(order[0], now):
             return 0
-        held = highest = self.held[rank]
+        # the rank's levels running the order's prefix before a candidate: moved ahead of
+        # them, the candidate raises each by what it holds, so their peak by as much
+        prefix = RunningPeak(self.held[rank])
+        prefix.add(_HELD[order[0].op])
         seen_keys = {(order[0].stage, order[0].op)}
         kinds = sum(1 for n in left.values() if n)
-        held += _HELD[order[0].op]
-        highest = max(highest, held)
         for index in range(1, len(order)):
             if len(seen_keys) == kinds:
                 break
             action = order[index]
             key = (action.stage, action.op)
-            fits = highest + _HELD[action.op] <= self.cap  # the peak is never raised
+            fits = prefix.peak + _HELD[action.op] <= self.cap  # the peak is never raised
             if key not in seen_keys and fits and self.ready(action, now):
                 return index
             seen_keys.add(key)
-            held += _HELD[action.op]
-            highest = max(highest, held)
+            prefix.add(_HELD[action.op])
         return None
 
     def run(self) -> list[list[Action]]:

@@ -59,6 +59,7 @@ from pipesim.costs import CostModel, StageCost
 __all__ = [
     "NO_EFFECT",
     "Effect",
+    "RunningPeak",
     "byte_peaks",
     "held_levels",
     "level_peaks",
@@ -175,10 +176,44 @@ def level_peaks(
     return tuple(map(_peak, held)), tuple(map(_peak, inflight))
 
 
-def _peak(levels: Iterable[int]) -> int:
-    """The highest of a rank's levels; 0, what it holds before its first work, if none is
-    higher."""
-    return max(max(levels, default=0), 0)
+class RunningPeak:
+    """A rank's memory level and its peak so far: the highest level it has held, counting
+    the one it started from (0, nothing held, before its first work). The one rule of a
+    memory peak, in the incremental form a scan needs (:func:`_peak` is its batch form; the
+    controllable-memory schedules' squeeze, :mod:`pipesim.schedules.controllable`, asks at
+    each step whether one more change keeps under a cap).
+
+    >>> running = RunningPeak(2)
+    >>> running.add(3); running.add(-4); running.level, running.peak
+    (1, 5)
+    >>> running.reach([0, 7, 6]); running.level, running.peak
+    (6, 7)
+    """
+
+    __slots__ = ("level", "peak")
+
+    def __init__(self, level: int = 0) -> None:
+        self.level = level
+        self.peak = level
+
+    def add(self, change: int) -> None:
+        """The rank's level changes by ``change``."""
+        self.level += change
+        if self.level > self.peak:
+            self.peak = self.level
+
+    def reach(self, levels: Sequence[int]) -> None:
+        """The rank holds each of ``levels`` in turn."""
+        if levels:
+            self.peak = max(self.peak, max(levels))
+            self.level = levels[-1]
+
+
+def _peak(levels: Sequence[int]) -> int:
+    """The peak of a rank that holds ``levels`` in turn from nothing (:class:`RunningPeak`)."""
+    running = RunningPeak()
+    running.reach(levels)
+    return running.peak
 
 
 def rank_peaks(
@@ -214,6 +249,6 @@ def byte_peaks(effects: Sequence[Effect], orders: Iterable[Iterable[int]], /) ->
     """
     changes = [(effect.start_bytes, effect.end_bytes) for effect in effects]
     return tuple(
-        _peak(accumulate(chain.from_iterable([changes[node] for node in order])))
+        _peak(list(accumulate(chain.from_iterable([changes[node] for node in order]))))
         for order in orders
     )
