@@ -18,6 +18,12 @@ with the table). Run: ``python benchmarks/bench_published.py`` (about a minute).
    Megatron-Core r0.8.0): teraFLOP/s per GPU with Megatron's model FLOP count (no
    recomputation), H100 SXM, vocabulary 131072, sequence 4096, with
    ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``.
+
+Before the tables, the direct check of the layer model: Korthikanti et al. 2023, Table 4
+(one transformer layer of the 22B model of its Table 3, forward and backward
+milliseconds for each recomputation mode and sequence parallelism) against the
+planner's F and B (= I + W) of that block, and what the 22B's Table 5 steps leave
+outside their 48 layers.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.plan import ModelSpec, plan
+from pipesim.plan.gpu import LayerTime, layer_times
+from pipesim.plan.hardware import get_accelerator
+from pipesim.plan.kernels import Shard
 from pipesim.plan.layers import model_flops_per_sequence
 from pipesim.plan.result import PlanPoint
 
@@ -258,6 +267,82 @@ TABLES = (
 )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerRun:
+    """One row of Korthikanti et al. 2023, Table 4: one layer of the 22B model."""
+
+    name: str
+    recompute: str
+    sequence_parallel: bool
+    forward_ms: float
+    backward_ms: float
+
+
+#: Korthikanti et al. 2023 (arXiv 2205.05198), Table 4, "Time to complete the forward and
+#: backward pass of a single transformer layer of the 22B model" (its Table 3: 64 heads,
+#: hidden 6144, t = 8, micro-batch 4, sequence 2048; A100 80GB, mixed precision).
+TABLE4 = (
+    LayerRun(name="baseline", recompute="none", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=11.9),
+    LayerRun(name="sequence parallel", recompute="none", sequence_parallel=True,
+             forward_ms=7.2, backward_ms=11.8),
+    LayerRun(name="full recompute", recompute="full", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=19.5),
+    LayerRun(name="selective", recompute="selective", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=13.2),
+    LayerRun(name="selective + sp", recompute="selective", sequence_parallel=True,
+             forward_ms=7.2, backward_ms=13.1),
+)  # fmt: skip
+#: Table 4's 22B as Table 3 runs it (t = 8, micro-batch 4): the first Table 5 row's shapes.
+TABLE4_RUN = _korthikanti_runs()[0]
+
+
+def layer_time(row: LayerRun) -> LayerTime:
+    """The planner's F, I and W of one 22B block in ``row``'s mode (Table 5's model)."""
+    korthikanti = TABLES[0]
+    shard = Shard(
+        microbatch_size=TABLE4_RUN.microbatch,
+        tensor=TABLE4_RUN.tensor,
+        sequence_parallel=row.sequence_parallel,
+        recompute=row.recompute,
+    )
+    spec = korthikanti.model(TABLE4_RUN)
+    return layer_times(spec, shard, get_accelerator(korthikanti.accelerator))["block"]
+
+
+def layer_check() -> None:
+    """Print Table 4 against the planner's layer, and the 22B steps outside the layers."""
+    print("\nKorthikanti et al. 2023, Table 4 (ms for one layer of the 22B, t = 8, micro-batch 4)")
+    header = ("experiment", "F pub", "F", "error", "B pub", "B", "error", "F+B pub", "F+B")
+    widths = (18, 6, 6, 7, 6, 6, 7, 8, 6)
+    cells = " ".join(f"{name:>{width}}" for name, width in zip(header, widths, strict=True))
+    print(f"  {cells} {'error':>7}  B: compute + exposed TP")
+    sums: dict[str, tuple[float, float]] = {}
+    for row in TABLE4:
+        t = layer_time(row)
+        f = t.forward.total_s * 1e3
+        b = (t.input_grad.total_s + t.weight_grad.total_s) * 1e3
+        compute = (t.input_grad.compute_s + t.weight_grad.compute_s) * 1e3
+        pub = row.forward_ms + row.backward_ms
+        sums[row.name] = (pub, f + b)
+        print(
+            f"  {row.name:>18} {row.forward_ms:>6.1f} {f:>6.2f} {f / row.forward_ms - 1:>+7.1%} "
+            f"{row.backward_ms:>6.1f} {b:>6.2f} {b / row.backward_ms - 1:>+7.1%} {pub:>8.1f} "
+            f"{f + b:>6.2f} {(f + b) / pub - 1:>+7.1%}  {compute:.2f} + {b - compute:.2f}"
+        )
+    # Table 5's 22B rows are Table 4's "full recompute" and "selective + sp" layers, 48 of
+    # them, and what the step runs besides (embedding, head and loss, optimizer)
+    korthikanti = TABLES[0]
+    for run, mode in zip(korthikanti.runs[:2], ("full recompute", "selective + sp"), strict=True):
+        pub_layer, our_layer = sums[mode]
+        pub_rest = run.published - run.layers * pub_layer / 1e3
+        our_rest = predict_seconds(korthikanti, run) - run.layers * our_layer / 1e3
+        print(
+            f"  {run.name} (Table 5): outside the {run.layers} layers published "
+            f"{pub_rest * 1e3:.0f} ms, predicted {our_rest * 1e3:.0f} ms"
+        )
+
+
 def predict(table: Table, run: Run) -> PlanPoint:
     """The planner's configuration of ``run``, every dimension pinned."""
     spec = table.model(run)
@@ -303,6 +388,7 @@ def predicted_value(table: Table, run: Run) -> float:
 
 def main() -> int:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
+    layer_check()
     missed = 0
     for table in TABLES:
         unit = "s" if table.measure == "seconds" else "TFLOP/s"
