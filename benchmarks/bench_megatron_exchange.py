@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from pipesim.actions import Action, Op, Overlap, Work
-from pipesim.plan import plan
+from pipesim.costs import CostModel
 from pipesim.plan.fastsim import compile_schedule, evaluate
 from pipesim.plan.planner import configuration
 from pipesim.schedule import Schedule
@@ -75,32 +75,11 @@ def _pairs(work: Work, after: Work | None) -> bool:
 
 def _schedule_and_costs(
     table: published.Table, run: published.Run
-) -> tuple[Schedule, object, int, int]:
-    """The planner's schedule, cost model, step and pipeline time (ns) of ``run``."""
-    spec = table.model(run)
-    result = plan(
-        spec,
-        devices=run.gpus,
-        accelerator=table.accelerator,
-        global_batch=run.global_batch,
-        tensor=[run.tensor],
-        pipeline_parallel=[run.pipeline],
-        virtual=[run.virtual],
-        microbatch_sizes=[run.microbatch],
-        schedules=["interleaved-1f1b" if run.virtual > 1 else "1f1b"],
-        recompute=[run.recompute],
-        sequence_parallel=[run.sequence_parallel],
-        distributed_optimizer=[table.distributed_optimizer],
-        tp_comm_overlap=table.tp_comm_overlap,
-        overlap_p2p=table.overlap_p2p,
-        overlap_grad_reduce=table.overlap_grad_reduce,
-        memory_headroom=0.0,
-        min_mfu=0.0,
-        workers=1,
-    )
-    point = next(p for p in result.points if p.feasible)
-    schedule, costs = configuration(result, point, model=spec)
-    assert point.step_time_ns is not None and point.pipeline_time_ns is not None
+) -> tuple[Schedule, CostModel, int, int]:
+    """The planner's schedule and cost model of ``run``, its step (ns) and micro-batches."""
+    result, point = published.plan_of(table, run)
+    schedule, costs = configuration(result, point, model=table.model(run))
+    assert point.step_time_ns is not None
     return schedule, costs, point.step_time_ns, point.n_microbatches
 
 
@@ -132,8 +111,8 @@ def main() -> int:
             pipelined.append((table, run, step_ns, m))
             if run.virtual == 1:
                 continue
-            base = evaluate(compile_schedule(schedule), costs).makespan  # type: ignore[arg-type]
-            pairs = evaluate(compile_schedule(megatron_pairs(schedule)), costs).makespan  # type: ignore[arg-type]
+            base = evaluate(compile_schedule(schedule), costs).makespan
+            pairs = evaluate(compile_schedule(megatron_pairs(schedule)), costs).makespan
             name = f"{table.accelerator} {run.name}"
             print(
                 f"  {name:>22} {base / 1e9:>11.3f} {pairs / 1e9:>9.3f} {pairs / base - 1:>+7.2%} "
