@@ -14,10 +14,20 @@ with the table). Run: ``python benchmarks/bench_published.py`` (about a minute).
 2. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
    Using Megatron-LM" (SC 2021, arXiv 2104.04473), Table 1: achieved teraFLOP/s per
    GPU with the paper's FLOP count (its Eq. 3, recomputation included), A100 80GB.
+   Micro-batch sizes, interleaving and data-parallel implementation as the authors'
+   reproduction script sets them (NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh``,
+   "scripts that were used to produce the results in the Megatron paper"), since the
+   table does not print them.
 3. NVIDIA/Megatron-LM README, H100 weak-scaling table (``images/model_table.png``,
    Megatron-Core r0.8.0): teraFLOP/s per GPU with Megatron's model FLOP count (no
    recomputation), H100 SXM, vocabulary 131072, sequence 4096, with
    ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``.
+
+Before the tables, the direct check of the layer model: Korthikanti et al. 2023, Table 4
+(one transformer layer of the 22B model of its Table 3, forward and backward
+milliseconds for each recomputation mode and sequence parallelism) against the
+planner's F and B (= I + W) of that block, and what the 22B's Table 5 steps leave
+outside their 48 layers.
 """
 
 from __future__ import annotations
@@ -27,11 +37,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesim.plan import ModelSpec, plan
+from pipesim.plan.gpu import LayerTime, layer_times
+from pipesim.plan.hardware import get_accelerator
+from pipesim.plan.kernels import Shard
 from pipesim.plan.layers import model_flops_per_sequence
-from pipesim.plan.result import PlanPoint
+from pipesim.plan.result import PlanPoint, PlanResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +65,8 @@ class Run:
     microbatch: int = 1
     recompute: str = "none"
     sequence_parallel: bool = False
+    overlap_grad_reduce: bool | None = None
+    """Whether the data-parallel reduction hides behind the backward; None: the table's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,7 +117,8 @@ def _korthikanti_runs() -> tuple[Run, ...]:
     )
     runs = []
     for name, layers, hidden, heads, t, p, v, gpus, b, batch, full, present in rows:
-        common: dict[str, int] = dict(
+        base = Run(
+            name=f"{name} full",
             layers=layers,
             hidden=hidden,
             heads=heads,
@@ -112,32 +128,37 @@ def _korthikanti_runs() -> tuple[Run, ...]:
             gpus=gpus,
             microbatch=b,
             global_batch=batch,
+            recompute="full",
+            published=full,
         )
-        runs.append(Run(name=f"{name} full", recompute="full", published=full, **common))  # type: ignore[arg-type]
+        runs.append(base)
         runs.append(
-            Run(
+            replace(
+                base,
                 name=f"{name} present",
                 recompute="selective",
                 sequence_parallel=True,
                 published=present,
-                **common,
             )
         )
     return tuple(runs)
 
 
 def _narayanan_runs() -> tuple[Run, ...]:
-    rows = (  # params (B), heads, hidden, layers, t, p, GPUs, global batch, TFLOP/s
-        (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-        (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-        (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-        (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-        (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-        (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-        (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-        (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-        (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-        (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    # params (B), heads, hidden, layers, t, p, GPUs, global batch, TFLOP/s (Table 1); then
+    # from examples/sc21/run_table_1.sh: MBS, layers per virtual stage
+    # (--num-layers-per-virtual-pipeline-stage; 0: none) and --DDP-impl
+    rows = (
+        (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 0, "torch"),
+        (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, 0, "torch"),
+        (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, 0, "torch"),
+        (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 0, "torch"),
+        (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 0, "local"),
+        (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5, "local"),
+        (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5, "local"),
+        (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3, "local"),
+        (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1, "local"),
+        (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 0, "local"),
     )
     return tuple(
         Run(
@@ -150,20 +171,15 @@ def _narayanan_runs() -> tuple[Run, ...]:
             gpus=gpus,
             global_batch=batch,
             published=tflops,
-            virtual=_smallest_interleaving(layers, p),
+            microbatch=mbs,
+            virtual=layers // (p * per_virtual) if per_virtual else 1,
             recompute="full",
+            # torch's DistributedDataParallel all-reduces its buckets during the
+            # backward; Megatron-LM's local DDP of 2021 after it (allreduce_gradients)
+            overlap_grad_reduce=ddp == "torch",
         )
-        for params, heads, hidden, layers, t, p, gpus, batch, tflops in rows
+        for params, heads, hidden, layers, t, p, gpus, batch, tflops, mbs, per_virtual, ddp in rows
     )
-
-
-def _smallest_interleaving(layers: int, pipeline: int) -> int:
-    """The fewest stages per rank above 1 that split each rank's layers evenly (1
-    without pipelining): the interleaved schedule Table 1 ran, at its least depth."""
-    if pipeline == 1:
-        return 1
-    per_rank = layers // pipeline
-    return next(v for v in range(2, per_rank + 1) if per_rank % v == 0)
 
 
 def _megatron_h100_runs() -> tuple[Run, ...]:
@@ -223,11 +239,11 @@ TABLES = (
         title="Narayanan et al. 2021, Table 1 (teraFLOP/s per GPU), A100 80GB",
         accelerator="a100-80gb",
         runs=_narayanan_runs(),
-        assumed="micro-batch 1, full recomputation (the paper's Eq. 3 counts it), fp16, "
-        "unfused attention, interleaving at the fewest stages per rank above 1 that split "
-        "the layers evenly, data-parallel all-reduce after the pipeline (not overlapped), "
-        "no distributed optimizer, no sequence parallelism, tied embeddings (Megatron-LM's "
-        "default)",
+        assumed="micro-batch size, interleaving and DDP as examples/sc21/run_table_1.sh "
+        "sets them (torch DDP: the all-reduce overlaps the backward; local: after it), "
+        "full recomputation (the paper's Eq. 3 counts it; the script's uniform "
+        "checkpointing), fp16, unfused attention, no distributed optimizer, no sequence "
+        "parallelism, tied embeddings (Megatron-LM's default)",
         model=lambda run: _gpt(run, seq=2048, vocab=51200, dtype="fp16", flash=False),
         measure="tflops",
         flops=_narayanan_flops,
@@ -258,9 +274,114 @@ TABLES = (
 )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerRun:
+    """One row of Korthikanti et al. 2023, Table 4: one layer of the 22B model."""
+
+    name: str
+    recompute: str
+    sequence_parallel: bool
+    forward_ms: float
+    backward_ms: float
+
+
+#: Korthikanti et al. 2023 (arXiv 2205.05198), Table 4, "Time to complete the forward and
+#: backward pass of a single transformer layer of the 22B model" (its Table 3: 64 heads,
+#: hidden 6144, t = 8, micro-batch 4, sequence 2048; A100 80GB, mixed precision).
+TABLE4 = (
+    LayerRun(name="baseline", recompute="none", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=11.9),
+    LayerRun(name="sequence parallel", recompute="none", sequence_parallel=True,
+             forward_ms=7.2, backward_ms=11.8),
+    LayerRun(name="full recompute", recompute="full", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=19.5),
+    LayerRun(name="selective", recompute="selective", sequence_parallel=False,
+             forward_ms=7.7, backward_ms=13.2),
+    LayerRun(name="selective + sp", recompute="selective", sequence_parallel=True,
+             forward_ms=7.2, backward_ms=13.1),
+)  # fmt: skip
+#: Table 4's 22B as Table 3 runs it (t = 8, micro-batch 4): the first Table 5 row's shapes.
+TABLE4_RUN = _korthikanti_runs()[0]
+
+
+def layer_time(row: LayerRun) -> LayerTime:
+    """The planner's F, I and W of one 22B block in ``row``'s mode (Table 5's model)."""
+    korthikanti = TABLES[0]
+    shard = Shard(
+        microbatch_size=TABLE4_RUN.microbatch,
+        tensor=TABLE4_RUN.tensor,
+        sequence_parallel=row.sequence_parallel,
+        recompute=row.recompute,
+    )
+    spec = korthikanti.model(TABLE4_RUN)
+    return layer_times(spec, shard, get_accelerator(korthikanti.accelerator))["block"]
+
+
+def layer_check() -> None:
+    """Print Table 4 against the planner's layer, and the 22B steps outside the layers."""
+    print("\nKorthikanti et al. 2023, Table 4 (ms for one layer of the 22B, t = 8, micro-batch 4)")
+    header = ("experiment", "F pub", "F", "error", "B pub", "B", "error", "F+B pub", "F+B")
+    widths = (18, 6, 6, 7, 6, 6, 7, 8, 6)
+    cells = " ".join(f"{name:>{width}}" for name, width in zip(header, widths, strict=True))
+    print(f"  {cells} {'error':>7}  B: compute + exposed TP")
+    sums: dict[str, tuple[float, float]] = {}
+    for row in TABLE4:
+        t = layer_time(row)
+        f = t.forward.total_s * 1e3
+        b = (t.input_grad.total_s + t.weight_grad.total_s) * 1e3
+        compute = (t.input_grad.compute_s + t.weight_grad.compute_s) * 1e3
+        pub = row.forward_ms + row.backward_ms
+        sums[row.name] = (pub, f + b)
+        print(
+            f"  {row.name:>18} {row.forward_ms:>6.1f} {f:>6.2f} {f / row.forward_ms - 1:>+7.1%} "
+            f"{row.backward_ms:>6.1f} {b:>6.2f} {b / row.backward_ms - 1:>+7.1%} {pub:>8.1f} "
+            f"{f + b:>6.2f} {(f + b) / pub - 1:>+7.1%}  {compute:.2f} + {b - compute:.2f}"
+        )
+    # Table 5's 22B rows are Table 4's "full recompute" and "selective + sp" layers, 48 of
+    # them, and what the step runs besides (embedding, head and loss, optimizer)
+    korthikanti = TABLES[0]
+    for run, mode in zip(korthikanti.runs[:2], ("full recompute", "selective + sp"), strict=True):
+        pub_layer, our_layer = sums[mode]
+        pub_rest = run.published - run.layers * pub_layer / 1e3
+        our_rest = predict_seconds(korthikanti, run) - run.layers * our_layer / 1e3
+        print(
+            f"  {run.name} (Table 5): outside the {run.layers} layers published "
+            f"{pub_rest * 1e3:.0f} ms, predicted {our_rest * 1e3:.0f} ms"
+        )
+
+
+#: Korthikanti et al. 2023, section 6.3: the 530B "present work" row at 8-way data
+#: parallelism (2240 GPUs, the batch per model instance kept): "the time per iteration
+#: increases slightly from 37.83 seconds to 39.15 seconds" (gradient all-reduces not
+#: overlapped with the backward, as the table's rows).
+DATA_PARALLEL_CHECK = (8, 39.15)
+
+
+def data_parallel_check() -> None:
+    """Print the 530B present row at 8-way data parallelism against section 6.3."""
+    korthikanti = TABLES[0]
+    run = next(r for r in korthikanti.runs if r.name == "530B present")
+    d, published = DATA_PARALLEL_CHECK
+    wide = replace(run, gpus=run.gpus * d, global_batch=run.global_batch * d)
+    one, many = predict_seconds(korthikanti, run), predict_seconds(korthikanti, wide)
+    print(
+        f"\nKorthikanti et al. 2023, section 6.3: {run.name} at {d}-way data parallelism "
+        f"({wide.gpus} GPUs)\n  published {published:.2f} s ({published - run.published:+.2f} "
+        f"over {run.published:.2f}), predicted {many:.2f} s ({many - one:+.2f} over {one:.2f})"
+    )
+
+
 def predict(table: Table, run: Run) -> PlanPoint:
     """The planner's configuration of ``run``, every dimension pinned."""
+    return plan_of(table, run)[1]
+
+
+def plan_of(table: Table, run: Run) -> tuple[PlanResult, PlanPoint]:
+    """The planner's plan of ``run`` (every dimension pinned) and its configuration."""
     spec = table.model(run)
+    overlap_grad_reduce = (
+        table.overlap_grad_reduce if run.overlap_grad_reduce is None else run.overlap_grad_reduce
+    )
     result = plan(
         spec,
         devices=run.gpus,
@@ -276,12 +397,12 @@ def predict(table: Table, run: Run) -> PlanPoint:
         distributed_optimizer=[table.distributed_optimizer],
         tp_comm_overlap=table.tp_comm_overlap,
         overlap_p2p=table.overlap_p2p,
-        overlap_grad_reduce=table.overlap_grad_reduce,
+        overlap_grad_reduce=overlap_grad_reduce,
         memory_headroom=0.0,
         min_mfu=0.0,
         workers=1,
     )
-    return next(p for p in result.points if p.feasible)
+    return result, next(p for p in result.points if p.feasible)
 
 
 def predict_seconds(table: Table, run: Run) -> float:
@@ -303,6 +424,8 @@ def predicted_value(table: Table, run: Run) -> float:
 
 def main() -> int:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
+    layer_check()
+    data_parallel_check()
     missed = 0
     for table in TABLES:
         unit = "s" if table.measure == "seconds" else "TFLOP/s"
