@@ -111,7 +111,7 @@ def optimizer_step_bytes(dtype: str, /) -> int:
 
 
 def static_bytes(
-    params: int | Fraction,
+    params: int | float | Fraction,
     /,
     *,
     data_parallel: int,
@@ -119,12 +119,18 @@ def static_bytes(
     bytes_per_param: int = BYTES_PER_PARAM,
     optimizer_bytes_per_param: int = OPTIMIZER_BYTES_PER_PARAM,
 ) -> int:
-    """Weights, gradients and optimizer state of ``params`` parameters on one device."""
+    """Weights, gradients and optimizer state of ``params`` parameters on one device
+    (an int, a Fraction, or a float taken exactly, as a notebook's ``n / (t * p)`` is).
+
+    >>> static_bytes(10**9 / 8, data_parallel=8, distributed_optimizer=True)  # 6 + 12 / 8 a param
+    937500000
+    """
     shard = data_parallel if distributed_optimizer else 1
     optimizer = min(optimizer_bytes_per_param, bytes_per_param)
     # ceil(params (bytes - optimizer) + params optimizer / shard), in integers (an int or
     # a Fraction count has a numerator and a denominator): a sweep asks this per stage
-    n, d = params.numerator, params.denominator
+    exact = params if isinstance(params, int | Fraction) else Fraction(params)
+    n, d = exact.numerator, exact.denominator
     return -(-(n * ((bytes_per_param - optimizer) * shard + optimizer)) // (d * shard))
 
 
