@@ -32,9 +32,11 @@ def _virtuals(name: str) -> tuple[int, ...]:
     return tuple(v for v in accepted if v <= splice.MAX_SPLICED_VIRTUAL)
 
 
-def _check_splices(name: str, p: int, v: int, largest: int) -> int:
+def _check_splices(name: str, p: int, v: int, largest: int, *, built: bool = True) -> int:
     """Every m up to ``largest`` with a base: the generated orders are the base's spliced,
-    with the base's run longer and its placement. Returns how many were checked."""
+    with the base's run longer and its placement; with ``built``, also the schedule
+    ``spliced_schedule`` builds from them (the same orders as works, so the fast subset
+    shows it; the whole envelope checks the orders). Returns how many were checked."""
     checked = 0
     for m in range(2, largest + 1):
         base = splice.base_instance(name, p, v, m)
@@ -51,9 +53,9 @@ def _check_splices(name: str, p: int, v: int, largest: int) -> int:
         assert find_pattern(schedule, keys=keys) == splice.extended(base.pattern, periods)
         assert schedule.placement == base.schedule.placement
         assert schedule.n_copies == base.schedule.n_copies and not schedule.happens_before
-        # and built from the base as works (what a sweep evaluates whole): the same schedule
-        built = splice.spliced_schedule(name, p, v, m)
-        assert built is not None and built == (schedule, find_pattern(schedule, keys=keys))
+        if built:  # built from the base as works (what a sweep evaluates whole)
+            made = splice.spliced_schedule(name, p, v, m)
+            assert made is not None and made == (schedule, find_pattern(schedule, keys=keys))
         checked += 1
     return checked
 
@@ -70,7 +72,7 @@ def test_splice_property_over_the_whole_envelope(name: str) -> None:
     """Every p, v and m the module is used for (its claim, checked whole)."""
     for p in range(1, splice.MAX_SPLICED_RANKS + 1):
         for v in _virtuals(name):
-            _check_splices(name, p, v, splice.MAX_SPLICED_MICROBATCHES)
+            _check_splices(name, p, v, splice.MAX_SPLICED_MICROBATCHES, built=False)
 
 
 def test_families_left_out_do_not_splice() -> None:
