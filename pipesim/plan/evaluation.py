@@ -320,7 +320,7 @@ def _simulate(
 
 def _extrapolated(base: Schedule, costs: CostModel, point: Point) -> Metrics:
     """``point``'s metrics from its schedule's ``base`` (:mod:`pipesim.plan.splice`); where
-    no shorter instance repeats, from its schedule generated after all."""
+    no shorter instance repeats, from its whole schedule, built from the base."""
     m = point.n_microbatches
     step = splice.extrapolated_step(point.schedule, point.pipeline, point.virtual, m, costs)
     if step is None:  # evaluated whole, from its base's orders spliced

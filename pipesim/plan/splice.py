@@ -30,7 +30,9 @@ micro-batch), which splicing changes only in the run lengths.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from pipesim.actions import Action, Overlap, Work, trusted_action
 from pipesim.costs import CostModel
@@ -193,6 +195,9 @@ def extended(pattern: Pattern, periods: int, /) -> Pattern:
     )
 
 
+W = TypeVar("W")
+"""A unit of work of an order being spliced (:data:`Parts` or a :class:`Work`)."""
+
 Parts = tuple[tuple[int, int], ...]
 """A work as its parts' ``(action code, micro-batch)`` pairs (an action: one)."""
 
@@ -238,17 +243,24 @@ def spliced_orders(
     >>> [w for (w,) in spliced_orders(work_keys(s), 5, 1, p, 1)[0]]  # F0 B0 F1 B1 ... F5 B5
     [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3), (0, 4), (1, 4), (0, 5), (1, 5)]
     """
+    return _splice_orders(works_of(keys, width, n_stages), pattern, periods, _later_by)
+
+
+def _splice_orders(
+    orders: Sequence[Sequence[W]], pattern: Pattern, periods: int, later: Callable[[W, int], W]
+) -> list[list[W]]:
+    """The splice itself, for orders of any kind of work (``later(work, k)``: the work ``k``
+    micro-batches on): per rank, the works up to the run's end as they were, then the run
+    continued ``periods`` periods, then the rest ``periods * shift`` micro-batches on."""
     shift = pattern.shift
-    orders = []
-    for works, end, length in zip(
-        works_of(keys, width, n_stages), pattern.ends, pattern.lengths, strict=True
-    ):
-        longer = works[:end]
+    longer_orders = []
+    for works, end, length in zip(orders, pattern.ends, pattern.lengths, strict=True):
+        longer = list(works[:end])
         for x in range(end, end + periods * length):
-            longer.append(_later_by(longer[x - length], shift))
-        longer += [_later_by(work, periods * shift) for work in works[end:]]
-        orders.append(longer)
-    return orders
+            longer.append(later(longer[x - length], shift))
+        longer += [later(work, periods * shift) for work in works[end:]]
+        longer_orders.append(longer)
+    return longer_orders
 
 
 def spliced_schedule(
@@ -270,14 +282,7 @@ def spliced_schedule(
         return None
     pattern, schedule = base.pattern, base.schedule
     periods = (n_microbatches - schedule.n_microbatches) // pattern.shift
-    shift = pattern.shift
-    orders = []
-    for works, end, length in zip(schedule.orders, pattern.ends, pattern.lengths, strict=True):
-        longer = list(works[:end])
-        for x in range(end, end + periods * length):
-            longer.append(_work_later(longer[x - length], shift))
-        longer += [_work_later(work, periods * shift) for work in works[end:]]
-        orders.append(longer)
+    orders: list[list[Work]] = _splice_orders(schedule.orders, pattern, periods, _work_later)
     spliced = Schedule.from_orders(
         orders,
         placement=schedule.placement,
