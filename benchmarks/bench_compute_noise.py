@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="matrix side (default 256)")
     parser.add_argument("--batch", type=int, default=200, help="matmuls per timed batch")
     args = parser.parse_args()
+    for name in ("seconds", "size", "batch"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     torch.set_num_threads(1)
     a, b = torch.randn(args.size, args.size), torch.randn(args.size, args.size)
     load = os.getloadavg()[0]
