@@ -68,9 +68,7 @@ def unranked_beyond(result: PlanResult, exact_below: float) -> PlanResult:
         replace(p, rank=None) if p.rank is not None and (p.step_time_ns or 0) >= exact_below else p
         for p in result.points
     )
-    return replace(
-        result, points=points, n_pruned=sum((p.reason or "").startswith("pruned:") for p in points)
-    )
+    return replace(result, points=points)
 
 
 def plan_result(
@@ -113,6 +111,9 @@ def plan_result(
         engine=settings.engine,
         stopped=None if stopped is None else stopped.removeprefix("not evaluated: "),
         n_duplicates=duplicates,
+        # counted here, not where ranks are cleared: a plan whose pruning leaves every
+        # rank exact (nothing pruned was faster than a fitting point) skips that step
+        n_pruned=sum((p.reason or "").startswith("pruned:") for p in ranked),
         n_layers=0 if spec is None else spec.n_layers,
         seq_length=workload.seq_length,
         tp_comm_overlap=context.tp_comm_overlap,
