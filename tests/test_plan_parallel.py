@@ -699,3 +699,37 @@ def test_a_tied_embedding_gradient_is_all_reduced_between_the_end_stages() -> No
         for spec in (GPT, tied)
     }
     assert len(v_steps) == 1
+
+
+_TWO_POOLS = """
+import threading, time
+from pipesim.plan import backends
+
+def evaluate(chunk, context):
+    return [(item, item) for item in chunk]
+
+if __name__ == "__main__":
+    methods = []
+    for _ in range(3):
+        methods.append(backends._start_method())
+        pool = backends.ProcessPool(object(), evaluate=evaluate, workers=2)
+        assert sorted(pool.results([[1], [2]], deadline=time.monotonic() + 60)) == [
+            [(1, 1)], [(2, 2)]
+        ]
+        pool.close()
+    print(*methods, threading.active_count())
+"""
+
+
+@pytest.mark.slow
+def test_a_closed_pool_leaves_one_thread_so_the_next_sweep_forks(tmp_path: Path) -> None:
+    # A closed pool's manager thread must be gone before the next sweep picks its start
+    # method: two live threads would send that sweep to forkserver (workers that are not
+    # this process's children). A fresh interpreter, since pytest's own may run threads.
+    script = tmp_path / "two_pools.py"
+    script.write_text(_TWO_POOLS)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "fork", "fork", "1"]

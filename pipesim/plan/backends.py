@@ -168,6 +168,8 @@ class ProcessPool:
         # The executor keeps its processes in a private dict; there is no public way to
         # kill a running task (cpython issue 84009), so reach for it, defensively.
         processes = list((getattr(executor, "_processes", None) or {}).values())
+        # shutdown() drops the executor's reference to its manager thread: take it first
+        manager = getattr(executor, "_executor_manager_thread", None)
         for process in processes:
             if process.is_alive():
                 process.terminate()
@@ -178,6 +180,12 @@ class ProcessPool:
             if process.is_alive():
                 process.kill()
                 process.join(0.5)
+        # Its manager thread outlives shutdown(wait=False) by a moment; while it runs, a
+        # next sweep in this process would see two threads and start its pool by
+        # forkserver instead of fork (slower, and its workers are not this process's
+        # children, so RUSAGE_CHILDREN misses their CPU). Wait for it, briefly.
+        if isinstance(manager, threading.Thread):
+            manager.join(max(limit - time.monotonic(), 0.5))
 
 
 def _start_method() -> str:
