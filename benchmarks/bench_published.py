@@ -44,6 +44,7 @@ from pipesim.plan.gpu import LayerTime, layer_times
 from pipesim.plan.hardware import get_accelerator
 from pipesim.plan.kernels import Shard
 from pipesim.plan.layers import model_flops_per_sequence
+from pipesim.plan.model import get_model
 from pipesim.plan.result import PlanPoint, PlanResult
 
 
@@ -67,6 +68,9 @@ class Run:
     sequence_parallel: bool = False
     overlap_grad_reduce: bool | None = None
     """Whether the data-parallel reduction hides behind the backward; None: the table's."""
+    context: int = 1
+    seq: int | None = None
+    """Tokens per sequence where a table's rows differ in it; None: the table's model's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -211,6 +215,48 @@ def _megatron_h100_runs() -> tuple[Run, ...]:
     )
 
 
+#: Table 4's third row: the 128K-token stage, context parallel 16.
+LONG_CONTEXT_ROW = ("405B 128K", 16384, 8, 16, 16, 8, 131072, 16, 380.0)
+
+
+def _llama3_runs(*, long_context: bool = False) -> tuple[Run, ...]:
+    # Grattafiori et al. 2024 ("The Llama 3 Herd of Models", arXiv 2407.21783), Table 4:
+    # GPUs, TP, CP, PP, DP, sequence length, batch size per DP replica (sequences),
+    # TFLOP/s per GPU
+    rows = (
+        ("405B 8K", 8192, 8, 1, 16, 64, 8192, 32, 430.0),
+        ("405B 8K", 16384, 8, 1, 16, 128, 8192, 16, 400.0),
+    ) + ((LONG_CONTEXT_ROW,) if long_context else ())
+    spec = get_model("llama3.1-405b")
+    return tuple(
+        Run(
+            name=name,
+            layers=spec.n_layers,
+            hidden=spec.hidden,
+            heads=spec.n_heads,
+            tensor=t,
+            context=c,
+            pipeline=p,
+            gpus=gpus,
+            global_batch=dp * per_replica,
+            seq=seq,
+            published=tflops,
+            sequence_parallel=True,
+            # section 3.3.2 balances the pipeline by taking one layer from the first and
+            # the last stage, so that "the first model chunk on the first stage has only
+            # the embedding, and the last model chunk on the last stage has only output
+            # projection and loss calculation": chunks of one layer, 126 + 2 = 16 x 8
+            virtual=(spec.n_layers + 2) // p,
+        )
+        for name, gpus, t, c, p, dp, seq, per_replica, tflops in rows
+    )
+
+
+def _llama3_model(run: Run) -> ModelSpec:
+    spec = get_model("llama3.1-405b")
+    return replace(spec, seq_length=run.seq or spec.seq_length)
+
+
 def _narayanan_flops(run: Run, spec: ModelSpec) -> float:
     # Narayanan et al. 2021, Eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh)
     s, h, l, v = spec.seq_length, spec.hidden, spec.n_layers, spec.vocab_size
@@ -269,6 +315,25 @@ TABLES = (
         # schedule does not support overlapping p2p communication", arguments.py and
         # schedules.py at core_r0.8.0), and the table prints no interleaving
         overlap_p2p=False,
+        overlap_grad_reduce=True,
+    ),
+    Table(
+        title="Grattafiori et al. 2024 (Llama 3), Table 4: 405B pre-training (teraFLOP/s per "
+        "GPU), H100 SXM; outside ../shared/PUBLISHED_RUNS.md",
+        accelerator="h100-sxm",
+        runs=_llama3_runs(),
+        assumed="the llama3.1-405b preset (bf16, fused attention, SwiGLU, 8 KV heads), "
+        "micro-batch 1 (one sequence), interleaved 1F1B with chunks of one layer (the "
+        "paper's layer balancing), sequence parallelism, no recomputation (the paper "
+        "names none), sharded gradients and optimizer state (the paper's FSDP) as the "
+        "distributed optimizer, its reduction and weight all-gather overlapped, "
+        "asynchronous pipeline sends, tensor-parallel collectives exposed (the paper "
+        "names no overlap of them), Megatron-LM's FLOP count (the paper prints none)",
+        model=_llama3_model,
+        measure="tflops",
+        flops=_model_flops,
+        distributed_optimizer=True,
+        overlap_p2p=True,
         overlap_grad_reduce=True,
     ),
 )
@@ -371,6 +436,26 @@ def data_parallel_check() -> None:
     )
 
 
+def long_context_check() -> None:
+    """Llama 3's 128K-token row apart: at 128K tokens attention outweighs the rest of the
+    model, so its teraFLOP/s depend on whether the paper counts the causal mask's half of
+    the attention FLOPs, which it does not say; both counts are printed."""
+    table = TABLES[3]
+    (run,) = _llama3_runs(long_context=True)[2:]
+    spec = table.model(run)
+    seconds = predict_seconds(table, run)
+    full = _model_flops(run, spec)
+    # Megatron-LM's count holds 12 s^2 l h of full attention per sequence (F and B)
+    causal = full - 6 * spec.seq_length**2 * spec.n_layers * spec.hidden * run.global_batch
+    print(f"\n{table.title.split(':')[0]}: the 128K-token row (context parallel 16), apart")
+    for name, flops in (("full attention", full), ("causal half", causal)):
+        predicted = flops / (seconds * run.gpus) / 1e12
+        print(
+            f"  counting {name:>14}: published {run.published:.1f} TFLOP/s, predicted "
+            f"{predicted:.1f} ({predicted / run.published - 1:+.1%})"
+        )
+
+
 def predict(table: Table, run: Run) -> PlanPoint:
     """The planner's configuration of ``run``, every dimension pinned."""
     return plan_of(table, run)[1]
@@ -388,6 +473,7 @@ def plan_of(table: Table, run: Run) -> tuple[PlanResult, PlanPoint]:
         accelerator=table.accelerator,
         global_batch=run.global_batch,
         tensor=[run.tensor],
+        context_parallel=[run.context],
         pipeline_parallel=[run.pipeline],
         virtual=[run.virtual],
         microbatch_sizes=[run.microbatch],
@@ -426,6 +512,7 @@ def main() -> int:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
     layer_check()
     data_parallel_check()
+    long_context_check()
     missed = 0
     for table in TABLES:
         unit = "s" if table.measure == "seconds" else "TFLOP/s"
