@@ -150,20 +150,20 @@ def test_memory_carries_across_the_boundary() -> None:
     assert run.simulation.metrics.peak_activation_bytes == one.metrics.peak_activation_bytes
 
 
-# The zero-bubble paper (Qi et al., ICLR 2024): Table 6's profiled F, B, W and
-# communication times and its Table 5 bubble rates, as benchmarks/bench_zero_bubble.py
-# holds them (one copy of the paper's numbers); the first three of Table 5 are 1F1B, ZB-H1
-# and ZB-H2 at m = 3p.
+# The zero-bubble paper (Qi et al., ICLR 2024, arXiv 2401.10241): the profiled F, B, W
+# and communication times of each (model, m) row (its Table 6; Table 9 in the arXiv
+# version) and its Table 5 bubble rates, as benchmarks/bench_zero_bubble.py holds them
+# (one copy of the paper's numbers); the first three of Table 5 are 1F1B, ZB-H1, ZB-H2.
 _PAPER = load_benchmark("bench_zero_bubble")
 TABLE_6, TABLE_5 = _PAPER.TABLE_6, _PAPER.TABLE_5
 _paper_costs = _PAPER.paper_costs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(TABLE_6))
-def test_table_5_span_bubbles(model: str) -> None:
-    p, m, costs = _paper_costs(model)
-    for name, paper in zip(("1f1b", "zb-h1", "zb-h2"), TABLE_5[model][:3], strict=True):
+@pytest.mark.parametrize(("model", "m"), sorted(TABLE_6))
+def test_table_5_span_bubbles(model: str, m: int) -> None:
+    p, m, costs = _paper_costs(model, m)
+    for name, paper in zip(("1f1b", "zb-h1", "zb-h2"), TABLE_5[model, m][:3], strict=True):
         sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs)
         assert abs(float(span_metrics(sim.trace).bubble_ratio) - paper) <= 0.00005, name
 
@@ -350,13 +350,24 @@ def test_ranks_at_rates_of_their_own_have_no_period() -> None:
     assert steady_period(schedule, costs=costs).period == 5
 
 
-def test_synthesize_period_objective_reaches_zb_2p_and_keeps_the_limit() -> None:
+@pytest.mark.parametrize(
+    ("model", "m"),
+    [
+        ("6.2B", 24),
+        *(
+            pytest.param(*row, marks=pytest.mark.slow)
+            for row in sorted(TABLE_6)
+            if TABLE_6[row][0] == 8 and row != ("6.2B", 24)
+        ),
+    ],
+)
+def test_synthesize_period_objective_reaches_zb_2p_and_keeps_the_limit(model: str, m: int) -> None:
     from pipesim.synth import synthesize
 
-    # Table 5's ZB-2p at 6.2B, p = 8, m = 24: 0.0029 in 2p micro-batches of M_B (the
+    # Table 5's ZB-2p (6.2B, p = 8, m = 24: 0.0029) in 2p micro-batches of M_B (the
     # zero-bubble runtime's memory model, which bench_zero_bubble.py's costs carry: I
-    # leaves W only 32h of F's 34h + 5as per token).
-    p, m, costs = _paper_costs("6.2B")
+    # leaves W only 32h of F's 34h + 5as per token). The other 8-stage rows are slow.
+    p, m, costs = _paper_costs(model, m)
     result = synthesize(
         n_ranks=p,
         n_microbatches=m,
@@ -368,11 +379,11 @@ def test_synthesize_period_objective_reaches_zb_2p_and_keeps_the_limit() -> None
     # Re-simulated by the engine: the paper's metric (the longest span of one step)
     # within half a point, the period of two iterations the same, every rank within 2p.
     sim = simulate(result.schedule, costs=costs)
-    assert abs(float(span_metrics(sim.trace).bubble_ratio) - TABLE_5["6.2B"][4]) <= 0.005
+    assert abs(float(span_metrics(sim.trace).bubble_ratio) - TABLE_5[model, m][4]) <= 0.005
     again = simulate_iterations(result.schedule, costs=costs, steps=2, sync="post-validation")
     assert result.iterations is not None
     assert again.period.period == result.iterations.period.period == span_metrics(sim.trace).longest
     m_b = costs.stage(0).activation_bytes
     assert all(r.peak_activation_bytes <= 2 * p * m_b for r in sim.metrics.ranks)
-    # ZB-H2, the hand-made schedule at that memory, leaves 0.0698
-    assert float(span_metrics(sim.trace).bubble_ratio) < 0.0698 - 0.05
+    # and well below ZB-H2's figure, the hand-made schedule at about that memory
+    assert float(span_metrics(sim.trace).bubble_ratio) < TABLE_5[model, m][2] - 0.02
