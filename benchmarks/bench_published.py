@@ -91,6 +91,10 @@ class Table:
     overlap_grad_reduce: bool = False
     target_mean: float = 0.06
     target_max: float | None = None
+    must_fit: bool = True
+    """Whether the memory model must find every run fits (tests/test_plan_kernels.py): the
+    tables of ../shared/PUBLISHED_RUNS.md; not Llama 3's, whose sharded gradients the
+    planner does not model (docs/planner-model.md, "How close it is")."""
 
 
 def _gpt(
@@ -335,6 +339,7 @@ TABLES = (
         distributed_optimizer=True,
         overlap_p2p=True,
         overlap_grad_reduce=True,
+        must_fit=False,
     ),
 )
 
