@@ -329,8 +329,9 @@ TABLES = (
         assumed="the llama3.1-405b preset (bf16, fused attention, SwiGLU, 8 KV heads), "
         "micro-batch 1 (one sequence), interleaved 1F1B with chunks of one layer (the "
         "paper's layer balancing), sequence parallelism, no recomputation (the paper "
-        "names none), sharded gradients and optimizer state (the paper's FSDP) as the "
-        "distributed optimizer, its reduction and weight all-gather overlapped, "
+        "names none), the paper's FSDP as Megatron-LM's distributed optimizer (optimizer "
+        "state sharded; its sharded gradients are not modelled), the reduction and the "
+        "weight all-gather overlapped, "
         "asynchronous pipeline sends, tensor-parallel collectives exposed (the paper "
         "names no overlap of them), Megatron-LM's FLOP count (the paper prints none)",
         model=_llama3_model,
