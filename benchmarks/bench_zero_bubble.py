@@ -38,8 +38,24 @@ in ``(p+2)//2`` and ``(p+4)//3`` micro-batches. These are the authors' closed fo
 the paper's measured table (its bubble rates of real 9.6B / 21B / 38.5B runs were not
 available to check against; docs/steady-state.md).
 
+Between Table 5 and V-Half / V-Min, the arXiv version's ZB-V table (Table 8: bubble rates
+of 1F1B, 1F1B-I, ZB-H1, ZB-H2 and ZB-V for 6.2B / 14.6B / 28.3B on p = 16 / 24 / 32
+stages, m = 3p, 4p, 8p, by the same metric) beside pipesim's ``zbv`` and its 1F1B,
+interleaved-1f1b (v = 2), ZB-H1 and ZB-H2. The paper says those rates come from T_F, T_B,
+T_W and T_comm profiled in its ZB-V runs but does not print them (its Table 9 holds the
+Section 5 times); the authors' repository does: ``arxiv_bubble_rates()`` in
+``megatron/core/pipeline_parallel/efficiency.py`` (sail-sg/zero-bubble-pipeline-
+parallelism, commit f68d387 "for arxiv paper", 2023-11-29; the same nine rows in
+``v_schedule.py``'s ``__main__``). They are per chunk (one layer: the models have 2p
+layers here); the V runs on them as they are, the one-chunk-per-rank schedules on twice
+F, B and W with T_comm unchanged. So pipesim's ``zbv`` and interleaved-1f1b get the
+per-chunk times and 1F1B / ZB-H1 / ZB-H2 the doubled ones. The authors' ZB-V cell is the
+order their heuristic builds on these times (``PipelineGraph.get_v_schedule``, memory
+limit 2p layer activations, 1F1B's); pipesim's ``zbv`` is torch's fixed order, a
+different schedule (docs/steady-state.md).
+
 Run: ``python benchmarks/bench_zero_bubble.py [--quick] [--m3p]`` (``--quick``: the
-8-stage rows; ``--m3p``: one row per model, m = 3p).
+8-stage rows of Table 5, the 16-stage rows of Table 8; ``--m3p``: one row per model, m = 3p).
 """
 
 from __future__ import annotations
@@ -105,6 +121,42 @@ TABLE_5 = {
     ("28.3B", 256): (0.1352, 0.0594, 0.0257, 0.0594, 0.0018),
 }
 SCHEDULES = ("1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+#: The arXiv version's Table 8 inputs, per chunk (half a stage), milliseconds: (model, m)
+#: -> (p, T_F, T_B, T_W, T_comm). Not printed in the paper; typed from the authors'
+#: ``arxiv_bubble_rates()`` (module docstring), which gives them in microseconds.
+TABLE_8_TIMES = {
+    ("6.2B", 48): (16, "14.407", "14.380", "9.676", "1.610"),
+    ("6.2B", 64): (16, "14.412", "14.393", "9.688", "1.621"),
+    ("6.2B", 128): (16, "14.316", "14.306", "9.639", "1.619"),
+    ("14.6B", 72): (24, "6.763", "6.969", "5.251", "0.755"),
+    ("14.6B", 96): (24, "6.783", "6.984", "5.259", "0.758"),
+    ("14.6B", 192): (24, "6.785", "6.990", "5.260", "0.770"),
+    ("28.3B", 96): (32, "9.458", "9.748", "7.288", "0.879"),
+    ("28.3B", 128): (32, "9.469", "9.744", "7.306", "0.892"),
+    ("28.3B", 256): (32, "9.447", "9.644", "7.193", "0.887"),
+}
+#: The arXiv version's Table 8 bubble rates (the longest per-stage span, as Table 5),
+#: (model, m) -> (1F1B, 1F1B-I, ZB-H1, ZB-H2, ZB-V); checked against two text copies.
+TABLE_8 = {
+    ("6.2B", 48): (0.2668, 0.1499, 0.1536, 0.0823, 0.0697),
+    ("6.2B", 64): (0.2206, 0.1169, 0.1198, 0.0630, 0.0533),
+    ("6.2B", 128): (0.1390, 0.0621, 0.0637, 0.0325, 0.0274),
+    ("14.6B", 72): (0.2699, 0.1519, 0.1439, 0.0628, 0.0638),
+    ("14.6B", 96): (0.2229, 0.1184, 0.1121, 0.0480, 0.0483),
+    ("14.6B", 192): (0.1403, 0.0630, 0.0595, 0.0247, 0.0250),
+    ("28.3B", 96): (0.2676, 0.1509, 0.1429, 0.0629, 0.0593),
+    ("28.3B", 128): (0.2204, 0.1177, 0.1111, 0.0478, 0.0451),
+    ("28.3B", 256): (0.1362, 0.0626, 0.0593, 0.0251, 0.0236),
+}
+#: Table 8's columns: label -> (pipesim schedule, virtual stages per rank). With v = 2 a
+#: stage is one chunk and runs on the per-chunk times; with v = 1 on twice them.
+TABLE_8_SCHEDULES = {
+    "1F1B": ("1f1b", 1),
+    "1F1B-I": ("interleaved-1f1b", 2),
+    "ZB-H1": ("zb-h1", 1),
+    "ZB-H2": ("zb-h2", 1),
+    "ZB-V": ("zbv", 2),
+}
 
 
 def paper_costs(model: str, m: int | None = None) -> tuple[int, int, CostModel]:
@@ -176,6 +228,54 @@ def row(model: str, m: int) -> tuple[list[str], float]:
     return lines, time.perf_counter() - started
 
 
+def table_8_costs(model: str, m: int, virtual: int) -> tuple[int, CostModel]:
+    """``(p, costs)`` of a Table 8 row for a schedule of ``virtual`` stages per rank:
+    the per-chunk times for two (a stage is one chunk), twice them for one, the same
+    T_comm; memory as :func:`paper_costs`, one layer (M_B) per chunk."""
+    p, f, b, w, comm = TABLE_8_TIMES[model, m]
+    scale = 2 // virtual
+    h, a, s = TABLE_3[model]
+    costs = CostModel.uniform(
+        forward=scale * Fraction(f),
+        input_grad=scale * Fraction(b),
+        weight_grad=scale * Fraction(w),
+        backward=scale * (Fraction(b) + Fraction(w)),
+        link=Link(latency=Fraction(comm)),
+        activation_bytes=scale * (34 * h + 5 * a * s),
+        weight_grad_bytes=scale * 32 * h,
+        time_unit="ms",
+    )
+    return p, costs
+
+
+def table_8_bubbles(model: str, m: int) -> dict[str, tuple[float, float]]:
+    """Table 8's columns for ``(model, m)``: label -> (pipesim's span bubble, peak
+    activation memory of the busiest rank in one layer's M_B)."""
+    out = {}
+    for label, (name, virtual) in TABLE_8_SCHEDULES.items():
+        p, costs = table_8_costs(model, m, virtual)
+        kwargs = {"virtual": virtual} if virtual > 1 else {}
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m, **kwargs), costs=costs)
+        peak = max(r.peak_activation_bytes for r in sim.metrics.ranks)
+        layer = costs.stage(0).activation_bytes // (2 // virtual)
+        out[label] = (float(span_metrics(sim.trace).bubble_ratio), peak / layer)
+    return out
+
+
+def table_8_row(model: str, m: int) -> tuple[list[str], float]:
+    """One printed line per Table 8 column of ``(model, m)``, and its wall seconds."""
+    started = time.perf_counter()
+    p = TABLE_8_TIMES[model, m][0]
+    ours = table_8_bubbles(model, m)
+    lines = []
+    for (label, (span, peak)), paper in zip(ours.items(), TABLE_8[model, m], strict=True):
+        lines.append(
+            f"  {label:6} paper {paper:.4f}  pipesim {span:.4f} ({span - paper:+.4f})  "
+            f"peak {peak:.2f} layer activations (1F1B's: {2 * p})"
+        )
+    return lines, time.perf_counter() - started
+
+
 def v_row(p: int, m: int) -> str:
     """V-Half and V-Min at F = I = W per chunk (activations held from F to W) by the span
     bubble, beside the README's B/2 and 2B/3, and their peak micro-batches."""
@@ -200,7 +300,11 @@ def v_row(p: int, m: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="only the 8-stage rows")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the 8-stage (Table 5) and 16-stage (Table 8) rows",
+    )
     parser.add_argument(
         "--m3p", action="store_true", help="only the rows at m = 3p (one per model)"
     )
@@ -213,6 +317,21 @@ def main() -> None:
         lines, seconds = row(model, m)
         print(f"{model} p={p} m={m} ({seconds:.1f} s)")
         print("\n".join(lines))
+    print(
+        "zero-bubble paper (arXiv) Table 8, ZB-V (span bubble; authors' per-chunk times, "
+        "doubled for one chunk per rank) vs pipesim"
+    )
+    for (model, m), (p, *_) in TABLE_8_TIMES.items():
+        if (args.quick and p != 16) or (args.m3p and m != 3 * p):
+            continue
+        lines, seconds = table_8_row(model, m)
+        print(f"{model} p={p} m={m} ({seconds:.1f} s)")
+        print("\n".join(lines))
+    print(
+        "  (1F1B-I: the authors' script keeps the last-rank-to-rank-0 hop only for the first "
+        "micro-batch of each group of p, pipesim for all; ZB-V: the authors' heuristic order "
+        "vs pipesim's fixed zbv order, two different schedules)"
+    )
     print("controllable-memory V-Half / V-Min (span bubble, F = I = W) vs the README's forms")
     for p in (8,) if args.quick else (8, 16, 32):
         for m in (3 * p, 4 * p, 8 * p):

@@ -168,6 +168,35 @@ def test_table_5_span_bubbles(model: str, m: int) -> None:
         assert abs(float(span_metrics(sim.trace).bubble_ratio) - paper) <= 0.00005, name
 
 
+# The arXiv version's Table 8 (ZB-V beside 1F1B, 1F1B-I, ZB-H1, ZB-H2 at p = 16, 24, 32):
+# its inputs are the authors' per-chunk times (bench_zero_bubble.TABLE_8_TIMES, from their
+# repository; the paper does not print them). Twice F, B and W per stage, T_comm as it is,
+# give Table 8's 1F1B, ZB-H1 and ZB-H2 cells to 4 digits on all nine rows: the check that
+# these are the table's inputs and that they are per chunk. pipesim's zbv is not tested
+# against the ZB-V column: the authors' cell is the order their heuristic builds on these
+# times, pipesim's zbv is torch's fixed order, and the two differ by up to 0.15 points
+# (either way; docs/steady-state.md). Nor is 1F1B-I: the authors' script keeps the
+# last-rank-to-rank-0 hop for one micro-batch in each group of p, pipesim for every one,
+# and pipesim is 0.2-0.5 points above the paper.
+TABLE_8_TIMES, TABLE_8 = _PAPER.TABLE_8_TIMES, _PAPER.TABLE_8
+
+
+@pytest.mark.parametrize(
+    ("model", "m"),
+    [
+        pytest.param(*row, marks=[pytest.mark.slow] if TABLE_8_TIMES[row][0] > 16 else [])
+        for row in TABLE_8_TIMES
+    ],
+)
+def test_table_8_span_bubbles_from_per_chunk_times(model: str, m: int) -> None:
+    p, costs = _PAPER.table_8_costs(model, m, 1)  # one chunk per rank: twice the times
+    assert costs.stage(0).forward == 2 * Fraction(TABLE_8_TIMES[model, m][1])
+    for name, label in (("1f1b", "1F1B"), ("zb-h1", "ZB-H1"), ("zb-h2", "ZB-H2")):
+        paper = TABLE_8[model, m][list(_PAPER.TABLE_8_SCHEDULES).index(label)]
+        sim = simulate(generate(name, n_ranks=p, n_microbatches=m), costs=costs)
+        assert abs(float(span_metrics(sim.trace).bubble_ratio) - paper) <= 0.00005, name
+
+
 def test_zb_h2_parallelogram_reaches_its_span_bubble_with_post_validation() -> None:
     # With post-validation the next iteration's parallelogram starts as each rank ends,
     # so the period is the longest span: the paper's 0.0698; a global sync waits for the
