@@ -326,13 +326,17 @@ def test_torch_pipelining_traces_recover_each_action(name: str, tmp_path: Path) 
                 assert recovered[key] <= t["ns"] + 1_000, key
             ratios.append(recovered[key] / t["ns"])
     assert statistics.median(ratios) > 0.6, sorted(ratios)
-    # The per-rank busy time is the recovered actions' sum, and torch's calls hold it.
+    # The per-rank busy time is the recovered actions' sum, and torch's calls hold it (a
+    # last stage's forwards may pass their calls by the loss). "Most of it" is the median
+    # above: a sum has no such floor, since one call the scheduler stalls between two
+    # operators on a loaded 2-core machine outweighs the rest (0.31 of the calls' sum seen
+    # beside a passing median under a parallel suite).
     for rank, log in enumerate(logs):
         own = sum(t["ns"] for t in log)
         assert found.busy_ns[rank] == sum(
             recovered[f"{t['stage']}{t['op']}{t['microbatch']}"] for t in log
         )
-        assert 0.4 * own < found.busy_ns[rank] < 1.5 * own
+        assert 0 < found.busy_ns[rank] < 1.5 * own
     costs, meta, _ = profile_costs(paths)
     # The cost file's forward is the median of the recovered forwards.
     assert costs.stage(0).forward == round(median([recovered[f"0F{k}"] for k in range(4)]))
