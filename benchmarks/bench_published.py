@@ -1,4 +1,4 @@
-"""Predicted against published: three tables of Megatron-LM training runs.
+"""Predicted against published: tables of Megatron-LM training runs.
 
 Every row is predicted by the planner as it ships (``pipesim.plan.plan`` with every
 dimension pinned to the row's configuration), with the accelerator presets as shipped:
@@ -22,6 +22,17 @@ with the table). Run: ``python benchmarks/bench_published.py`` (about a minute).
    Megatron-Core r0.8.0): teraFLOP/s per GPU with Megatron's model FLOP count (no
    recomputation), H100 SXM, vocabulary 131072, sequence 4096, with
    ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``.
+4. Grattafiori et al. 2024 ("The Llama 3 Herd of Models"), Table 4: the 405B's
+   pre-training teraFLOP/s per GPU, H100.
+5. NVIDIA's measured runs, every parallel dimension printed, tokens/s per GPU on DGX-H100
+   in FP8: the Megatron-Bridge performance summary (NVIDIA-NeMo/Megatron-Bridge
+   ``docs/performance-summary-archive.md``, 25.11 and 26.02 containers: Llama 3 8B / 70B,
+   Llama 3.1 405B) and the NeMo 24.07 performance summary (NVIDIA/NeMo
+   ``docs/source/performance/performance_summary.md``: GPT-3 175B, Llama 2 7B / 13B /
+   70B, Nemotron-4 340B, Llama 3 8B / 70B). What the tables do not print is taken from
+   the recipes of the release (Megatron-Bridge ``scripts/performance`` at v0.2.0 and
+   v0.3.0; NeMo-Framework-Launcher 24.07's model configs and H100 FP8 example scripts).
+   The MoE rows are left out (docs/planner-model.md, "How close it is").
 
 Before the tables, the direct check of the layer model: Korthikanti et al. 2023, Table 4
 (one transformer layer of the 22B model of its Table 3, forward and backward
@@ -71,6 +82,14 @@ class Run:
     context: int = 1
     seq: int | None = None
     """Tokens per sequence where a table's rows differ in it; None: the table's model's."""
+    preset: str = ""
+    """The model preset (pipesim/data/models.json) where a table's rows differ in it."""
+    dtype: str = ""
+    """The training precision where a table's rows differ in it (``fp8``, ``bf16``)."""
+    tp_comm_overlap: bool | None = None
+    """Whether tensor-parallel collectives hide under the GEMMs; None: the table's."""
+    overlap_p2p: bool | None = None
+    """Whether pipeline sends run beside compute; None: the table's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,9 +101,10 @@ class Table:
     """What the source does not print, assumed for every row."""
     model: Callable[[Run], ModelSpec]
     measure: str
-    """``seconds`` or ``tflops``."""
+    """``seconds``, ``tflops`` or ``tokens`` (tokens a second per GPU)."""
     flops: Callable[[Run, ModelSpec], float] | None = None
-    """FLOPs of one iteration as the source counts them (for teraFLOP/s)."""
+    """FLOPs of one iteration as the source counts them (for teraFLOP/s); for ``tokens``,
+    the tokens of one iteration."""
     distributed_optimizer: bool = False
     tp_comm_overlap: bool = False
     overlap_p2p: bool = False
@@ -94,7 +114,9 @@ class Table:
     must_fit: bool = True
     """Whether the memory model must find every run fits (tests/test_plan_kernels.py): the
     tables of ../shared/PUBLISHED_RUNS.md; not Llama 3's, whose sharded gradients the
-    planner does not model (docs/planner-model.md, "How close it is")."""
+    planner does not model, nor NVIDIA's performance summaries', one row of each refused for
+    a setting the planner cannot express (Megatron FSDP, bf16 gradients; docs/planner-model.md,
+    "How close it is")."""
 
 
 def _gpt(
@@ -261,6 +283,111 @@ def _llama3_model(run: Run) -> ModelSpec:
     return replace(spec, seq_length=run.seq or spec.seq_length)
 
 
+def _nvidia_run(
+    name: str,
+    preset: str,
+    gpus: int,
+    batch: int,
+    mbs: int,
+    seq: int,
+    t: int,
+    p: int,
+    c: int,
+    v: int,
+    tokens: float,
+    **settings: object,
+) -> Run:
+    spec = get_model(preset)
+    return Run(
+        name=name,
+        preset=preset,
+        layers=spec.n_layers,
+        hidden=spec.hidden,
+        heads=spec.n_heads,
+        gpus=gpus,
+        global_batch=batch,
+        microbatch=mbs,
+        seq=seq,
+        tensor=t,
+        pipeline=p,
+        context=c,
+        virtual=v,
+        published=tokens,
+        # Megatron-Bridge's WorkloadBaseConfig.sequence_parallel (tp > 1) and the NeMo
+        # 24.07 launcher's model configs (sequence_parallel true wherever t > 1)
+        sequence_parallel=t > 1,
+        dtype="fp8",
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def _bridge_runs() -> tuple[Run, ...]:
+    # NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo
+    # Container" and "26.02 NeMo Container", DGX-H100 rows of the dense models pipesim has
+    # presets for, all FP8 (current scaling): name, preset, GPUs, GBS, MBS, sequence, TP,
+    # PP, CP, VP (n/a: 1), tokens/s/GPU. FSDP is 0 on every row but the 8B's (8).
+    rows = (
+        ("8B 25.11", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, 1, 14451),
+        ("70B 25.11", "llama3-70b", 64, 128, 1, 8192, 4, 8, 1, 5, 1602),
+        ("405B 25.11", "llama3.1-405b", 1024, 512, 1, 8192, 8, 8, 2, 8, 292),
+        ("70B 26.02", "llama3-70b", 64, 256, 1, 8192, 4, 8, 1, 5, 1621),
+        ("405B 26.02", "llama3.1-405b", 1024, 1536, 1, 8192, 8, 8, 2, 8, 311),
+    )
+    # tp_comm_overlap: the recipes' CommOverlapConfig(tp_comm_overlap=True) with the
+    # userbuffers_fp8_h100_* configs (70B, 405B); the 8B's is tp > 1 (off at t = 1).
+    # overlap_p2p: Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on where
+    # PP > 1 and VP > 1 (every pipelined row here)
+    return tuple(
+        _nvidia_run(*row, tp_comm_overlap=row[6] > 1, overlap_p2p=row[9] > 1) for row in rows
+    )
+
+
+def _nemo_runs() -> tuple[Run, ...]:
+    # NVIDIA/NeMo docs/source/performance/performance_summary.md, "Pretraining", NeMo 24.07
+    # container, DGX-H100, FP8: name, preset, GPUs, GBS, MBS, sequence, TP, PP, CP, VP,
+    # tokens/s/GPU; then from the NeMo-Framework-Launcher 24.07 model configs
+    # (launcher_scripts/conf/training/...): ub_tp_comm_overlap, overlap_p2p_comm, recompute
+    rows = (
+        ("GPT3-175B 128", "gpt3-175b", 128, 256, 1, 2048, 4, 8, 1, 6, 726, False, True, "none"),
+        ("GPT3-175B 512", "gpt3-175b", 512, 2048, 2, 2048, 4, 8, 1, 6, 782, False, True, "none"),
+        ("LLAMA2-7B", "llama2-7b", 8, 128, 1, 4096, 1, 1, 1, 1, 16847, False, False, "none"),
+        ("LLAMA2-13B", "llama2-13b", 16, 128, 1, 4096, 1, 4, 1, 10, 8646, False, True, "none"),
+        ("LLAMA2-70B", "llama2-70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1707, True, True, "none"),
+        ("Nemotron-340B", "nemotron4-340b", 128, 32, 1, 4096, 8, 8, 1, 12, 322, False, False,
+         "selective"),
+        ("LLAMA3-8B", "llama3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, False, False, "none"),
+        ("LLAMA3-70B", "llama3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1533, True, True, "none"),
+    )  # fmt: skip
+    return tuple(
+        _nvidia_run(*row[:11], tp_comm_overlap=tp, overlap_p2p=p2p, recompute=recompute)
+        for *row, tp, p2p, recompute in rows
+    )
+
+
+def _nvidia_model(run: Run) -> ModelSpec:
+    """``run``'s preset at its sequence length and precision, the vocabulary padded as
+    Megatron pads it (to a multiple of 128 t: ``make_vocab_size_divisible_by`` 128 times
+    the tensor-parallel size; Megatron-Bridge's ``should_pad_vocab``, NeMo's
+    ``_vocab_size_with_padding``), attention in Transformer Engine's fused kernel."""
+    spec = get_model(run.preset)
+    multiple = 128 * run.tensor
+    return replace(
+        spec,
+        seq_length=run.seq or spec.seq_length,
+        vocab_size=-(-spec.vocab_size // multiple) * multiple,
+        dtype=run.dtype or spec.dtype,
+        # GPT-3 175B's preset is the 2020 paper's unfused attention; NeMo 24.07 runs
+        # Megatron-Core with Transformer Engine (mcore_gpt, transformer_engine: true),
+        # whose DotProductAttention picks the fused kernel, dropout 0.1 kept (its config)
+        flash_attention=True,
+    )
+
+
+def _tokens_per_second(run: Run, spec: ModelSpec) -> float:
+    """Tokens of one iteration (the measure divides them by seconds and GPUs)."""
+    return run.global_batch * spec.seq_length
+
+
 def _narayanan_flops(run: Run, spec: ModelSpec) -> float:
     # Narayanan et al. 2021, Eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh)
     s, h, l, v = spec.seq_length, spec.hidden, spec.n_layers, spec.vocab_size
@@ -340,6 +467,64 @@ TABLES = (
         distributed_optimizer=True,
         overlap_p2p=True,
         overlap_grad_reduce=True,
+        must_fit=False,
+    ),
+    Table(
+        title="NVIDIA Megatron-Bridge performance summary (25.11 and 26.02 NeMo containers), "
+        "DGX-H100, FP8 current scaling (tokens/s per GPU); outside ../shared/PUBLISHED_RUNS.md",
+        accelerator="h100-sxm",
+        runs=_bridge_runs(),
+        assumed="the rows print GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA; "
+        "the rest as the H100 recipes at the release tags set it (Megatron-Bridge v0.2.0 for "
+        "25.11, v0.3.0 for 26.02: scripts/performance/configs/llama*, "
+        "src/megatron/bridge/recipes/llama/llama3.py): presets llama3-8b / llama3-70b / "
+        "llama3.1-405b, vocabulary 128256 padded to 128 t, FP8 GEMMs in every layer "
+        "(first_last_layers_bf16 False; the current-scaling amax kernels not priced), "
+        "sequence parallelism where t > 1, no recomputation, no CUDA graphs (the H100 "
+        "configs set none), distributed optimizer with the gradient reduce-scatter and "
+        "the weight all-gather overlapped, TP communication overlap (userbuffers) where "
+        "t > 1, asynchronous pipeline sends (overlap_p2p_comm, VP > 1). Not expressible, "
+        "priced as the nearest: the recipes reduce gradients in bf16 "
+        "(grad_reduce_in_fp32 False), pipesim in fp32 (twice the bytes); the 8B row's "
+        "Megatron FSDP (optim_grads_params: weights, gradients and optimizer state "
+        "sharded over 8) as the distributed optimizer (optimizer state sharded); the "
+        "405B's account_for_embedding/loss_in_pipeline_split as pipesim's own balancing",
+        model=_nvidia_model,
+        measure="tokens",
+        flops=_tokens_per_second,
+        distributed_optimizer=True,
+        overlap_grad_reduce=True,
+        # the 8B row: its Megatron FSDP is priced as the distributed optimizer
+        must_fit=False,
+    ),
+    Table(
+        title="NVIDIA NeMo performance summary (NeMo 24.07 container), DGX-H100, FP8 "
+        "(tokens/s per GPU); outside ../shared/PUBLISHED_RUNS.md",
+        accelerator="h100-sxm",
+        runs=_nemo_runs(),
+        assumed="the rows print GPUs, GBS, MBS, sequence, TP, PP, CP, VP; the rest as the "
+        "NeMo-Framework-Launcher 24.07 model configs (launcher_scripts/conf/training/"
+        "gpt3/175b, llama/llama2_*, llama/llama3_*, nemotron/nemotron_340b) and its H100 "
+        "FP8 example scripts (examples/training/*/h100/*_fp8*.sh) set it: FP8 delayed "
+        "scaling (hybrid; its amax bookkeeping not priced), sequence parallelism where "
+        "t > 1, recomputation none but the 340B's (selective), TP communication overlap "
+        "on the Llama 2 / 3 70B only (ub_tp_comm_overlap; off in the GPT-3 and 340B "
+        "configs), asynchronous pipeline sends where the config sets overlap_p2p_comm "
+        "(GPT-3, Llama 2 13B / 70B, Llama 3 70B; the 340B's batch_p2p_comm blocks), "
+        "distributed_fused_adam with overlap_grad_sync and overlap_param_sync (the "
+        "distributed optimizer, both overlapped), vocabulary padded to 128 t (GPT-3 50257, "
+        "Llama 2 32000, Llama 3 128256, Nemotron-4 256000), GPT-3 with its hidden and "
+        "attention dropout 0.1 and tied embeddings in the fused attention kernel. Not "
+        "expressible: grad_sync_dtype=bf16 (the example scripts' and the 340B config's; "
+        "pipesim keeps and reduces the gradients in fp32, twice the bytes). The GPT-3 "
+        "scripts set VP 12; the table prints 6, used here; "
+        "the 340B has no 24.07 example script, so its config file's settings are used",
+        model=_nvidia_model,
+        measure="tokens",
+        flops=_tokens_per_second,
+        distributed_optimizer=True,
+        overlap_grad_reduce=True,
+        # the 340B row: its bf16 gradient buffers are priced in fp32
         must_fit=False,
     ),
 )
@@ -473,6 +658,8 @@ def plan_of(table: Table, run: Run) -> tuple[PlanResult, PlanPoint]:
     overlap_grad_reduce = (
         table.overlap_grad_reduce if run.overlap_grad_reduce is None else run.overlap_grad_reduce
     )
+    tp_comm_overlap = table.tp_comm_overlap if run.tp_comm_overlap is None else run.tp_comm_overlap
+    overlap_p2p = table.overlap_p2p if run.overlap_p2p is None else run.overlap_p2p
     result = plan(
         spec,
         devices=run.gpus,
@@ -487,8 +674,8 @@ def plan_of(table: Table, run: Run) -> tuple[PlanResult, PlanPoint]:
         recompute=[run.recompute],
         sequence_parallel=[run.sequence_parallel],
         distributed_optimizer=[table.distributed_optimizer],
-        tp_comm_overlap=table.tp_comm_overlap,
-        overlap_p2p=table.overlap_p2p,
+        tp_comm_overlap=tp_comm_overlap,
+        overlap_p2p=overlap_p2p,
         overlap_grad_reduce=overlap_grad_reduce,
         memory_headroom=0.0,
         min_mfu=0.0,
@@ -511,7 +698,8 @@ def predicted_value(table: Table, run: Run) -> float:
     if table.measure == "seconds":
         return seconds
     assert table.flops is not None
-    return table.flops(run, table.model(run)) / (seconds * run.gpus) / 1e12
+    per_gpu = table.flops(run, table.model(run)) / (seconds * run.gpus)
+    return per_gpu if table.measure == "tokens" else per_gpu / 1e12
 
 
 def main() -> int:
@@ -521,7 +709,7 @@ def main() -> int:
     long_context_check()
     missed = 0
     for table in TABLES:
-        unit = "s" if table.measure == "seconds" else "TFLOP/s"
+        unit = {"seconds": "s", "tflops": "TFLOP/s", "tokens": "tokens/s"}[table.measure]
         print(f"\n{table.title}\n  assumed for every row: {table.assumed}")
         print(f"  {'run':>14} {'GPUs':>5} {'published ' + unit:>18} {'predicted':>10} {'error':>7}")
         errors = []
