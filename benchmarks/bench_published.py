@@ -338,8 +338,12 @@ def _bridge_runs() -> tuple[Run, ...]:
     # overlap_p2p: Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on where
     # PP > 1 and VP > 1 (every pipelined row here)
     return tuple(
-        _nvidia_run(*row, tp_comm_overlap=row[6] > 1, overlap_p2p=row[9] > 1) for row in rows
-    )
+        _nvidia_run(
+            name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens,
+            tp_comm_overlap=t > 1, overlap_p2p=v > 1,
+        )
+        for name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens in rows
+    )  # fmt: skip
 
 
 def _nemo_runs() -> tuple[Run, ...]:
@@ -359,9 +363,12 @@ def _nemo_runs() -> tuple[Run, ...]:
         ("LLAMA3-70B", "llama3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1533, True, True, "none"),
     )  # fmt: skip
     return tuple(
-        _nvidia_run(*row[:11], tp_comm_overlap=tp, overlap_p2p=p2p, recompute=recompute)
-        for *row, tp, p2p, recompute in rows
-    )
+        _nvidia_run(
+            name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens,
+            tp_comm_overlap=tp, overlap_p2p=p2p, recompute=recompute,
+        )
+        for name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens, tp, p2p, recompute in rows
+    )  # fmt: skip
 
 
 def _nvidia_model(run: Run) -> ModelSpec:
@@ -376,6 +383,9 @@ def _nvidia_model(run: Run) -> ModelSpec:
         seq_length=run.seq or spec.seq_length,
         vocab_size=-(-spec.vocab_size // multiple) * multiple,
         dtype=run.dtype or spec.dtype,
+        # both releases' recipes keep and reduce the gradients in bf16 (Megatron-Bridge's
+        # grad_reduce_in_fp32 False; NeMo 24.07's grad_sync_dtype bf16)
+        grad_reduce_in_bf16=True,
         # GPT-3 175B's preset is the 2020 paper's unfused attention; NeMo 24.07 runs
         # Megatron-Core with Transformer Engine (mcore_gpt, transformer_engine: true),
         # whose DotProductAttention picks the fused kernel, dropout 0.1 kept (its config)
@@ -483,9 +493,9 @@ TABLES = (
         "sequence parallelism where t > 1, no recomputation, no CUDA graphs (the H100 "
         "configs set none), distributed optimizer with the gradient reduce-scatter and "
         "the weight all-gather overlapped, TP communication overlap (userbuffers) where "
-        "t > 1, asynchronous pipeline sends (overlap_p2p_comm, VP > 1). Not expressible, "
-        "priced as the nearest: the recipes reduce gradients in bf16 "
-        "(grad_reduce_in_fp32 False), pipesim in fp32 (twice the bytes); the 8B row's "
+        "t > 1, asynchronous pipeline sends (overlap_p2p_comm, VP > 1), gradients kept and "
+        "reduced in bf16 (grad_reduce_in_fp32 False). Not expressible, priced as the "
+        "nearest: the 8B row's "
         "Megatron FSDP (optim_grads_params: weights, gradients and optimizer state "
         "sharded over 8) as the distributed optimizer (optimizer state sharded); the "
         "405B's account_for_embedding/loss_in_pipeline_split as pipesim's own balancing",
@@ -494,8 +504,6 @@ TABLES = (
         flops=_tokens_per_second,
         distributed_optimizer=True,
         overlap_grad_reduce=True,
-        # the 8B row: its Megatron FSDP is priced as the distributed optimizer
-        must_fit=False,
     ),
     Table(
         title="NVIDIA NeMo performance summary (NeMo 24.07 container), DGX-H100, FP8 "
@@ -514,18 +522,16 @@ TABLES = (
         "distributed_fused_adam with overlap_grad_sync and overlap_param_sync (the "
         "distributed optimizer, both overlapped), vocabulary padded to 128 t (GPT-3 50257, "
         "Llama 2 32000, Llama 3 128256, Nemotron-4 256000), GPT-3 with its hidden and "
-        "attention dropout 0.1 and tied embeddings in the fused attention kernel. Not "
-        "expressible: grad_sync_dtype=bf16 (the example scripts' and the 340B config's; "
-        "pipesim keeps and reduces the gradients in fp32, twice the bytes). The GPT-3 "
-        "scripts set VP 12; the table prints 6, used here; "
+        "attention dropout 0.1 and tied embeddings in the fused attention kernel, "
+        "gradients kept and reduced in bf16 (grad_sync_dtype bf16, the example scripts' "
+        "and the 340B config's; apex's distributed Adam also shards them, not modelled). "
+        "The GPT-3 scripts set VP 12; the table prints 6, used here; "
         "the 340B has no 24.07 example script, so its config file's settings are used",
         model=_nvidia_model,
         measure="tokens",
         flops=_tokens_per_second,
         distributed_optimizer=True,
         overlap_grad_reduce=True,
-        # the 340B row: its bf16 gradient buffers are priced in fp32
-        must_fit=False,
     ),
 )
 

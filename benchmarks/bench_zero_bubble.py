@@ -254,8 +254,12 @@ def table_8_bubbles(model: str, m: int) -> dict[str, tuple[float, float]]:
     out = {}
     for label, (name, virtual) in TABLE_8_SCHEDULES.items():
         p, costs = table_8_costs(model, m, virtual)
-        kwargs = {"virtual": virtual} if virtual > 1 else {}
-        sim = simulate(generate(name, n_ranks=p, n_microbatches=m, **kwargs), costs=costs)
+        schedule = (
+            generate(name, n_ranks=p, n_microbatches=m, virtual=virtual)
+            if virtual > 1
+            else generate(name, n_ranks=p, n_microbatches=m)
+        )
+        sim = simulate(schedule, costs=costs)
         peak = max(r.peak_activation_bytes for r in sim.metrics.ranks)
         layer = costs.stage(0).activation_bytes // (2 // virtual)
         out[label] = (float(span_metrics(sim.trace).bubble_ratio), peak / layer)

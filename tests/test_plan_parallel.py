@@ -19,11 +19,17 @@ import pytest
 from helpers import hand_accelerator, interruptible, processes_with
 
 from pipesim.cli import main
+from pipesim.errors import PlanError
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.collectives import allreduce_s, reduce_scatter_s
 from pipesim.plan.frameworks import megatron_args, torchtitan_args
 from pipesim.plan.hardware import Accelerator, Interconnect, get_accelerator
-from pipesim.plan.iteration import embedding_sync_ns, rank_iteration, static_bytes
+from pipesim.plan.iteration import (
+    default_bytes_per_param,
+    embedding_sync_ns,
+    rank_iteration,
+    static_bytes,
+)
 from pipesim.plan.layers import embedding, lm_head, transformer_block
 from pipesim.plan.workload import workload_from_model
 
@@ -200,6 +206,73 @@ def test_an_fp16_optimizer_step_copies_and_unscales_the_gradients() -> None:
         step_bytes_per_param=fp16.step_bytes_per_param,
     )
     assert it.optimizer_ns == 18_000_000  # 54e6 bytes at 3 GB/s
+
+
+def test_gradients_kept_in_bf16_halve_their_reduction_and_buffer() -> None:
+    # Megatron-LM's --grad-reduce-in-bf16: the gradient buffer and its data-parallel
+    # reduction in bf16 (2 bytes), the weights' all-gather unchanged
+    spec = dataclasses.replace(GPT, grad_reduce_in_bf16=True)
+    halved = workload_from_model(spec)
+    assert (halved.grad_bytes_per_param, halved.weight_bytes_per_param) == (2, 2)
+    # the step: 42 bytes, + 6 (the distributed optimizer's .float() copy of its gradient
+    # shard: reads 2, writes 4) - 2 (a bf16 buffer zeroed)
+    assert halved.step_bytes_per_param == 46
+    fp8 = workload_from_model(dataclasses.replace(spec, dtype="fp8"))
+    assert (fp8.grad_bytes_per_param, fp8.step_bytes_per_param) == (2, 46)
+    # at rest: 2 (weights) + 2 (gradients) + 12 (optimizer), where fp32 gradients take 4
+    assert default_bytes_per_param(grad_reduce_in_bf16=True) == 16
+    assert default_bytes_per_param(grad_reduce_in_bf16=False) == 18
+    # an fp16 or fp32 model has no fp32 gradients to halve: refused, naming the fix
+    for dtype in ("fp16", "fp32"):
+        with pytest.raises(PlanError, match=r"grad_reduce_in_bf16.*drop it"):
+            dataclasses.replace(spec, dtype=dtype)
+    with pytest.raises(PlanError, match="grad_reduce_in_bf16 must be true or false"):
+        dataclasses.replace(GPT, grad_reduce_in_bf16="yes")
+
+
+def test_a_plan_with_gradients_in_bf16_by_hand() -> None:
+    # one pinned configuration planned twice, fp32 and bf16 gradients: the static memory
+    # differs by the gradient buffer's 2 bytes a parameter held (distributed optimizer:
+    # 2 + g + 12 / d), the data-parallel gradient traffic by half, and Megatron-LM's
+    # flags name it
+    big = ModelSpec(n_layers=4, hidden=1024, n_heads=8, seq_length=512, vocab_size=4096)
+    kwargs = dict(
+        devices=8,
+        accelerator="h100-sxm",
+        global_batch=16,
+        tensor=[1],
+        pipeline_parallel=[2],
+        microbatch_sizes=[1],
+        schedules=["1f1b"],
+        recompute=["none"],
+        sequence_parallel=[False],
+        distributed_optimizer=[True],
+        virtual=[1],
+        overlap_grad_reduce=False,
+        workers=1,
+    )
+    fp32, bf16 = (
+        plan(dataclasses.replace(big, grad_reduce_in_bf16=flag), **kwargs)  # type: ignore[arg-type]
+        for flag in (False, True)
+    )
+    a, b = fp32.points[0], bf16.points[0]
+    held = workload_from_model(big, tensor=1).layers  # the stages' parameters
+    stage_params = [
+        sum(layer.params for layer in held[start : start + n])
+        for start, n in zip([0, a.layers_per_stage[0]], a.layers_per_stage, strict=True)
+    ]
+    assert a.static_memory_bytes - b.static_memory_bytes == 2 * max(stage_params)
+    # the reduce-scatter of gradients (4 -> 2 bytes) beside the unchanged bf16 all-gather
+    assert a.dp_comm_total_ns is not None and b.dp_comm_total_ns is not None
+    assert b.dp_comm_total_ns < a.dp_comm_total_ns
+    assert "--grad-reduce-in-bf16" in megatron_args(bf16, b)
+    assert "--grad-reduce-in-bf16" not in megatron_args(fp32, a)
+    # an explicit bytes_per_param is the caller's: the same static memory both ways
+    same = [
+        plan(dataclasses.replace(big, grad_reduce_in_bf16=flag), bytes_per_param=18, **kwargs)  # type: ignore[arg-type]
+        for flag in (False, True)
+    ]
+    assert same[0].points[0].static_memory_bytes == same[1].points[0].static_memory_bytes
 
 
 def test_a_pinned_configuration_by_hand() -> None:

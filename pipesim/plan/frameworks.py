@@ -157,6 +157,8 @@ def megatron_args(result: PlanResult, point: PlanPoint, /) -> str:
     extra = []
     if result.dtype == "fp8":
         extra.append("--fp8-format hybrid")
+    if result.grad_reduce_in_bf16:
+        extra.append("--grad-reduce-in-bf16")
     if result.tp_comm_overlap and point.tensor > 1:
         extra.append("--tp-comm-overlap")
     if result.overlap_p2p and point.pipeline > 1:

@@ -43,7 +43,14 @@ An fp16 model keeps fp16 gradients and a loss scale (Megatron-LM's
 ``_copy_model_grads_to_main_grads`` copies them into fp32 (reads 2, writes 4),
 ``_unscale_main_grads_and_check_for_nan`` unscales them in place (reads 4, writes 4),
 and the buffer zeroed is fp16 (2): 54 bytes. (With bf16 the main gradient
-is already fp32: ``.float()`` returns it, and there is no loss scale.)
+is already fp32: ``.float()`` returns it, and there is no loss scale.) A bf16 model whose
+gradients are reduced in bf16 (``--grad-reduce-in-bf16``,
+:attr:`~pipesim.plan.model.ModelSpec.grad_reduce_in_bf16`) keeps a bf16 buffer: 16 bytes
+a parameter at rest instead of 18 (the buffer's 2 for 4), half the bytes in the
+data-parallel reduction, and a step that copies its shard of the buffer into fp32 first
+(the distributed optimizer's ``_copy_model_grads_to_main_grads``:
+``shard_main_param.grad = shard_model_grad.float()``, reads 2, writes 4) and zeroes a
+bf16 buffer (2): 46 bytes.
 
 Tied word embeddings (the GPT models' default: the LM head reuses the input embedding's
 table) live twice with pipelining, on the first and on the last stage, and after the
@@ -77,11 +84,14 @@ from pipesim.units import NS_PER_S
 
 __all__ = [
     "ADAM_STEP_BYTES_PER_PARAM",
+    "BF16_GRAD_ADAM_STEP_BYTES_PER_PARAM",
+    "BF16_GRAD_BYTES_PER_PARAM",
     "BYTES_PER_PARAM",
     "FP16_ADAM_STEP_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_PARAM",
     "RankIteration",
     "data_parallel_link",
+    "default_bytes_per_param",
     "embedding_sync_ns",
     "optimizer_step_bytes",
     "rank_iteration",
@@ -90,6 +100,9 @@ __all__ = [
 
 #: bf16 weights (2) + fp32 gradients (4) + fp32 master, momentum, variance (12).
 BYTES_PER_PARAM = 18
+#: ... with the gradients kept and reduced in bf16 (``--grad-reduce-in-bf16``): the
+#: gradient buffer's 2 bytes for 4.
+BF16_GRAD_BYTES_PER_PARAM = BYTES_PER_PARAM - 2
 #: The part of BYTES_PER_PARAM the distributed optimizer shards over data parallel.
 OPTIMIZER_BYTES_PER_PARAM = 12
 #: Bytes the optimizer step moves per parameter held (see the module docstring): norm 4,
@@ -98,16 +111,32 @@ ADAM_STEP_BYTES_PER_PARAM = 42
 #: ... for an fp16 model: + 6 (copy the fp16 gradient into fp32) + 8 (unscale it) - 2
 #: (its zeroed buffer is fp16).
 FP16_ADAM_STEP_BYTES_PER_PARAM = ADAM_STEP_BYTES_PER_PARAM + 6 + 8 - 2
+#: ... for a bf16 gradient buffer: + 6 (copy the bf16 gradient into fp32) - 2 (its zeroed
+#: buffer is bf16).
+BF16_GRAD_ADAM_STEP_BYTES_PER_PARAM = ADAM_STEP_BYTES_PER_PARAM + 6 - 2
 
 
-def optimizer_step_bytes(dtype: str, /) -> int:
+def optimizer_step_bytes(dtype: str, /, *, grad_reduce_in_bf16: bool = False) -> int:
     """Bytes the optimizer step moves per parameter held for a model trained in ``dtype``
-    (see the module docstring).
+    (see the module docstring), its gradients kept in bf16 if ``grad_reduce_in_bf16``.
 
     >>> optimizer_step_bytes("bf16"), optimizer_step_bytes("fp16")
     (42, 54)
+    >>> optimizer_step_bytes("bf16", grad_reduce_in_bf16=True)
+    46
     """
-    return FP16_ADAM_STEP_BYTES_PER_PARAM if dtype == "fp16" else ADAM_STEP_BYTES_PER_PARAM
+    if dtype == "fp16":
+        return FP16_ADAM_STEP_BYTES_PER_PARAM
+    if grad_reduce_in_bf16:
+        return BF16_GRAD_ADAM_STEP_BYTES_PER_PARAM
+    return ADAM_STEP_BYTES_PER_PARAM
+
+
+def default_bytes_per_param(*, grad_reduce_in_bf16: bool) -> int:
+    """Weights, gradients and optimizer state per parameter without the distributed
+    optimizer, as Megatron-LM keeps them: :data:`BYTES_PER_PARAM`, or
+    :data:`BF16_GRAD_BYTES_PER_PARAM` with a bf16 gradient buffer."""
+    return BF16_GRAD_BYTES_PER_PARAM if grad_reduce_in_bf16 else BYTES_PER_PARAM
 
 
 def static_bytes(

@@ -149,6 +149,11 @@ class ModelSpec:
     """MLP width; None: ``4 * hidden``."""
     dtype: str = "bf16"
     """Training precision: bf16, fp16, fp32, or fp8 (FP8 GEMMs, bf16 storage)."""
+    grad_reduce_in_bf16: bool = False
+    """A bf16 or fp8 model keeps its gradient buffer and reduces it over data parallelism
+    in bf16, not fp32 (Megatron-LM's ``--grad-reduce-in-bf16``, Megatron-Core's
+    ``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``, as NVIDIA's
+    Megatron-Bridge performance recipes set it); False: Megatron-LM's default."""
     gated_mlp: bool = False
     """SwiGLU-style MLP with three matrices (Llama) instead of two (GPT)."""
     bias: bool = True
@@ -198,6 +203,7 @@ class ModelSpec:
                 f"({self.n_heads}) to size the key/value projections"
             )
         for name in (
+            "grad_reduce_in_bf16",
             "gated_mlp",
             "bias",
             "learned_positions",
@@ -207,6 +213,12 @@ class ModelSpec:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} must be true or false, got {brief(getattr(self, name))}")
+        if self.grad_reduce_in_bf16 and self.dtype not in ("bf16", "fp8"):
+            raise PlanError(
+                f"grad_reduce_in_bf16 halves a bf16 or fp8 model's fp32 gradients; a model "
+                f"trained in {self.dtype} reduces them in {self.dtype}: drop it "
+                "(--grad-reduce-in-bf16) or train in bf16"
+            )
         if self.moe is not None and self.moe.dense_layers > self.n_layers:
             raise PlanError(
                 f"moe dense_layers ({self.moe.dense_layers}) exceeds n_layers ({self.n_layers})"
@@ -255,8 +267,9 @@ class ModelSpec:
 
     @property
     def grad_reduce_bytes(self) -> int:
-        """Bytes per gradient element in the data-parallel reduction (:data:`GRAD_REDUCE_BYTES`)."""
-        return GRAD_REDUCE_BYTES[self.dtype]
+        """Bytes per gradient element in the data-parallel reduction (:data:`GRAD_REDUCE_BYTES`;
+        2 with :attr:`grad_reduce_in_bf16`)."""
+        return 2 if self.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES[self.dtype]
 
     @property
     def n_params(self) -> int:

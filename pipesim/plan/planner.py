@@ -47,7 +47,6 @@ from pipesim.plan.dimensions import (
     sweep_points,
 )
 from pipesim.plan.hardware import Accelerator
-from pipesim.plan.iteration import BYTES_PER_PARAM
 from pipesim.plan.model import ModelSpec
 from pipesim.plan.prune import DEFAULT_KEEP, evaluate_best_first
 from pipesim.plan.result import PlanPoint, PlanResult, from_plan_point
@@ -61,6 +60,7 @@ from pipesim.plan.settings import (
     pipeline_degrees,
     plan_settings,
     resolve_accelerator,
+    resolved_bytes_per_param,
     sweep_context,
     with_dtype,
 )
@@ -109,7 +109,7 @@ def plan(
     tp_comm_overlap: bool = False,
     overlap_p2p: bool = False,
     overlap_grad_reduce: bool = True,
-    bytes_per_param: int = BYTES_PER_PARAM,
+    bytes_per_param: int | None = None,
     memory_capacity_bytes: int | None = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     min_mfu: float | None = None,
@@ -144,7 +144,8 @@ def plan(
     behind the last backward and first forward (``--overlap-grad-reduce`` /
     ``--overlap-param-gather``; on, as Megatron-Core's recipes run). ``bytes_per_param``:
     weights + gradients + optimizer state per parameter without the distributed optimizer
-    (18: Megatron-LM's bf16 weights with fp32 gradients and Adam, :mod:`pipesim.plan.iteration`).
+    (None: Megatron-LM's, 18 for bf16 weights with fp32 gradients and Adam, 16 when the
+    model reduces its gradients in bf16; :func:`pipesim.plan.iteration.default_bytes_per_param`).
 
     What fits and wins: ``memory_capacity_bytes`` overrides the accelerator's memory,
     ``memory_headroom`` is the share of it kept free; ``min_mfu``: the least MFU a winner needs
@@ -172,7 +173,7 @@ def plan(
     settings = plan_settings(
         accelerator,
         engine=engine,
-        bytes_per_param=bytes_per_param,
+        bytes_per_param=resolved_bytes_per_param(bytes_per_param, workload),
         memory_capacity_bytes=memory_capacity_bytes,
         memory_headroom=memory_headroom,
         min_mfu=min_mfu,
@@ -285,7 +286,7 @@ def configuration(
     /,
     *,
     model: ModelSpec | Workload | str,
-    bytes_per_param: int = BYTES_PER_PARAM,
+    bytes_per_param: int | None = None,
 ) -> tuple[Schedule, CostModel]:
     """The schedule and cost model (times in integer nanoseconds) behind ``point`` of
     ``result``: simulate it with :func:`pipesim.simulate`, plot it with ``pipesim.plot``.
@@ -301,7 +302,7 @@ def configuration(
         workload=workload,
         accelerator=result.accelerator,
         devices=result.devices,
-        bytes_per_param=bytes_per_param,
+        bytes_per_param=resolved_bytes_per_param(bytes_per_param, workload),
         memory_capacity_bytes=result.usable_memory_bytes,
         tp_comm_overlap=result.tp_comm_overlap,
         overlap_p2p=result.overlap_p2p,

@@ -299,6 +299,8 @@ class PlanResult:
     """Pipeline sends ran beside compute (``--overlap-p2p``)."""
     dtype: str | None = None
     """The training precision the plan priced (None: the model's own)."""
+    grad_reduce_in_bf16: bool = False
+    """The model keeps and reduces its gradients in bf16 (``--grad-reduce-in-bf16``)."""
     optimizer_sync: str = "global"
     """The optimizer synchronization the plan ranks by (its steady-state period)."""
     period_candidates: int = 0

@@ -119,6 +119,7 @@ def plan_result(
         tp_comm_overlap=context.tp_comm_overlap,
         overlap_p2p=context.overlap_p2p,
         dtype=None if spec is None else spec.dtype,
+        grad_reduce_in_bf16=spec is not None and spec.grad_reduce_in_bf16,
     )
 
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 from pipesim.errors import PlanError
 from pipesim.iterations import check_sync
 from pipesim.plan.hardware import Accelerator, get_accelerator
-from pipesim.plan.iteration import OPTIMIZER_BYTES_PER_PARAM
+from pipesim.plan.iteration import OPTIMIZER_BYTES_PER_PARAM, default_bytes_per_param
 from pipesim.plan.model import ModelSpec, get_model
 from pipesim.plan.point import SweepContext
 from pipesim.plan.workload import Workload, workload_from_model
@@ -27,6 +27,7 @@ __all__ = [
     "pipeline_degrees",
     "plan_settings",
     "resolve_accelerator",
+    "resolved_bytes_per_param",
     "sweep_context",
     "with_dtype",
 ]
@@ -108,6 +109,16 @@ def resolve_accelerator(accelerator: Accelerator | str, workload: Workload) -> A
     if workload.spec is not None and workload.spec.dtype == "fp8":
         accelerator.fp8_flops  # noqa: B018  # raises where the accelerator has none
     return accelerator
+
+
+def resolved_bytes_per_param(bytes_per_param: int | None, workload: Workload) -> int:
+    """``bytes_per_param`` as given, or (None) Megatron-LM's for ``workload``'s model
+    (:func:`~pipesim.plan.iteration.default_bytes_per_param`: 16 with a bf16 gradient
+    buffer, else 18; a cost file's workload has no model, and gets 18)."""
+    if bytes_per_param is not None:
+        return bytes_per_param
+    in_bf16 = workload.spec is not None and workload.spec.grad_reduce_in_bf16
+    return default_bytes_per_param(grad_reduce_in_bf16=in_bf16)
 
 
 def with_dtype(workload: Workload, dtype: str | None) -> Workload:

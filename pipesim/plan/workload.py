@@ -187,7 +187,9 @@ def workload_from_model(
         message_bytes=Fraction(payload, tensor) if payload % tensor else payload // tensor,
         grad_bytes_per_param=spec.grad_reduce_bytes,
         weight_bytes_per_param=spec.dtype_bytes,
-        step_bytes_per_param=optimizer_step_bytes(spec.dtype),
+        step_bytes_per_param=optimizer_step_bytes(
+            spec.dtype, grad_reduce_in_bf16=spec.grad_reduce_in_bf16
+        ),
         seq_length=spec.seq_length,
         flops_per_sequence=model_flops_per_sequence(spec),
         spec=spec,
