@@ -76,37 +76,53 @@ def test_long_orders_are_their_base_spliced(name: str) -> None:
 #: 16 x 4 x 127 schedules is the cost, not the splice); run it after changing a generator
 #: or the splice.
 _WHOLE_ENVELOPE = os.environ.get("PIPESIM_WHOLE_ENVELOPE") == "1"
+#: Above its dense start, the suite checks every ``_STRIDE``-th m at each p.
+_STRIDE = 8
 
 
-def _envelope_microbatches(p: int) -> list[int]:
-    """The m the suite checks at ``p``: every m up to 32 (each family's bases and first
-    periods), then every 4th, offset by ``p`` so that across ranks each residue mod 4 is
-    checked at every length, and the envelope's top."""
+def _envelope_microbatches(p: int, dense_to: int = 32) -> list[int]:
+    """The m the suite checks at ``p``: every m up to ``dense_to`` (at least 32; the
+    envelope test passes its base's m + 4, so each base and its first periods), then
+    every 8th, offset by ``p`` so that across ranks each residue mod 8 is checked at
+    every length, and the envelope's top."""
     largest = splice.MAX_SPLICED_MICROBATCHES
     if _WHOLE_ENVELOPE:
         return list(range(2, largest + 1))
-    return sorted({*range(2, 33), *range(32 + p % 4, largest + 1, 4), largest - 1, largest})
+    dense_to = max(32, dense_to)
+    first = dense_to + 1 + (p - dense_to - 1) % _STRIDE  # the first m > dense_to, = p mod 8
+    return sorted(
+        {*range(2, dense_to + 1), *range(first, largest + 1, _STRIDE), largest - 1, largest}
+    )
 
 
 def test_envelope_microbatches_cover_every_residue() -> None:
     ranks = range(1, splice.MAX_SPLICED_RANKS + 1)
-    for start in range(33, splice.MAX_SPLICED_MICROBATCHES - 3, 4):  # each window of 4
-        window = set(range(start, start + 4))
-        assert {m % 4 for p in ranks for m in _envelope_microbatches(p) if m in window} == {
-            0,
-            1,
-            2,
-            3,
-        }
+    for dense_to in (32, 40, 65):
+        assert all(
+            set(range(2, dense_to + 1)) <= set(_envelope_microbatches(p, dense_to)) for p in ranks
+        )
+        for start in range(dense_to + 1, splice.MAX_SPLICED_MICROBATCHES - _STRIDE + 2):
+            window = set(range(start, start + _STRIDE))  # each window of 8
+            residues = {
+                m % _STRIDE
+                for p in ranks
+                for m in _envelope_microbatches(p, dense_to)
+                if m in window
+            }
+            assert residues == set(range(_STRIDE)), (dense_to, start)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _FAMILIES)
 def test_splice_property_over_the_whole_envelope(name: str) -> None:
-    """Every p and v the module is used for, at the m of ``_envelope_microbatches``."""
+    """Every p and v the module is used for, at the m of ``_envelope_microbatches``: every
+    m through the base's and four periods more, every 8th above."""
+    largest = splice.MAX_SPLICED_MICROBATCHES
     for p in range(1, splice.MAX_SPLICED_RANKS + 1):
         for v in _virtuals(name):
-            _check_splices(name, p, v, _envelope_microbatches(p), built=False)
+            base = splice.base_instance(name, p, v, largest)
+            dense_to = 0 if base is None else base.schedule.n_microbatches + 4
+            _check_splices(name, p, v, _envelope_microbatches(p, dense_to), built=False)
 
 
 def test_families_left_out_do_not_splice() -> None:
