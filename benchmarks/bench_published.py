@@ -49,6 +49,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pipesim.plan import ModelSpec, plan
 from pipesim.plan.gpu import LayerTime, layer_times
@@ -255,11 +256,9 @@ def _llama3_runs(*, long_context: bool = False) -> tuple[Run, ...]:
     ) + ((LONG_CONTEXT_ROW,) if long_context else ())
     spec = get_model("llama3.1-405b")
     return tuple(
-        Run(
+        _preset_run(
+            "llama3.1-405b",
             name=name,
-            layers=spec.n_layers,
-            hidden=spec.hidden,
-            heads=spec.n_heads,
             tensor=t,
             context=c,
             pipeline=p,
@@ -279,8 +278,16 @@ def _llama3_runs(*, long_context: bool = False) -> tuple[Run, ...]:
 
 
 def _llama3_model(run: Run) -> ModelSpec:
-    spec = get_model("llama3.1-405b")
+    spec = get_model(run.preset)
     return replace(spec, seq_length=run.seq or spec.seq_length)
+
+
+def _preset_run(preset: str, /, **fields: Any) -> Run:
+    """A Run of ``preset``'s shapes (layers, hidden, heads) and the row's ``fields``."""
+    spec = get_model(preset)
+    return Run(
+        preset=preset, layers=spec.n_layers, hidden=spec.hidden, heads=spec.n_heads, **fields
+    )
 
 
 def _nvidia_run(
@@ -297,13 +304,9 @@ def _nvidia_run(
     tokens: float,
     **settings: object,
 ) -> Run:
-    spec = get_model(preset)
-    return Run(
+    return _preset_run(
+        preset,
         name=name,
-        preset=preset,
-        layers=spec.n_layers,
-        hidden=spec.hidden,
-        heads=spec.n_heads,
         gpus=gpus,
         global_batch=batch,
         microbatch=mbs,
@@ -317,7 +320,7 @@ def _nvidia_run(
         # 24.07 launcher's model configs (sequence_parallel true wherever t > 1)
         sequence_parallel=t > 1,
         dtype="fp8",
-        **settings,  # type: ignore[arg-type]
+        **settings,
     )
 
 
