@@ -113,11 +113,9 @@ class Table:
     target_mean: float = 0.06
     target_max: float | None = None
     must_fit: bool = True
-    """Whether the memory model must find every run fits (tests/test_plan_kernels.py): the
-    tables of ../shared/PUBLISHED_RUNS.md; not Llama 3's, whose sharded gradients the
-    planner does not model, nor NVIDIA's performance summaries', one row of each refused for
-    a setting the planner cannot express (Megatron FSDP, bf16 gradients; docs/planner-model.md,
-    "How close it is")."""
+    """Whether the memory model must find every run fits (tests/test_plan_kernels.py): every
+    table but Llama 3's, whose sharded gradients the planner does not model
+    (docs/planner-model.md, "How close it is")."""
 
 
 def _gpt(
@@ -640,7 +638,7 @@ def long_context_check() -> None:
     """Llama 3's 128K-token row apart: at 128K tokens attention outweighs the rest of the
     model, so its teraFLOP/s depend on whether the paper counts the causal mask's half of
     the attention FLOPs, which it does not say; both counts are printed."""
-    table = TABLES[3]
+    table = next(t for t in TABLES if t.model is _llama3_model)
     (run,) = _llama3_runs(long_context=True)[2:]
     spec = table.model(run)
     seconds = predict_seconds(table, run)

@@ -233,8 +233,9 @@ def test_gradients_kept_in_bf16_halve_their_reduction_and_buffer() -> None:
 def test_a_plan_with_gradients_in_bf16_by_hand() -> None:
     # one pinned configuration planned twice, fp32 and bf16 gradients: the static memory
     # differs by the gradient buffer's 2 bytes a parameter held (distributed optimizer:
-    # 2 + g + 12 / d), the data-parallel gradient traffic by half, and Megatron-LM's
-    # flags name it
+    # 2 + g + 12 / d), the data-parallel traffic is less (the gradients' reduce-scatter
+    # moves 2 bytes an element, not 4; the bytes themselves are checked above), and
+    # Megatron-LM's flags name it
     big = ModelSpec(n_layers=4, hidden=1024, n_heads=8, seq_length=512, vocab_size=4096)
     kwargs = dict(
         devices=8,
@@ -774,7 +775,7 @@ def test_a_tied_embedding_gradient_is_all_reduced_between_the_end_stages() -> No
     assert len(v_steps) == 1
 
 
-_TWO_POOLS = """
+_THREE_POOLS = """
 import threading, time
 from pipesim.plan import backends
 
@@ -799,8 +800,8 @@ def test_a_closed_pool_leaves_one_thread_so_the_next_sweep_forks(tmp_path: Path)
     # A closed pool's manager thread must be gone before the next sweep picks its start
     # method: two live threads would send that sweep to forkserver (workers that are not
     # this process's children). A fresh interpreter, since pytest's own may run threads.
-    script = tmp_path / "two_pools.py"
-    script.write_text(_TWO_POOLS)
+    script = tmp_path / "three_pools.py"
+    script.write_text(_THREE_POOLS)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
