@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -38,10 +39,33 @@ def test_the_h100_table_is_a_whole_grid_below_the_peak() -> None:
 
 def test_a_gemm_on_the_grid_takes_its_flops_at_the_measured_rate() -> None:
     h100 = get_accelerator("h100-sxm")
-    g = Gemm("attention projection", 4096, 2048, 2048)
+    g = Gemm("attention projection", 4096, 2048, 1024)
+    assert SM90[(1, 4096, 2048, 1024)] < h100.sustained_matmul_flops  # type: ignore[operator]
     assert gemm_seconds(g, h100, dtype_bytes=2) == pytest.approx(
-        2 * 4096 * 2048 * 2048 / SM90[(1, 4096, 2048, 2048)], rel=1e-12
+        2 * 4096 * 2048 * 1024 / SM90[(1, 4096, 2048, 1024)], rel=1e-12
     )
+
+
+def test_no_gemm_runs_faster_than_the_sustained_rate() -> None:
+    # The table's (4096 x 2048) x (2048 x 2048) is 727.5 TFLOP/s, a burst at the boost
+    # clock; at the 700 W limit no bf16 GEMM holds more than the measured 708.5.
+    h100 = get_accelerator("h100-sxm")
+    assert h100.sustained_matmul_flops == 708.5e12
+    assert SM90[(1, 4096, 2048, 2048)] == pytest.approx(727.5e12, rel=1e-3)
+    g = Gemm("attention projection", 4096, 2048, 2048)
+    # 2 x 4096 x 2048 x 2048 = 34,359,738,368 FLOPs / 708.5e12 FLOP/s = 48.497 us
+    assert gemm_seconds(g, h100, dtype_bytes=2) == pytest.approx(48.497e-6, rel=1e-4)
+    # without the field the table's burst rate stands: 34,359,738,368 / 727.5e12 = 47.2 us
+    burst = replace(h100, sustained_matmul_flops=None)
+    assert gemm_seconds(g, burst, dtype_bytes=2) == pytest.approx(47.23e-6, rel=1e-3)
+    # the cap binds the achievable-rate path too, and never FP8 GEMMs
+    a100 = replace(get_accelerator("a100-80gb"), sustained_matmul_flops=200e12)
+    g = Gemm("one wave", 12 * 128, 9 * 128, 4096)  # 14,495,514,624 FLOPs
+    assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(72.4776e-6, rel=1e-5)
+    h100_fp8 = gemm_seconds(
+        Gemm("one wave", 12 * 128, 11 * 128, 4096), h100, dtype_bytes=2, fp8=True
+    )
+    assert h100_fp8 < 2 * 12 * 128 * 11 * 128 * 4096 / 708.5e12
 
 
 def test_a_long_side_is_a_batch_of_pieces_and_a_long_k_runs_back_to_back() -> None:

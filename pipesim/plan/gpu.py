@@ -15,7 +15,9 @@ takes on one :class:`~pipesim.plan.hardware.Accelerator`, from its data file
   documentation: sections "Tile Quantization" and "Wave Quantization"). cuBLAS picks
   the tile that wastes least; :data:`TILES` are the tile shapes that guide names. A
   GEMM also cannot beat reading its operands and writing its result at the achievable
-  HBM rate (a roofline);
+  HBM rate (a roofline), nor, in bf16 / fp16, the accelerator's sustained matmul rate
+  (``sustained_matmul_flops``: the steady rate at the power limit, where the table and
+  the achievable rate are short bursts);
 - fused attention at its measured share of peak, forward and backward apart (the
   FlashAttention-2 / -3 papers' figures);
 - a streaming (memory-bound) kernel moves its bytes at the achievable HBM rate
@@ -107,12 +109,14 @@ def gemm_seconds(
 ) -> float:
     """Seconds of one GEMM: its FLOPs at the rate the accelerator's measured GEMM table
     gives its shape (:mod:`pipesim.plan.gemm_table`), or without one at the achievable
-    matmul rate times its wave utilization; never less than its operands' bytes at the
+    matmul rate times its wave utilization; a bf16 / fp16 GEMM never faster than the
+    accelerator's sustained matmul rate (both sources are short bursts, a rate a GPU at
+    its power limit does not hold); never less than its operands' bytes at the
     achievable HBM rate."""
     low = fp8 and gemm.low_precision
     if accelerator.gemm_table is not None and not low:  # the tables hold bf16 GEMMs
         table = gemm_table(accelerator.gemm_table)
-        compute = gemm.flops / table.rate(gemm.m, gemm.n, gemm.k, batch=gemm.batch)
+        rate = table.rate(gemm.m, gemm.n, gemm.k, batch=gemm.batch)
     else:
         peak, share = accelerator.peak_flops, accelerator.matmul_efficiency
         if low:
@@ -120,7 +124,10 @@ def gemm_seconds(
         utilization = wave_utilization(
             gemm.m, gemm.n, batch=gemm.batch, sm_count=accelerator.sm_count
         )
-        compute = gemm.flops / (peak * share * utilization)
+        rate = peak * share * utilization
+    if accelerator.sustained_matmul_flops is not None and not low:
+        rate = min(rate, accelerator.sustained_matmul_flops)
+    compute = gemm.flops / rate
     operand_bytes = gemm.operand_bytes(1 if low else dtype_bytes)
     return max(compute, operand_bytes / accelerator.achieved_memory_bandwidth)
 

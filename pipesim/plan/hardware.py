@@ -121,6 +121,10 @@ class Accelerator:
     """A table of GEMM rates measured by shape (``pipesim/data/gemm_tables.json``,
     :mod:`pipesim.plan.gemm_table`) for its bf16 / fp16 GEMMs; None: the GEMMs run at
     ``matmul_efficiency`` of the peak less their tile and wave losses."""
+    sustained_matmul_flops: float | None = None
+    """The highest bf16 / fp16 GEMM rate held at the power limit once the clock has
+    settled, measured (FLOP/s); it caps every such GEMM's rate, a table's or the
+    achievable one (both measured in short bursts on an idle GPU). None: no cap."""
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -144,8 +148,9 @@ class Accelerator:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"{name} must be a whole number >= 1, got {brief(value)}")
-        if self.fp8_peak_flops is not None:
-            _check_number("fp8_peak_flops", self.fp8_peak_flops, positive=True)
+        for name in ("fp8_peak_flops", "sustained_matmul_flops"):
+            if getattr(self, name) is not None:
+                _check_number(name, getattr(self, name), positive=True)
         if self.gemm_table is not None:
             if not isinstance(self.gemm_table, str):
                 raise PlanError(
@@ -296,6 +301,7 @@ _OPTIONAL = {
     "sm_count",
     "intra_node_size_curve",
     "gemm_table",
+    "sustained_matmul_flops",
 }
 
 
