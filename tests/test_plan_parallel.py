@@ -155,6 +155,48 @@ def test_data_parallel_overlap_and_optimizer_step_by_hand() -> None:
     assert zero.optimizer_ns == 9_333_333
 
 
+def test_the_first_stage_embedding_reduction_and_gather_hide_behind_nothing() -> None:
+    # Megatron-Core core_r0.8.0: the input embedding's gradient is the backward's last, so
+    # its bucket's reduce-scatter starts after the backward; its all-gather, first in
+    # forward order, ends before the forward starts. Hand link: 1 GB/s, 1 us a step.
+    acc = _accelerator()
+    kwargs = dict(
+        accelerator=acc, tensor=1, data_parallel=8, grad_bytes_per_param=2, weight_bytes_per_param=2
+    )
+    # 4e6 parameters, 100 ms of backward and forward: all hidden without the embedding
+    long = dict(last_backward_ns=100_000_000, first_forward_ns=100_000_000)
+    none = rank_iteration(4 * 10**6, distributed_optimizer=True, **long, **kwargs)  # type: ignore[arg-type]
+    assert none.dp_exposed_ns == 0
+    # 8e5 of them the embedding: 1.6 MB, 7/8 x 1.6e6 B / 1e9 B/s + 7 x 1 us = 1.407 ms each way
+    edge = rank_iteration(
+        4 * 10**6, distributed_optimizer=True, edge_params=8 * 10**5, **long, **kwargs
+    )  # type: ignore[arg-type]
+    assert edge.dp_exposed_ns == 2 * 1_407_000
+    assert edge.dp_comm_ns == none.dp_comm_ns == 2 * 7_007_000
+    # without the distributed optimizer: its all-reduce, twice the reduce-scatter
+    plain = rank_iteration(
+        4 * 10**6, distributed_optimizer=False, edge_params=8 * 10**5, **long, **kwargs
+    )  # type: ignore[arg-type]
+    assert plain.dp_exposed_ns == 2 * 1_407_000
+    # when the reduction outlasts the backward by more, that is what shows (as before):
+    # reduce-scatter 7.007 - 5 ms, all-gather 7.007 - 1 ms
+    short = dict(last_backward_ns=5_000_000, first_forward_ns=1_000_000)
+    busy = rank_iteration(
+        4 * 10**6, distributed_optimizer=True, edge_params=8 * 10**5, **short, **kwargs
+    )  # type: ignore[arg-type]
+    assert busy.dp_exposed_ns == 2_007_000 + 6_007_000
+    # without overlap everything is exposed, the embedding no more than once
+    off = rank_iteration(
+        4 * 10**6,
+        distributed_optimizer=True,
+        edge_params=8 * 10**5,
+        overlap=False,
+        **long,
+        **kwargs,
+    )  # type: ignore[arg-type]
+    assert off.dp_exposed_ns == 2 * 7_007_000
+
+
 def test_data_parallel_ring_across_nodes_drives_the_nics_of_its_members() -> None:
     # 1 GB/s NICs, 4 GB/s NVLink (hand numbers); 8 GPUs a node
     acc = _accelerator(intra_node_bandwidth=4e9)

@@ -23,6 +23,21 @@ of :mod:`pipesim.plan.collectives`:
   iteration's first forward: exposed ``max(0, RS - last backward) + max(0, AG -
   first forward)``.
 
+The rank holding the first stage cannot hide the input word embedding's share at all
+(Megatron-Core at core_r0.8.0): its gradient is the last the backward produces, so the
+bucket holding it (gradient buckets of ``max(40M, 1M d)`` parameters by default, filled
+in reverse order of the parameters: ``DistributedDataParallel.__init__``,
+``megatron/core/distributed/distributed_data_parallel.py``) starts its reduction
+(``Bucket.register_grad_ready``, ``param_and_grad_buffer.py``) only when the backward
+has ended; and with ``--overlap-param-gather`` the all-gather of that same bucket, first
+in forward order, is dispatched in ``optimizer.zero_grad`` and waited for by the
+embedding's forward pre-hook before any compute (``DistributedOptimizer.zero_grad``,
+``_make_forward_pre_hook``, ``megatron/core/optimizer/distrib_optimizer.py``). So on
+that rank the exposed reduction is at least the embedding's, and so is the exposed
+gather: ``max(RS - last backward, RS(embedding))`` and likewise for the gather
+(:func:`rank_iteration`'s ``edge_params``; ``vocab / t x h`` parameters, a lower bound:
+the bucket may hold more).
+
 Ranks reduce in parallel (different groups), so the iteration adds the
 largest exposed time of any rank; the time a rank waits for others to drain
 the pipeline is not counted as overlap (an upper bound).
@@ -235,6 +250,7 @@ def rank_iteration(
     expert_tensor: int = 1,
     step_bytes_per_param: int = ADAM_STEP_BYTES_PER_PARAM,
     embedding_sync: int = 0,
+    edge_params: int | Fraction = 0,
 ) -> RankIteration:
     """Data-parallel traffic and optimizer step of a rank holding ``params`` parameters.
 
@@ -245,7 +261,8 @@ def rank_iteration(
     (Megatron-Core's expert data parallelism; here ``data_parallel`` counts d c), the
     two groups' traffic back to back behind the same backward and forward.
     ``embedding_sync``: nanoseconds of the tied embedding's all-reduce on this rank
-    (:func:`embedding_sync_ns`), exposed after the gradients' reduction.
+    (:func:`embedding_sync_ns`), exposed after the gradients' reduction. ``edge_params``:
+    the first stage's input word embedding, whose traffic nothing hides (module docstring).
 
     >>> from pipesim.plan.hardware import get_accelerator
     >>> h100 = get_accelerator("h100-sxm")
@@ -276,10 +293,17 @@ def rank_iteration(
         grad_bytes_per_param=grad_bytes_per_param,
         weight_bytes_per_param=weight_bytes_per_param,
     )
-    hidden_b = last_backward_ns if overlap else 0
-    hidden_f = first_forward_ns if overlap else 0
-    total = reduce + gather + embedding_sync
-    exposed = max(0, reduce - hidden_b) + max(0, gather - hidden_f) + embedding_sync
+    total = exposed = reduce + gather + embedding_sync
+    if overlap:  # the embedding's reduction and gather hide behind nothing
+        edge_reduce, edge_gather = _reduction_ns(
+            [(Fraction(edge_params), data_parallel, tensor)] if edge_params else [],
+            accelerator,
+            distributed_optimizer=distributed_optimizer,
+            grad_bytes_per_param=grad_bytes_per_param,
+            weight_bytes_per_param=weight_bytes_per_param,
+        )
+        exposed -= min(max(0, reduce - edge_reduce), last_backward_ns)
+        exposed -= min(max(0, gather - edge_gather), first_forward_ns)
     # the distributed optimizer holds each group's share of its parameters
     held = sum((n / r for n, r, _ in groups), Fraction(0)) if distributed_optimizer else params
     # the step over the parameters held, the zeroing of the gradient buffer over them all

@@ -145,8 +145,11 @@ def rank_iterations(
     """Per rank, the iteration around the pipeline (:func:`pipesim.plan.iteration.rank_iteration`)
     of the ``rank_params`` its stages hold (``rank_experts`` of them routed experts; None:
     none counted), its first stage's F and backward, and the tied-embedding sync of
-    ``placement``."""
+    ``placement``; the rank holding the first stage also the input word embedding's
+    ``vocab / t x h`` parameters, whose reduction and gather nothing hides."""
     sync = _embedding_syncs(context, workload, point, placement)
+    spec = workload.spec
+    embedding = 0 if spec is None else -(-spec.vocab_size // point.tensor) * spec.hidden
     return [
         _rank_iteration(
             context,
@@ -157,6 +160,7 @@ def rank_iterations(
             first,
             expert_params=0 if rank_experts is None else rank_experts[r],
             embedding_sync=sync.get(r, 0),
+            edge_params=embedding if r == placement[0] else 0,
         )
         for r, first in enumerate(first_stage)
     ]
@@ -186,6 +190,7 @@ def _rank_iteration(
     *,
     expert_params: int | Fraction = 0,
     embedding_sync: int = 0,
+    edge_params: int = 0,
 ) -> RankIteration:
     stage = costs.stage(first_stage if first_stage is not None else 0)
     # ranks of equal stages (most of a pipeline's middle) give the same answer
@@ -203,6 +208,9 @@ def _rank_iteration(
         stage.backward,
         stage.forward,
         embedding_sync,
+        edge_params,
+        context.overlap_grad_reduce,
+        context.accelerator,
     )
     found = _ITERATIONS.get(key)
     if found is not None:
@@ -225,5 +233,6 @@ def _rank_iteration(
         expert_tensor=point.expert_tensor,
         step_bytes_per_param=workload.step_bytes_per_param,
         embedding_sync=embedding_sync,
+        edge_params=edge_params,
     )
     return found
