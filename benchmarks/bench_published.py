@@ -87,6 +87,8 @@ class Run:
     """The model preset (pipesim/data/models.json) where a table's rows differ in it."""
     dtype: str = ""
     """The training precision where a table's rows differ in it (``fp8``, ``bf16``)."""
+    fp8_recipe: str = ""
+    """An fp8 run's scaling recipe (``delayed``, ``tensorwise``); empty: the model's."""
     tp_comm_overlap: bool | None = None
     """Whether tensor-parallel collectives hide under the GEMMs; None: the table's."""
     overlap_p2p: bool | None = None
@@ -337,11 +339,13 @@ def _bridge_runs() -> tuple[Run, ...]:
     # tp_comm_overlap: the recipes' CommOverlapConfig(tp_comm_overlap=True) with the
     # userbuffers_fp8_h100_* configs (70B, 405B); the 8B's is tp > 1 (off at t = 1).
     # overlap_p2p: Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on where
-    # PP > 1 and VP > 1 (every pipelined row here)
+    # PP > 1 and VP > 1 (every pipelined row here). fp8_recipe: the performance scripts'
+    # compute_dtype fp8_cs is bf16_with_fp8_current_scaling_mixed (fp8_recipe
+    # "tensorwise", src/megatron/bridge/training/mixed_precision.py at v0.2.0 and v0.3.0)
     return tuple(
         _nvidia_run(
             name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens,
-            tp_comm_overlap=t > 1, overlap_p2p=v > 1,
+            tp_comm_overlap=t > 1, overlap_p2p=v > 1, fp8_recipe="tensorwise",
         )
         for name, preset, gpus, gbs, mbs, seq, t, p, c, v, tokens in rows
     )  # fmt: skip
@@ -384,6 +388,7 @@ def _nvidia_model(run: Run) -> ModelSpec:
         seq_length=run.seq or spec.seq_length,
         vocab_size=-(-spec.vocab_size // multiple) * multiple,
         dtype=run.dtype or spec.dtype,
+        fp8_recipe=run.fp8_recipe or spec.fp8_recipe,
         # both releases' recipes keep and reduce the gradients in bf16 (Megatron-Bridge's
         # grad_reduce_in_fp32 False; NeMo 24.07's grad_sync_dtype bf16)
         grad_reduce_in_bf16=True,
@@ -490,7 +495,9 @@ TABLES = (
         "25.11, v0.3.0 for 26.02: scripts/performance/configs/llama*, "
         "src/megatron/bridge/recipes/llama/llama3.py): presets llama3-8b / llama3-70b / "
         "llama3.1-405b, vocabulary 128256 padded to 128 t, FP8 GEMMs in every layer "
-        "(first_last_layers_bf16 False; the current-scaling amax kernels not priced), "
+        "(first_last_layers_bf16 False), Transformer Engine's current-scaling casts "
+        "(fp8_recipe tensorwise: an amax pass before each cast; the amax all-reduces "
+        "not priced), the LM head in bf16 (Megatron-Core's ColumnParallelLinear), "
         "sequence parallelism where t > 1, no recomputation, no CUDA graphs (the H100 "
         "configs set none), distributed optimizer with the gradient reduce-scatter and "
         "the weight all-gather overlapped, TP communication overlap (userbuffers) where "
@@ -515,7 +522,8 @@ TABLES = (
         "NeMo-Framework-Launcher 24.07 model configs (launcher_scripts/conf/training/"
         "gpt3/175b, llama/llama2_*, llama/llama3_*, nemotron/nemotron_340b) and its H100 "
         "FP8 example scripts (examples/training/*/h100/*_fp8*.sh) set it: FP8 delayed "
-        "scaling (hybrid; its amax bookkeeping not priced), sequence parallelism where "
+        "scaling (hybrid: Transformer Engine's casts priced, its amax bookkeeping not; "
+        "the LM head in bf16), sequence parallelism where "
         "t > 1, recomputation none but the 340B's (selective), TP communication overlap "
         "on the Llama 2 / 3 70B only (ub_tp_comm_overlap; off in the GPT-3 and 340B "
         "configs), asynchronous pipeline sends where the config sets overlap_p2p_comm "

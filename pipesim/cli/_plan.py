@@ -90,6 +90,14 @@ def register(subparsers: Any) -> None:
         "the rest, as Transformer Engine runs)",
     )
     model.add_argument(
+        "--fp8-recipe",
+        dest="fp8_recipe",
+        choices=("delayed", "tensorwise"),
+        help="an fp8 model's scaling recipe, as Megatron-Core's --fp8-recipe names it "
+        "(default delayed; tensorwise: Transformer Engine's current scaling, an amax pass "
+        "before each cast)",
+    )
+    model.add_argument(
         "--grad-reduce-in-bf16",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -341,6 +349,7 @@ _FIELD_FLAGS = (
     "seq_length",
     "vocab_size",
     "dtype",
+    "fp8_recipe",
     "grad_reduce_in_bf16",
     "flash_attention",
 )

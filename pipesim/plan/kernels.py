@@ -258,12 +258,17 @@ def _dims(spec: ModelSpec, shard: Shard) -> _Dims:
     )
 
 
-def _to_model_parallel(x: _Dims, sp: bool, name: str) -> tuple[Collective, ...]:
+def _to_model_parallel(
+    x: _Dims, sp: bool, name: str, elem_bytes: int | None = None
+) -> tuple[Collective, ...]:
     """Entering a column-parallel linear: all-gather of the sequence-split input with
-    sequence parallelism; nothing without (Megatron's ``f`` is the identity forward)."""
+    sequence parallelism (``elem_bytes`` an element, default the model's: 1 where it
+    gathers FP8, :func:`_fp8_bytes`); nothing without (Megatron's ``f`` is the identity
+    forward)."""
     if x.t == 1 or not sp:
         return ()
-    return (Collective(name, "all-gather", "tensor", x.T * x.h * x.d),)
+    size = x.T * x.h * (x.d if elem_bytes is None else elem_bytes)
+    return (Collective(name, "all-gather", "tensor", size),)
 
 
 def _from_model_parallel(x: _Dims, sp: bool, name: str) -> tuple[Collective, ...]:
@@ -274,13 +279,19 @@ def _from_model_parallel(x: _Dims, sp: bool, name: str) -> tuple[Collective, ...
     return (Collective(name, "reduce-scatter" if sp else "all-reduce", "tensor", x.T * x.h * x.d),)
 
 
-def _backward_of(collectives: tuple[Collective, ...], x: _Dims, sp: bool) -> tuple[Collective, ...]:
-    """The backward of ``f`` / ``g``: an all-gather's is a reduce-scatter and back; an
-    all-reduce after a row-parallel linear has an identity backward, and the identity
-    before a column-parallel linear an all-reduce (Narayanan et al. 2021, Figure 4)."""
+def _backward_of(
+    collectives: tuple[Collective, ...], x: _Dims, sp: bool, gather_bytes: int | None = None
+) -> tuple[Collective, ...]:
+    """The backward of ``f`` / ``g``: an all-gather's is a reduce-scatter (of the
+    model's dtype) and back (an all-gather of ``gather_bytes`` an element, default the
+    model's); an all-reduce after a row-parallel linear has an identity backward, and the
+    identity before a column-parallel linear an all-reduce (Narayanan et al. 2021,
+    Figure 4)."""
     swap = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
+    elems = x.T * x.h
+    sizes = {"all-gather": elems * x.d, "reduce-scatter": elems * (gather_bytes or x.d)}
     return tuple(
-        Collective(c.name + " (backward)", swap[c.kind], c.group, c.size_bytes)
+        Collective(c.name + " (backward)", swap[c.kind], c.group, sizes[c.kind])
         for c in collectives
         if c.kind in swap
     )
@@ -307,13 +318,94 @@ def _regathered(collectives: tuple[Collective, ...]) -> tuple[Collective, ...]:
     )
 
 
-def _norm(spec: ModelSpec, x: _Dims, name: str) -> tuple[Streaming, Streaming]:
+def _norm(
+    spec: ModelSpec, x: _Dims, name: str, out_bytes: int | None = None
+) -> tuple[Streaming, Streaming]:
     """Forward and backward of a LayerNorm / RMSNorm over ``Ts`` tokens: forward reads
-    x and writes y; backward reads x and dy and writes dx, then reads x and dy again for
-    the gain (and bias) gradients (Apex's fused layer norm: ``cuComputeGradInput`` and
-    ``cuComputePartGradGammaBeta`` are two kernels over the same tensors)."""
+    x and writes y (``out_bytes`` an element, default the model's: 1 where Transformer
+    Engine's norm writes FP8, :class:`_Fp8Casts`); backward reads x and dy and writes
+    dx, then reads x and dy again for the gain (and bias) gradients (Apex's fused layer
+    norm: ``cuComputeGradInput`` and ``cuComputePartGradGammaBeta`` are two kernels over
+    the same tensors)."""
     elems = x.Ts * x.h
-    return Streaming(name, 2 * elems * x.d), Streaming(name + " (backward)", 5 * elems * x.d)
+    out = x.d if out_bytes is None else out_bytes
+    return Streaming(name, elems * (x.d + out)), Streaming(name + " (backward)", 5 * elems * x.d)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fp8Casts:
+    """Transformer Engine's quantization kernels around one FP8 linear layer (nothing
+    unless the model trains in fp8): ``forward`` before its forward GEMM (before the
+    all-gather of its input with sequence parallelism), ``output_grad`` before its
+    input-gradient GEMM, ``weight_grad`` before its weight-gradient GEMM; ``norm_bytes``
+    the bytes an element of the norm fused into it (``LayerNormLinear``) writes."""
+
+    forward: tuple[Streaming, ...] = ()
+    output_grad: tuple[Streaming, ...] = ()
+    weight_grad: tuple[Streaming, ...] = ()
+    norm_bytes: int | None = None
+
+
+def _fp8_bytes(spec: ModelSpec, x: _Dims) -> int:
+    """Bytes an element of the tensor-parallel all-gathers feeding an FP8 GEMM: 1 when
+    training in fp8 (Transformer Engine quantizes the local shard and all-gathers FP8:
+    ``_all_gather_fp8`` in ``transformer_engine/pytorch/distributed.py``), else the
+    model's."""
+    return 1 if spec.dtype == "fp8" else x.d
+
+
+def _fp8_casts(
+    spec: ModelSpec, x: _Dims, name: str, shape: tuple[int, int], /, *, column: bool, sp: bool,
+    norm: bool = False,
+) -> _Fp8Casts:  # fmt: skip
+    """The FP8 casts of a linear layer of ``shape`` (in, out features on this device), as
+    Transformer Engine runs them (``_Linear`` and ``_LayerNormLinear`` in
+    ``transformer_engine/pytorch/module/linear.py`` and ``layernorm_linear.py`` at v2.9,
+    Megatron-Bridge v0.2.0's, to v2.12, v0.3.0's; v1.7 moves the same bytes but for a
+    row-parallel input with sequence parallelism, which it casts row-wise and transposes
+    in the backward: ``n`` bytes more, not priced). Per tensor scaling quantizes a bf16
+    tensor of ``n`` elements by reading ``d n`` and writing ``n`` (the row-wise FP8
+    copy the GEMM reads) and, where the weight gradient needs it, ``n`` more (the
+    transposed copy: Hopper's FP8 GEMMs take only the "TN" layout); ``tensorwise``
+    (current scaling) first reads the tensor once for its amax
+    (``Float8CurrentScalingQuantizer::quantize_impl``: ``nvte_compute_amax`` then
+    ``nvte_quantize_v2``); ``delayed`` scales by the amax history and updates it in the
+    cast itself. A sequence-split input (column-parallel, ``sp``) or output gradient
+    (row-parallel, ``sp``) is cast row-wise only before its FP8 all-gather; the
+    gathered FP8 tensor is transposed for the weight gradient (read ``n``, write ``n``).
+    A fused norm (``norm``) writes FP8 itself with ``delayed`` (``Impl::FULLY_FUSED``
+    in ``csrc/extensions/normalization.cpp``; a separate FP8 transpose,
+    ``nvte_transpose`` in ``common/normalization``) and bf16 and its amax with
+    ``tensorwise`` (``FUSED_NORM_AMAX_FP8``: then the cast without the amax pass).
+    The weight's cast runs on the first micro-batch of a step only (Megatron-Core passes
+    ``is_first_microbatch``; ``get_weight_workspace`` caches it), not priced here."""
+    if spec.dtype != "fp8":
+        return _Fp8Casts()
+    d, n_in, n_out = x.d, *shape
+    current = spec.fp8_recipe == "tensorwise"
+    split_in, split_out = column and sp, not column and sp
+    x_elems = (x.Ts if split_in else x.T) * n_in
+    dy_elems = (x.Ts if split_out else x.T) * n_out
+    both = "cast" if split_in else "cast + transpose"
+    forward: tuple[Streaming, ...]
+    if norm and not current:  # the norm writes FP8; the transposed copy apart
+        transpose = Streaming(f"{name} input transpose (fp8)", 2 * x_elems)
+        forward = () if split_in else (transpose,)
+    else:
+        amax = (Streaming(f"{name} input amax", d * x_elems),) if current and not norm else ()
+        cast = Streaming(f"{name} input {both} (fp8)", (d + 1 + (not split_in)) * x_elems)
+        forward = (*amax, cast)
+    grad = "cast" if split_out else "cast + transpose"
+    output_grad = (
+        *((Streaming(f"{name} output grad amax", d * dy_elems),) if current else ()),
+        Streaming(f"{name} output grad {grad} (fp8)", (d + 1 + (not split_out)) * dy_elems),
+    )
+    # the FP8 tensors all-gathered row-wise, transposed for the weight gradient
+    gathered = ((f"{name} input", n_in),) if split_in else ((f"{name} output grad", n_out),)
+    weight_grad = tuple(
+        Streaming(f"{what} transpose (fp8)", 2 * x.T * width) for what, width in gathered if sp
+    )
+    return _Fp8Casts(forward, output_grad, weight_grad, 1 if norm and not current else None)
 
 
 def _residual(spec: ModelSpec, x: _Dims, name: str) -> tuple[Streaming, Streaming]:
@@ -431,24 +523,34 @@ def _in_grad(x: _Dims, sp: bool) -> tuple[Collective, ...]:
 
 def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
     """Norm, QKV, rotary embedding, core attention, output projection and residual of a
-    (grouped-query) multi-head attention block."""
+    (grouped-query) multi-head attention block (with their FP8 casts, :func:`_fp8_casts`:
+    the QKV is Megatron-Core's ``TELayerNormColumnParallelLinear``, the projection its
+    ``TERowParallelLinear``)."""
     t = x.t
     qkv = Gemm("qkv", x.T, (x.q + 2 * x.kv) // t, x.h)
     proj = Gemm("attention projection", x.T, x.h, x.q // t)
-    norm1, norm1_b = _norm(spec, x, "norm 1")
+    c_qkv = _fp8_casts(spec, x, "qkv", (x.h, qkv.n), column=True, sp=sp, norm=True)
+    c_proj = _fp8_casts(spec, x, "attention projection", (proj.k, x.h), column=False, sp=sp)
+    norm1, norm1_b = _norm(spec, x, "norm 1", c_qkv.norm_bytes)
     res1, res1_b = _residual(spec, x, "residual 1")
     rope, rope_b = _rotary(spec, x)
     core, core_b = _attention_core(spec, x)
     ring, ring_b = _context_exchange(spec, x)
-    ag1 = _to_model_parallel(x, sp, "all-gather before qkv")
+    fp8 = _fp8_bytes(spec, x)
+    ag1 = _to_model_parallel(x, sp, "all-gather before qkv", fp8)
     out1 = _from_model_parallel(x, sp, "after attention projection")
-    forward: tuple[Kernel, ...] = (norm1, *ag1, qkv, *rope, *ring, *core, proj, *out1, res1)
+    forward: tuple[Kernel, ...] = (
+        norm1, *c_qkv.forward, *ag1, qkv, *rope, *ring, *core, *c_proj.forward, proj, *out1,
+        res1,
+    )  # fmt: skip
     backward: tuple[Kernel, ...] = (
-        res1_b, *_backward_of(out1, x, sp), _input_grad(proj),
-        *ring_b, *core_b, *rope_b, *_regathered(ag1), _input_grad(qkv),
+        res1_b, *c_proj.output_grad, *_backward_of(out1, x, sp, fp8), _input_grad(proj),
+        *ring_b, *core_b, *rope_b, *c_qkv.output_grad, *_regathered(ag1), _input_grad(qkv),
         *(_backward_of(ag1, x, sp) or _in_grad(x, sp)), norm1_b,
     )  # fmt: skip
-    weight = (_weight_grad(proj), _weight_grad(qkv))
+    weight: tuple[Kernel, ...] = (
+        *c_proj.weight_grad, _weight_grad(proj), *c_qkv.weight_grad, _weight_grad(qkv),
+    )  # fmt: skip
     # selective recomputation checkpoints the core attention whatever its kernel, a fused
     # (flash) one and its context-parallel ring included: Megatron-Core's
     # ``Attention.checkpoint_core_attention`` (``recompute_granularity == 'selective'``,
@@ -460,23 +562,33 @@ def attention_half(spec: ModelSpec, x: _Dims, sp: bool, /) -> BlockHalf:
 
 
 def mlp_half(spec: ModelSpec, x: _Dims, sp: bool, /, *, width: int | None = None) -> BlockHalf:
-    """Norm, MLP (``width``, default the model's) and residual of a dense block."""
+    """Norm, MLP (``width``, default the model's) and residual of a dense block, with
+    their FP8 casts (MLP up is a ``TELayerNormColumnParallelLinear``, down a
+    ``TERowParallelLinear``)."""
     t = x.t
     f = x.f if width is None else width
     n_in = 2 if spec.gated_mlp else 1
     up = Gemm("mlp up", x.T, n_in * f // t, x.h)
     down = Gemm("mlp down", x.T, x.h, f // t)
-    norm2, norm2_b = _norm(spec, x, "norm 2")
+    c_up = _fp8_casts(spec, x, "mlp up", (x.h, up.n), column=True, sp=sp, norm=True)
+    c_down = _fp8_casts(spec, x, "mlp down", (down.k, x.h), column=False, sp=sp)
+    norm2, norm2_b = _norm(spec, x, "norm 2", c_up.norm_bytes)
     res2, res2_b = _residual(spec, x, "residual 2")
     act, act_b = _activation(spec, x.T * f // t, x.d, "")
-    ag2 = _to_model_parallel(x, sp, "all-gather before mlp")
+    fp8 = _fp8_bytes(spec, x)
+    ag2 = _to_model_parallel(x, sp, "all-gather before mlp", fp8)
     out2 = _from_model_parallel(x, sp, "after mlp down")
-    forward: tuple[Kernel, ...] = (norm2, *ag2, up, act, down, *out2, res2)
-    backward: tuple[Kernel, ...] = (
-        res2_b, *_backward_of(out2, x, sp), _input_grad(down), act_b, *_regathered(ag2),
-        _input_grad(up), *(_backward_of(ag2, x, sp) or _in_grad(x, sp)), norm2_b,
+    forward: tuple[Kernel, ...] = (
+        norm2, *c_up.forward, *ag2, up, act, *c_down.forward, down, *out2, res2,
     )  # fmt: skip
-    weight = (_weight_grad(down), _weight_grad(up))
+    backward: tuple[Kernel, ...] = (
+        res2_b, *c_down.output_grad, *_backward_of(out2, x, sp, fp8), _input_grad(down), act_b,
+        *c_up.output_grad, *_regathered(ag2), _input_grad(up),
+        *(_backward_of(ag2, x, sp) or _in_grad(x, sp)), norm2_b,
+    )  # fmt: skip
+    weight: tuple[Kernel, ...] = (
+        *c_down.weight_grad, _weight_grad(down), *c_up.weight_grad, _weight_grad(up),
+    )  # fmt: skip
     return BlockHalf(forward, backward, weight, (), x.h + n_in * f // t if spec.bias else 0)
 
 
@@ -594,7 +706,10 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     v = spec.vocab_size // x.t if spec.vocab_size % x.t == 0 else -(-spec.vocab_size // x.t)
     norm, norm_b = _norm(spec, x, "final norm")
     gather = _to_model_parallel(x, sp, "all-gather before head")
-    logits = Gemm("lm head", x.T, v, x.h)
+    # Megatron-Core's output layer is ``tensor_parallel.ColumnParallelLinear``
+    # (``GPTModel.__init__``, ``megatron/core/models/gpt/gpt_model.py``, core_r0.8.0 and
+    # after), not a Transformer Engine module: bf16 GEMMs in an fp8 model too
+    logits = Gemm("lm head", x.T, v, x.h, low_precision=False)
     loss, loss_b = _cross_entropy(x.T * v, x.d)
     tiny: tuple[Kernel, ...] = ()
     if x.t > 1:

@@ -27,6 +27,7 @@ from pipesim.suggest import did_you_mean
 
 __all__ = [
     "DTYPE_BYTES",
+    "FP8_RECIPES",
     "MLASpec",
     "MoESpec",
     "ModelSpec",
@@ -46,6 +47,12 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 #: ``--grad-reduce-in-bf16``); fp8 training keeps bf16 weights (``--bf16 --fp8-format``), so
 #: the same; fp16 models reduce in fp16 (``--accumulate-allreduce-grads-in-fp32`` is off).
 GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
+#: Transformer Engine's per-tensor FP8 scaling recipes, by Megatron-Core's names
+#: (``TransformerConfig.fp8_recipe``, ``megatron/core/transformer/transformer_config.py``):
+#: ``delayed`` (TE's ``DelayedScaling``: each cast scales by an amax history and updates
+#: it in the same kernel; Megatron-Core's default) and ``tensorwise`` (TE's
+#: ``Float8CurrentScaling``: each tensor's amax is computed before its cast).
+FP8_RECIPES = ("delayed", "tensorwise")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +156,9 @@ class ModelSpec:
     """MLP width; None: ``4 * hidden``."""
     dtype: str = "bf16"
     """Training precision: bf16, fp16, fp32, or fp8 (FP8 GEMMs, bf16 storage)."""
+    fp8_recipe: str = "delayed"
+    """The FP8 scaling recipe of an fp8 model (:data:`FP8_RECIPES`): which quantization
+    kernels Transformer Engine runs around each FP8 GEMM (``pipesim.plan.kernels``)."""
     grad_reduce_in_bf16: bool = False
     """A bf16 or fp8 model keeps its gradient buffer and reduces it over data parallelism
     in bf16, not fp32 (Megatron-LM's ``--grad-reduce-in-bf16``, Megatron-Core's
@@ -190,6 +200,10 @@ class ModelSpec:
         if self.dtype not in DTYPE_BYTES:
             raise PlanError(
                 f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {brief(self.dtype)}"
+            )
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise PlanError(
+                f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {brief(self.fp8_recipe)}"
             )
         kv = self.kv_heads
         if self.n_heads % kv:
