@@ -58,14 +58,24 @@ def test_no_gemm_runs_faster_than_the_sustained_rate() -> None:
     # without the field the table's burst rate stands: 34,359,738,368 / 727.5e12 = 47.2 us
     burst = replace(h100, sustained_matmul_flops=None)
     assert gemm_seconds(g, burst, dtype_bytes=2) == pytest.approx(47.23e-6, rel=1e-3)
-    # the cap binds the achievable-rate path too, and never FP8 GEMMs
+    # the cap binds the achievable-rate path too
     a100 = replace(get_accelerator("a100-80gb"), sustained_matmul_flops=200e12)
     g = Gemm("one wave", 12 * 128, 9 * 128, 4096)  # 14,495,514,624 FLOPs
     assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(72.4776e-6, rel=1e-5)
-    h100_fp8 = gemm_seconds(
-        Gemm("one wave", 12 * 128, 11 * 128, 4096), h100, dtype_bytes=2, fp8=True
-    )
-    assert h100_fp8 < 2 * 12 * 128 * 11 * 128 * 4096 / 708.5e12
+
+
+def test_fp8_gemms_have_their_own_sustained_cap() -> None:
+    # the H200's FP8 MSMF, 1288.7 TFLOP/s, under the burst share 1979 x 0.709 = 1403.1
+    h100 = get_accelerator("h100-sxm")
+    assert h100.fp8_sustained_matmul_flops == 1288.7e12
+    g = Gemm("one wave", 12 * 128, 11 * 128, 4096)  # 17,716,740,096 FLOPs
+    # 17,716,740,096 / 1288.7e12 = 13.748 us; at the burst share it would be 12.627 us
+    assert gemm_seconds(g, h100, dtype_bytes=2, fp8=True) == pytest.approx(13.7478e-6, rel=1e-4)
+    burst = replace(h100, fp8_sustained_matmul_flops=None)
+    assert gemm_seconds(g, burst, dtype_bytes=2, fp8=True) == pytest.approx(12.6268e-6, rel=1e-4)
+    # a bf16 GEMM keeps the bf16 cap, not FP8's
+    bf16 = Gemm("scores", 4096, 2048, 2048, low_precision=False)
+    assert gemm_seconds(bf16, h100, dtype_bytes=2, fp8=True) == pytest.approx(48.497e-6, rel=1e-4)
 
 
 def test_a_long_side_is_a_batch_of_pieces_and_a_long_k_runs_back_to_back() -> None:
@@ -88,7 +98,7 @@ def test_a_long_side_is_a_batch_of_pieces_and_a_long_k_runs_back_to_back() -> No
 
 def test_fp8_gemms_and_accelerators_without_a_table_keep_the_peak_share() -> None:
     # outputs of exactly one wave of 128 x 128 tiles (132 SMs: 12 x 11; 108: 12 x 9)
-    h100 = get_accelerator("h100-sxm")
+    h100 = replace(get_accelerator("h100-sxm"), fp8_sustained_matmul_flops=None)
     g = Gemm("one wave", 12 * 128, 11 * 128, 4096)
     fp8 = gemm_seconds(g, h100, dtype_bytes=2, fp8=True)
     assert fp8 == pytest.approx(g.flops / (h100.fp8_flops * h100.fp8_matmul_share))

@@ -109,9 +109,9 @@ def gemm_seconds(
 ) -> float:
     """Seconds of one GEMM: its FLOPs at the rate the accelerator's measured GEMM table
     gives its shape (:mod:`pipesim.plan.gemm_table`), or without one at the achievable
-    matmul rate times its wave utilization; a bf16 / fp16 GEMM never faster than the
-    accelerator's sustained matmul rate (both sources are short bursts, a rate a GPU at
-    its power limit does not hold); never less than its operands' bytes at the
+    matmul rate times its wave utilization; never faster than the accelerator's
+    sustained matmul rate of its precision (both sources are short bursts, a rate a GPU
+    at its power limit does not hold); never less than its operands' bytes at the
     achievable HBM rate."""
     low = fp8 and gemm.low_precision
     if accelerator.gemm_table is not None and not low:  # the tables hold bf16 GEMMs
@@ -125,8 +125,11 @@ def gemm_seconds(
             gemm.m, gemm.n, batch=gemm.batch, sm_count=accelerator.sm_count
         )
         rate = peak * share * utilization
-    if accelerator.sustained_matmul_flops is not None and not low:
-        rate = min(rate, accelerator.sustained_matmul_flops)
+    sustained = (
+        accelerator.fp8_sustained_matmul_flops if low else accelerator.sustained_matmul_flops
+    )
+    if sustained is not None:
+        rate = min(rate, sustained)
     compute = gemm.flops / rate
     operand_bytes = gemm.operand_bytes(1 if low else dtype_bytes)
     return max(compute, operand_bytes / accelerator.achieved_memory_bandwidth)

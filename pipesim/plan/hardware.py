@@ -125,6 +125,9 @@ class Accelerator:
     """The highest bf16 / fp16 GEMM rate held at the power limit once the clock has
     settled, measured (FLOP/s); it caps every such GEMM's rate, a table's or the
     achievable one (both measured in short bursts on an idle GPU). None: no cap."""
+    fp8_sustained_matmul_flops: float | None = None
+    """The same for FP8 GEMMs: the highest FP8 GEMM rate held at the power limit,
+    measured (FLOP/s); it caps every FP8 GEMM's rate. None: no cap."""
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -148,7 +151,7 @@ class Accelerator:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"{name} must be a whole number >= 1, got {brief(value)}")
-        for name in ("fp8_peak_flops", "sustained_matmul_flops"):
+        for name in ("fp8_peak_flops", "sustained_matmul_flops", "fp8_sustained_matmul_flops"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), positive=True)
         if self.gemm_table is not None:
@@ -302,6 +305,7 @@ _OPTIONAL = {
     "intra_node_size_curve",
     "gemm_table",
     "sustained_matmul_flops",
+    "fp8_sustained_matmul_flops",
 }
 
 
