@@ -105,8 +105,25 @@ def test_fp8_gemms_and_accelerators_without_a_table_keep_the_peak_share() -> Non
     a100 = get_accelerator("a100-80gb")
     assert a100.gemm_table is None
     g = Gemm("one wave", 12 * 128, 9 * 128, 4096)
-    assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(
+    burst = replace(a100, sustained_matmul_flops=None)
+    assert gemm_seconds(g, burst, dtype_bytes=2) == pytest.approx(
         g.flops / (a100.peak_flops * a100.matmul_efficiency)
+    )
+
+
+def test_a100_gemms_are_capped_at_the_rate_measured_with_random_operands() -> None:
+    # 312 x 0.869 = 271.1 TFLOP/s at a full wave (the burst MAMF), above the 257 an
+    # 8192-cube GEMM of torch.randn operands holds at the power limit
+    a100 = get_accelerator("a100-80gb")
+    assert a100.sustained_matmul_flops == 257e12
+    g = Gemm("one wave", 12 * 128, 9 * 128, 4096)  # 14,495,514,624 FLOPs
+    # 14,495,514,624 / 257e12 = 56.403 us (at the burst 271.1: 53.46 us)
+    assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(56.403e-6, rel=1e-4)
+    # a GEMM the wave utilization already holds under the cap keeps its rate: 13 x 9
+    # tiles on 108 SMs take two waves, 117 / 216 of the slots: 146.9 TFLOP/s
+    g = Gemm("two waves", 13 * 128, 9 * 128, 4096)
+    assert gemm_seconds(g, a100, dtype_bytes=2) == pytest.approx(
+        g.flops / (312e12 * 0.869 * 117 / 216), rel=1e-9
     )
 
 

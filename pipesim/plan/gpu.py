@@ -40,8 +40,8 @@ Megatron-LM runs tensor-parallel collectives between the kernels, fully exposed.
 >>> from pipesim.plan.kernels import Gemm
 >>> a100 = get_accelerator("a100-80gb")
 >>> g = Gemm("square", 8192, 8192, 8192)
->>> round(gemm_seconds(g, a100, dtype_bytes=2) * 1e3, 2)   # 1.1 TFLOP at 86.9% of 312
-4.06
+>>> round(gemm_seconds(g, a100, dtype_bytes=2) * 1e3, 2)   # 1.1 TFLOP at the capped 257 TFLOP/s
+4.28
 """
 
 from __future__ import annotations
