@@ -32,7 +32,10 @@ with the table). Run: ``python benchmarks/bench_published.py`` (about a minute).
    70B, Nemotron-4 340B, Llama 3 8B / 70B). What the tables do not print is taken from
    the recipes of the release (Megatron-Bridge ``scripts/performance`` at v0.2.0 and
    v0.3.0; NeMo-Framework-Launcher 24.07's model configs and H100 FP8 example scripts).
-   The MoE rows are left out (docs/planner-model.md, "How close it is").
+6. The same Megatron-Bridge summary's DGX-H100 mixture-of-experts rows (Qwen3 30B-A3B and
+   235B-A22B, 25.11 and 26.02, FP8 current scaling), the recipes read the same way
+   (``scripts/performance/configs/qwen*`` and ``src/megatron/bridge/recipes/qwen/
+   qwen3_moe.py`` at v0.2.0 and v0.3.0).
 
 Before the tables, the direct check of the layer model: Korthikanti et al. 2023, Table 4
 (one transformer layer of the 22B model of its Table 3, forward and backward
@@ -93,6 +96,8 @@ class Run:
     """Whether tensor-parallel collectives hide under the GEMMs; None: the table's."""
     overlap_p2p: bool | None = None
     """Whether pipeline sends run beside compute; None: the table's."""
+    expert: int = 1
+    """Expert-parallel size (a mixture-of-experts preset's routed experts split over it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -376,6 +381,38 @@ def _nemo_runs() -> tuple[Run, ...]:
     )  # fmt: skip
 
 
+def _bridge_moe_runs() -> tuple[Run, ...]:
+    # NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, "26.02 NeMo
+    # Container" and "25.11 NeMo Container", DGX-H100 rows of the MoE models pipesim has
+    # presets for, FP8 (26.02) / FP8-CS (25.11), FSDP 0, CP 1, "token-dropless" with the
+    # token distribution "force-balance[d]": name, preset, GPUs, GBS, MBS, sequence, TP,
+    # PP, VP, EP, tokens/s/GPU.
+    # Left out: GPT OSS 120B (no preset: attention sinks, alternating sliding-window
+    # layers and biased experts, none modelled); DeepSeekV3 (25.09, 1024 GPUs, TP2 PP8 VP4
+    # EP64, 1297 tokens/s/GPU): the table prints no precision, and the 25.09 H100 script
+    # (scripts/performance/run_script.py at v0.1.0rc4) recomputes the modules
+    # ["mla_up_proj", "mlp"] (the MLA up-projections and the whole MoE MLP, its
+    # all-to-alls included) and keeps the recipe's multi-token-prediction layer
+    # (mtp_num_layers 1, layout "Et|(tt|)*30mL"), none of which pipesim expresses.
+    rows = (
+        ("30B-A3B 26.02", "qwen3-30b-a3b", 16, 1024, 1, 4096, 1, 2, 12, 8, 5113),
+        ("235B-A22B 26.02", "qwen3-235b-a22b", 256, 8192, 1, 4096, 2, 8, 4, 32, 1633),
+        ("30B-A3B 25.11", "qwen3-30b-a3b", 16, 512, 2, 4096, 1, 2, 24, 8, 5275),
+        ("235B-A22B 25.11", "qwen3-235b-a22b", 256, 2048, 1, 4096, 2, 8, 4, 32, 1575),
+    )
+    # tp_comm_overlap: the 235B H100 configs pass CommOverlapConfig(tp_comm_overlap=False)
+    # (qwen3_235b_a22b_h100_config at v0.2.0, qwen3_235b_a22b_pretrain_config_h100 at
+    # v0.3.0); the 30B runs at t = 1. overlap_p2p: CommOverlapConfig turns it on with
+    # VP > 1 (every row)
+    return tuple(
+        _nvidia_run(
+            name, preset, gpus, gbs, mbs, seq, t, p, 1, v, tokens,
+            expert=e, tp_comm_overlap=False, overlap_p2p=v > 1,
+        )
+        for name, preset, gpus, gbs, mbs, seq, t, p, v, e, tokens in rows
+    )  # fmt: skip
+
+
 def _nvidia_model(run: Run) -> ModelSpec:
     """``run``'s preset at its sequence length and precision, the vocabulary padded as
     Megatron pads it (to a multiple of 128 t: ``make_vocab_size_divisible_by`` 128 times
@@ -542,6 +579,42 @@ TABLES = (
         distributed_optimizer=True,
         overlap_grad_reduce=True,
     ),
+    Table(
+        title="NVIDIA Megatron-Bridge performance summary (25.11 and 26.02 NeMo containers), "
+        "DGX-H100 mixture-of-experts rows, FP8 current scaling (tokens/s per GPU); outside "
+        "../shared/PUBLISHED_RUNS.md",
+        accelerator="h100-sxm",
+        runs=_bridge_moe_runs(),
+        assumed="the rows print GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA; "
+        "the rest as the H100 recipes at the release tags set it (Megatron-Bridge v0.2.0 for "
+        "25.11, v0.3.0 for 26.02: scripts/performance/configs/qwen3*/, "
+        "src/megatron/bridge/recipes/qwen/qwen3_moe.py, models/qwen/qwen_provider.py): "
+        "presets qwen3-30b-a3b / qwen3-235b-a22b, vocabulary 151936 padded to 128 t, FP8 "
+        "GEMMs in every layer (first_last_layers_bf16 False; the current-scaling amax "
+        "kernels not priced), expert tensor parallelism 1, grouped expert GEMMs "
+        "(moe_grouped_gemm), dropless balanced routing (moe_router_force_load_balancing), "
+        "sequence parallelism where t > 1, no recomputation (set_qwen3_common_configs "
+        "clears the recipe's), distributed optimizer with the gradient reduce-scatter and "
+        "the weight all-gather overlapped, gradients kept and reduced in bf16 "
+        "(grad_reduce_in_fp32 False), TP communication overlap off (the 235B's H100 "
+        "config; the 30B runs at t = 1), asynchronous pipeline sends (VP > 1). Not "
+        "expressible, priced as the nearest: the expert all-to-all overlapped with the "
+        "other micro-batch's compute (moe_a2a_overlap: overlap_moe_expert_parallel_comm "
+        "and delay_wgrad_compute, every row) as exposed; the 26.02 30B's DeepEP dispatcher "
+        "(moe_flex_dispatcher_backend deepep) as the all-to-all dispatcher the others use; "
+        "the 235B's account_for_embedding/loss_in_pipeline_split as pipesim's own "
+        "balancing; the TE-fused cross-entropy (cross_entropy_fusion_impl te) as "
+        "Megatron-LM's unfused loss; the 25.11 30B's "
+        "MBS 2 and VP 24 as the table prints them (the v0.2.0 config: MBS 1, VP 12)",
+        model=_nvidia_model,
+        measure="tokens",
+        flops=_tokens_per_second,
+        distributed_optimizer=True,
+        overlap_grad_reduce=True,
+        # pipesim's memory model refuses the 25.11 30B row (MBS 2, VP 24): 86.1 GiB a
+        # GPU, 53.9 of it activations (docs/planner-model.md, "How close it is")
+        must_fit=False,
+    ),
 )
 
 
@@ -662,6 +735,44 @@ def long_context_check() -> None:
         )
 
 
+def moe_breakdown() -> None:
+    """Where the MoE rows' predicted step goes (busiest rank): the pipeline, its bubble, the
+    exposed tensor-parallel and data-parallel traffic, the optimizer, and the expert
+    all-to-all of the rank's layers (inside the pipeline, all of it exposed)."""
+    table = next(t for t in TABLES if t.runs == _bridge_moe_runs())
+    print(f"\n{table.title.split(',')[0]}: where the MoE rows' predicted step goes (ms)")
+    print(
+        "  run: step = pipeline (bubble share; exposed TP; all-to-all; blocks' compute) + "
+        "exposed DP + optimizer"
+    )
+    for run in table.runs:
+        point = predict(table, run)
+        spec = table.model(run)
+        shard = Shard(
+            microbatch_size=run.microbatch,
+            tensor=run.tensor,
+            sequence_parallel=run.sequence_parallel,
+            expert=run.expert,
+        )
+        moe = layer_times(spec, shard, get_accelerator(table.accelerator))["moe block"]
+        per_layer = moe.forward.ep_comm_s + moe.input_grad.ep_comm_s
+        microbatches = run.global_batch * run.tensor * run.pipeline // (run.gpus * run.microbatch)
+        layers = microbatches * spec.n_layers / run.pipeline  # layer passes on a rank
+        a2a = per_layer * layers
+        passes = (moe.forward, moe.input_grad, moe.weight_grad)
+        compute = sum(t.compute_s for t in passes) * layers
+        ms = {
+            k: (getattr(point, f"{k}_time_ns" if k == "optimizer" else f"{k}_ns") or 0) / 1e6
+            for k in ("step_time", "pipeline_time", "tp_comm_time", "dp_comm_time", "optimizer")
+        }
+        print(
+            f"  {run.name}: {ms['step_time']:.0f} = {ms['pipeline_time']:.0f} "
+            f"({float(point.bubble or 0):.1%}; {ms['tp_comm_time']:.0f}; {a2a * 1e3:.0f}; "
+            f"{compute * 1e3:.0f}) + "
+            f"{ms['dp_comm_time']:.0f} + {ms['optimizer']:.0f}"
+        )
+
+
 def predict(table: Table, run: Run) -> PlanPoint:
     """The planner's configuration of ``run``, every dimension pinned."""
     return plan_of(table, run)[1]
@@ -682,6 +793,7 @@ def plan_of(table: Table, run: Run) -> tuple[PlanResult, PlanPoint]:
         global_batch=run.global_batch,
         tensor=[run.tensor],
         context_parallel=[run.context],
+        expert_parallel=[run.expert],
         pipeline_parallel=[run.pipeline],
         virtual=[run.virtual],
         microbatch_sizes=[run.microbatch],
@@ -722,6 +834,7 @@ def main() -> int:
     layer_check()
     data_parallel_check()
     long_context_check()
+    moe_breakdown()
     missed = 0
     for table in TABLES:
         unit = {"seconds": "s", "tflops": "TFLOP/s", "tokens": "tokens/s"}[table.measure]

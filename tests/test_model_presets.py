@@ -34,6 +34,7 @@ PUBLISHED = {
     "mixtral-8x7b": (46.7e9, "mistralai/Mixtral-8x7B-v0.1 model card: 46.7B"),
     "mixtral-8x22b": (141e9, "Mistral AI, 'Cheaper, Better, Faster, Stronger': 141B"),
     "qwen3-30b-a3b": (30.5e9, "Qwen/Qwen3-30B-A3B model card: 30.5B in total"),
+    "qwen3-235b-a22b": (235e9, "Qwen/Qwen3-235B-A22B model card: 235B in total"),
     # DeepSeek-V3 report, section 1: 671B, without the 14B multi-token-prediction module
     "deepseek-v3": (671e9, "DeepSeek-V3 Technical Report, arXiv 2412.19437"),
 }
