@@ -403,11 +403,11 @@ def _bridge_moe_runs() -> tuple[Run, ...]:
     # tp_comm_overlap: the 235B H100 configs pass CommOverlapConfig(tp_comm_overlap=False)
     # (qwen3_235b_a22b_h100_config at v0.2.0, qwen3_235b_a22b_pretrain_config_h100 at
     # v0.3.0); the 30B runs at t = 1. overlap_p2p: CommOverlapConfig turns it on with
-    # VP > 1 (every row)
+    # VP > 1 (every row); fp8_recipe: the scripts' fp8_cs, as for the dense rows above
     return tuple(
         _nvidia_run(
             name, preset, gpus, gbs, mbs, seq, t, p, 1, v, tokens,
-            expert=e, tp_comm_overlap=False, overlap_p2p=v > 1,
+            expert=e, tp_comm_overlap=False, overlap_p2p=v > 1, fp8_recipe="tensorwise",
         )
         for name, preset, gpus, gbs, mbs, seq, t, p, v, e, tokens in rows
     )  # fmt: skip
@@ -590,8 +590,10 @@ TABLES = (
         "25.11, v0.3.0 for 26.02: scripts/performance/configs/qwen3*/, "
         "src/megatron/bridge/recipes/qwen/qwen3_moe.py, models/qwen/qwen_provider.py): "
         "presets qwen3-30b-a3b / qwen3-235b-a22b, vocabulary 151936 padded to 128 t, FP8 "
-        "GEMMs in every layer (first_last_layers_bf16 False; the current-scaling amax "
-        "kernels not priced), expert tensor parallelism 1, grouped expert GEMMs "
+        "GEMMs in every layer (first_last_layers_bf16 False), Transformer Engine's "
+        "current-scaling casts of the attention and dense linears (fp8_recipe tensorwise; "
+        "the grouped expert GEMMs' casts and the amax all-reduces not priced), the LM head "
+        "in bf16, expert tensor parallelism 1, grouped expert GEMMs "
         "(moe_grouped_gemm), dropless balanced routing (moe_router_force_load_balancing), "
         "sequence parallelism where t > 1, no recomputation (set_qwen3_common_configs "
         "clears the recipe's), distributed optimizer with the gradient reduce-scatter and "
