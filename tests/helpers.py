@@ -78,6 +78,24 @@ def hand_accelerator(**changes: object) -> Accelerator:
 #: The small GPT the planner tests sweep (8 layers of 512).
 SMALL_MODEL = ModelSpec(n_layers=8, hidden=512, n_heads=8, seq_length=512, vocab_size=2000)
 
+#: A Llama-shaped block small enough to work by hand: h = 64, 8 heads of 8, 2 KV heads
+#: (kv width 16), SwiGLU of 160, s = 128 (T = 128 tokens), no biases, rotary positions,
+#: no dropout, fused attention.
+TINY_LLAMA = ModelSpec(
+    n_layers=2,
+    hidden=64,
+    n_heads=8,
+    n_kv_heads=2,
+    ffn_hidden=160,
+    seq_length=128,
+    vocab_size=256,
+    gated_mlp=True,
+    bias=False,
+    learned_positions=False,
+    dropout=False,
+    flash_attention=True,
+)
+
 
 def one_f_one_b_sweep(
     max_microbatches: int, *, engine: str = "fast"

@@ -8,26 +8,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import TINY_LLAMA as LLAMA
 
 from pipesim.errors import PlanError
 from pipesim.plan.kernels import Collective, Gemm, Kernel, Shard, block_kernels, head_kernels
-from pipesim.plan.model import ModelSpec
 
-# h = 64, 8 heads of 8, 2 KV heads (kv width 16), SwiGLU of 160, s = 128: T = 128 tokens
-LLAMA = ModelSpec(
-    n_layers=2,
-    hidden=64,
-    n_heads=8,
-    n_kv_heads=2,
-    ffn_hidden=160,
-    seq_length=128,
-    vocab_size=256,
-    gated_mlp=True,
-    bias=False,
-    learned_positions=False,
-    dropout=False,
-    flash_attention=True,
-)
 FP8 = dataclasses.replace(LLAMA, dtype="fp8")
 
 

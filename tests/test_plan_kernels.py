@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import TINY_LLAMA as LLAMA
 from helpers import hand_accelerator, load_benchmark
 
 from pipesim.errors import PlanError
@@ -38,20 +39,6 @@ from pipesim.plan.model import ModelSpec
 
 # s=64, h=32, a=4, f=128, bf16, dropout, unfused attention (GPT shapes)
 GPT = ModelSpec(n_layers=2, hidden=32, n_heads=4, seq_length=64, vocab_size=100)
-LLAMA = ModelSpec(
-    n_layers=2,
-    hidden=64,
-    n_heads=8,
-    n_kv_heads=2,
-    ffn_hidden=160,
-    seq_length=128,
-    vocab_size=256,
-    gated_mlp=True,
-    bias=False,
-    learned_positions=False,
-    dropout=False,
-    flash_attention=True,
-)
 
 
 def _device(**changes: object) -> Accelerator:
