@@ -41,7 +41,10 @@ Before the tables, the direct check of the layer model: Korthikanti et al. 2023,
 (one transformer layer of the 22B model of its Table 3, forward and backward
 milliseconds for each recomputation mode and sequence parallelism) against the
 planner's F and B (= I + W) of that block, and what the 22B's Table 5 steps leave
-outside their 48 layers.
+outside their 48 layers; then the same check on an H100: Transformer Engine v2.12's
+Getting Started benchmark (NVIDIA/TransformerEngine ``docs/getting_started/``: forward
+and backward milliseconds of one GPT layer, hidden 4096, on one H100) against the
+planner's F + I + W, with the preset's sustained GEMM caps and without them.
 """
 
 from __future__ import annotations
@@ -55,9 +58,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipesim.plan import ModelSpec, plan
-from pipesim.plan.gpu import LayerTime, layer_times
-from pipesim.plan.hardware import get_accelerator
-from pipesim.plan.kernels import Shard
+from pipesim.plan.gpu import LayerTime, kernel_seconds, layer_times
+from pipesim.plan.hardware import Accelerator, get_accelerator
+from pipesim.plan.kernels import Shard, layer_kernels
 from pipesim.plan.layers import model_flops_per_sequence
 from pipesim.plan.model import get_model
 from pipesim.plan.result import PlanPoint, PlanResult
@@ -696,6 +699,87 @@ def layer_check() -> None:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class H100LayerRun:
+    """One row of Transformer Engine's Getting Started benchmark: one GPT layer's
+    forward and backward on one H100, the mean of 100 iterations."""
+
+    name: str
+    dtype: str
+    dropout: bool
+    fwd_bwd_ms: float
+
+
+#: NVIDIA/TransformerEngine v2.12, ``docs/getting_started/``: ``getting_started_pytorch.py``
+#: builds one GPT decoder layer (LayerNorm, QKV, causal attention, projection, GeLU MLP,
+#: biases) of hidden 4096, ffn 16384, 32 heads, sequence 2048, batch 8, bf16, on one GPU;
+#: ``speedometer`` (``getting_started_utils_pytorch.py``) times 100 iterations of forward,
+#: ``y.sum()`` and backward between two CUDA events after 10 warm-up ones;
+#: ``getting_started_pytorch.out`` holds the means; ``index.rst``: "on an NVIDIA H100 GPU"
+#: (SXM or PCIe not said). The two rows pipesim can express: TE's fused attention with
+#: TE's Linear and LayerNorm (bf16, attention and hidden dropout 0.1, the GeLU, dropouts
+#: and residual adds unfused torch ops, pipesim's fused), and ``te.TransformerLayer`` in
+#: FP8 (delayed scaling, HYBRID format, dropout 0).
+TE_GETTING_STARTED = (
+    H100LayerRun(name="TE Unfused + TE Attention", dtype="bf16", dropout=True,
+                 fwd_bwd_ms=35.709),
+    H100LayerRun(name="TE TransformerLayer + FP8", dtype="fp8", dropout=False,
+                 fwd_bwd_ms=21.670),
+)  # fmt: skip
+TE_GETTING_STARTED_SHARD = Shard(microbatch_size=8, tensor=1)
+
+
+def te_getting_started_model(row: H100LayerRun) -> ModelSpec:
+    """The Getting Started layer as a one-layer GPT (fused attention, delayed scaling)."""
+    return ModelSpec(
+        n_layers=1, hidden=4096, n_heads=32, seq_length=2048, vocab_size=32768,
+        ffn_hidden=16384, dtype=row.dtype, fp8_recipe="delayed", dropout=row.dropout,
+        flash_attention=True, name="te-getting-started",
+    )  # fmt: skip
+
+
+def _kernel_class_ms(spec: ModelSpec, shard: Shard, accelerator: Accelerator) -> dict[str, float]:
+    """F + I + W milliseconds of the block's kernels, by kind (GEMM, attention, ...)."""
+    kernels = layer_kernels(spec, "block", shard)
+    total: dict[str, float] = {}
+    for kernel in (*kernels.forward, *kernels.input_grad, *kernels.weight_grad):
+        seconds = kernel_seconds(
+            kernel, accelerator, shard=shard, dtype_bytes=spec.dtype_bytes,
+            fp8=spec.dtype == "fp8",
+        )  # fmt: skip
+        kind = type(kernel).__name__
+        total[kind] = total.get(kind, 0.0) + seconds * 1e3
+    return total
+
+
+def h100_layer_check() -> None:
+    """Print TE's Getting Started layer (H100) against the planner's F + I + W, with the
+    sustained GEMM caps of the preset and without them (the burst rates)."""
+    capped = get_accelerator("h100-sxm")
+    burst = replace(capped, sustained_matmul_flops=None, fp8_sustained_matmul_flops=None)
+    print(
+        "\nTransformer Engine v2.12, Getting Started (ms forward + backward of one GPT layer, "
+        "h 4096, s 2048, b 8, t 1, one H100)"
+    )
+    print(
+        f"  {'experiment':>26} {'pub':>6} {'capped':>7} {'error':>7} {'burst':>7} "
+        f"{'error':>7}  capped: GEMM + attention + streaming"
+    )
+    for row in TE_GETTING_STARTED:
+        spec, shard = te_getting_started_model(row), TE_GETTING_STARTED_SHARD
+        ms = {}
+        for name, accelerator in (("capped", capped), ("burst", burst)):
+            t = layer_times(spec, shard, accelerator)["block"]
+            ms[name] = (t.forward.total_s + t.input_grad.total_s + t.weight_grad.total_s) * 1e3
+        kinds = _kernel_class_ms(spec, shard, capped)
+        pub = row.fwd_bwd_ms
+        print(
+            f"  {row.name:>26} {pub:>6.2f} {ms['capped']:>7.2f} {ms['capped'] / pub - 1:>+7.1%} "
+            f"{ms['burst']:>7.2f} {ms['burst'] / pub - 1:>+7.1%}  {kinds['Gemm']:.2f} + "
+            f"{kinds['Attention']:.2f} + {kinds['Streaming']:.2f}"
+        )
+
+
 #: Korthikanti et al. 2023, section 6.3: the 530B "present work" row at 8-way data
 #: parallelism (2240 GPUs, the batch per model instance kept): "the time per iteration
 #: increases slightly from 37.83 seconds to 39.15 seconds" (gradient all-reduces not
@@ -834,6 +918,7 @@ def predicted_value(table: Table, run: Run) -> float:
 def main() -> int:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
     layer_check()
+    h100_layer_check()
     data_parallel_check()
     long_context_check()
     moe_breakdown()

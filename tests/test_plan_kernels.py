@@ -399,13 +399,15 @@ def test_no_accelerator_number_comes_from_a_published_run_it_is_checked_against(
     # the tables of benchmarks/bench_published.py, by author, title and file, and
     # the throughput benchmarks/bench_moe_published.py checks (DeepSeek-V3's GPU hours;
     # the H800's link figures come from the same report's hardware sections), and NVIDIA's
-    # measured runs (the Megatron-Bridge and NeMo performance summaries)
+    # measured runs (the Megatron-Bridge and NeMo performance summaries), and Transformer
+    # Engine's Getting Started layer (the benchmark's direct H100 check)
     words = ("Korthikanti", "Narayanan", "Reducing Activation Recomputation",
              "Efficient Large-Scale", "model_table", "weak scaling", "weak-scaling",
              "GPU hours", "GPU-hours", "180K",
              "Grattafiori", "Dubey", "Herd of Models", "2407.21783",
              "performance-summary", "performance_summary", "performance summary",
-             "Megatron-Bridge", "DGX Cloud Benchmarking", "NeMo")  # fmt: skip
+             "Megatron-Bridge", "DGX Cloud Benchmarking", "NeMo",
+             "getting_started", "Getting Started")  # fmt: skip
     data = json.loads(resources.files("pipesim").joinpath("data/accelerators.json").read_text())
     tables = json.loads(resources.files("pipesim").joinpath("data/gemm_tables.json").read_text())
     sources = [
@@ -483,3 +485,24 @@ def test_the_benchmark_prices_table4_on_the_22b_block_of_table3() -> None:
                       sequence_parallel=row.sequence_parallel)  # fmt: skip
         expected = layer_times(spec, shard, get_accelerator("a100-80gb"))["block"]
         assert bench.layer_time(row) == expected
+
+
+def test_the_benchmark_prices_the_te_getting_started_layer_as_its_script_builds_it() -> None:
+    # benchmarks/bench_published.py's direct H100 check: Transformer Engine v2.12's
+    # docs/getting_started/getting_started_pytorch.py times one GPT layer of hidden 4096,
+    # ffn 16384, 32 heads, sequence 2048, batch 8 on one GPU; its bf16 row with dropout
+    # 0.1, its te.TransformerLayer row in FP8 with dropout 0
+    bench = load_benchmark("bench_published")
+    assert Shard(microbatch_size=8, tensor=1) == bench.TE_GETTING_STARTED_SHARD
+    rows = {(row.dtype, row.dropout) for row in bench.TE_GETTING_STARTED}
+    assert rows == {("bf16", True), ("fp8", False)}
+    for row in bench.TE_GETTING_STARTED:
+        spec = bench.te_getting_started_model(row)
+        assert (spec.hidden, spec.ffn_hidden, spec.n_heads, spec.seq_length) == (
+            4096,
+            16384,
+            32,
+            2048,
+        )
+        assert spec.flash_attention and spec.bias and not spec.gated_mlp
+        assert (spec.dtype, spec.dropout, spec.fp8_recipe) == (row.dtype, row.dropout, "delayed")
