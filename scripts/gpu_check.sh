@@ -13,6 +13,8 @@
 # case per check), each check's output (NAME.log.txt) and gpus.txt. Exit status: 0 when
 # every check is bit-identical, 1 when one is not or a check failed or timed out, 3 when
 # the environment cannot run the check (no torch, a CPU build of torch, no GPU visible).
+# The planner's GEMM rates (burst against sustained at the power limit) are measured apart:
+# benchmarks/bench_gpu_rates.py (docs/planner-model.md, "Burst and sustained rates").
 set -uo pipefail
 
 OUT=${1:-gpu-check-out}
