@@ -133,3 +133,15 @@ def test_an_unknown_table_is_refused_by_name() -> None:
     data = hand_accelerator().to_dict() | {"gemm_table": 90}
     with pytest.raises(PlanError, match="gemm_table must be the name"):
         accelerator_from_dict(data)
+
+
+def test_b200_gemms_are_capped_at_its_measured_sustained_rates() -> None:
+    # the B200's MSMF (bf16 1456.3, FP8 2795.7 TFLOP/s at ~1335 MHz and 1000 W) under its
+    # burst shares (2250 x 0.776 = 1746.0, 4500 x 0.763 = 3433.5)
+    b200 = get_accelerator("b200")
+    assert (b200.sustained_matmul_flops, b200.fp8_sustained_matmul_flops) == (1456.3e12, 2795.7e12)
+    g = Gemm("one wave", 37 * 128, 4 * 128, 4096)  # 148 tiles of 128 x 128 on 148 SMs
+    # 19,864,223,744 FLOPs / 1456.3e12 = 13.640 us (at the burst share: 11.377 us)
+    assert gemm_seconds(g, b200, dtype_bytes=2) == pytest.approx(13.6402e-6, rel=1e-4)
+    # / 2795.7e12 = 7.105 us (at the burst share: 5.785 us)
+    assert gemm_seconds(g, b200, dtype_bytes=2, fp8=True) == pytest.approx(7.1053e-6, rel=1e-4)
