@@ -196,6 +196,14 @@ def test_custom_accelerator_file(tmp_path) -> None:  # type: ignore[no-untyped-d
         path.write_text(json.dumps(entry | {"intra_node_size_curve": curve}))
         with pytest.raises(PlanError, match=message):
             load_accelerator(path)
+    # a sustained rate above its peak, or an FP8 one without an FP8 peak, is refused
+    for extra, message in (
+        ({"sustained_matmul_flops": 400e12}, r"is 4e\+14 FLOP/s, above peak_flops 3\.12e\+14"),
+        ({"fp8_sustained_matmul_flops": 500e12}, "fp8_peak_flops is not; set both or neither"),
+    ):
+        path.write_text(json.dumps(entry | extra))
+        with pytest.raises(PlanError, match=message):
+            load_accelerator(path)
     # fp8 on an accelerator without FP8 tensor cores names the fix
     with pytest.raises(PlanError, match="a100-80gb has no FP8 tensor cores"):
         _ = get_accelerator("a100-80gb").fp8_flops

@@ -154,6 +154,7 @@ class Accelerator:
         for name in ("fp8_peak_flops", "sustained_matmul_flops", "fp8_sustained_matmul_flops"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), positive=True)
+        self._check_sustained_rates()
         if self.gemm_table is not None:
             if not isinstance(self.gemm_table, str):
                 raise PlanError(
@@ -175,6 +176,25 @@ class Accelerator:
                 raise PlanError(
                     f"{name} is a measured share of a peak, between 0 and 1, got "
                     f"{brief(getattr(self, name))}"
+                )
+
+    def _check_sustained_rates(self) -> None:
+        """A sustained rate is measured under its peak, and FP8's needs an FP8 peak."""
+        pairs = (
+            ("sustained_matmul_flops", "peak_flops"),
+            ("fp8_sustained_matmul_flops", "fp8_peak_flops"),
+        )
+        for name, peak_name in pairs:
+            rate, peak = getattr(self, name), getattr(self, peak_name)
+            if rate is None:
+                continue
+            if peak is None:
+                raise PlanError(f"{name} is set but {peak_name} is not; set both or neither")
+            if rate > peak:
+                raise PlanError(
+                    f"{name} is {rate:.4g} FLOP/s, above {peak_name} {peak:.4g}: a rate "
+                    f"sustained at the power limit is measured under the peak (the H200's "
+                    f"708.5e12 of 989e12); measure it or leave it out"
                 )
 
     @property
