@@ -268,13 +268,19 @@ def test_context_parallel_fp8_and_comm_overlap(capsys: pytest.CaptureFixture[str
     assert main([*flash, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["points"][0]["step_time_s"]
     assert main([*flash, "--dtype", "fp8", "--json"]) == 0
-    fp8 = json.loads(capsys.readouterr().out)["points"][0]
+    delayed = json.loads(capsys.readouterr().out)
+    fp8 = delayed["points"][0]
     assert fp8["step_time_s"] < plain
     # current scaling reads every cast tensor once more for its amax: every configuration
     # is slower, so the winner is
     assert main([*flash, "--dtype", "fp8", "--fp8-recipe", "tensorwise", "--json"]) == 0
-    current = json.loads(capsys.readouterr().out)["points"][0]
+    tensorwise = json.loads(capsys.readouterr().out)
+    current = tensorwise["points"][0]
     assert current["step_time_s"] > fp8["step_time_s"]
+    # Megatron-LM's flags name the recipe unless it is Megatron-Core's default (delayed)
+    assert "--fp8-format hybrid --fp8-recipe tensorwise" in tensorwise["megatron_args"]
+    assert "--fp8-format hybrid" in delayed["megatron_args"]
+    assert "--fp8-recipe" not in delayed["megatron_args"]
     assert main([*flash, "--tensor-parallel", "8", "--stages", "1", "--json"]) == 0
     exposed = json.loads(capsys.readouterr().out)["points"][0]
     assert (

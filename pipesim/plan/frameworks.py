@@ -151,12 +151,15 @@ def torchtitan_line(point: PlanPoint, /, *, global_batch: int, seq_length: int |
 
 def megatron_args(result: PlanResult, point: PlanPoint, /) -> str:
     """:func:`megatron_line` with the plan's global batch and the model's layer count, and
-    the plan's precision and communication overlap (Transformer Engine's FP8 recipe:
-    ``--fp8-format hybrid``)."""
+    the plan's precision and communication overlap (Transformer Engine's FP8 format,
+    ``--fp8-format hybrid``, and its scaling recipe, ``--fp8-recipe``: Megatron-Core's
+    ``TransformerConfig.fp8_recipe``, whose default is ``delayed``)."""
     line = megatron_line(point, global_batch=result.global_batch, n_layers=result.n_layers)
     extra = []
     if result.dtype == "fp8":
         extra.append("--fp8-format hybrid")
+        if result.fp8_recipe not in (None, "delayed"):
+            extra.append(f"--fp8-recipe {result.fp8_recipe}")
     if result.grad_reduce_in_bf16:
         extra.append("--grad-reduce-in-bf16")
     if result.tp_comm_overlap and point.tensor > 1:

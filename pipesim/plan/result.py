@@ -301,6 +301,9 @@ class PlanResult:
     """The training precision the plan priced (None: the model's own)."""
     grad_reduce_in_bf16: bool = False
     """The model keeps and reduces its gradients in bf16 (``--grad-reduce-in-bf16``)."""
+    fp8_recipe: str | None = None
+    """An fp8 plan's scaling recipe (``delayed``, ``tensorwise``; ``--fp8-recipe``);
+    None for other precisions."""
     optimizer_sync: str = "global"
     """The optimizer synchronization the plan ranks by (its steady-state period)."""
     period_candidates: int = 0

@@ -120,6 +120,7 @@ def plan_result(
         overlap_p2p=context.overlap_p2p,
         dtype=None if spec is None else spec.dtype,
         grad_reduce_in_bf16=spec is not None and spec.grad_reduce_in_bf16,
+        fp8_recipe=spec.fp8_recipe if spec is not None and spec.dtype == "fp8" else None,
     )
 
 
