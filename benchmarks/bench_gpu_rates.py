@@ -535,25 +535,41 @@ def _log(row: dict[str, Any], what: str) -> None:
     )
 
 
+def _each_shape(
+    shapes: Sequence[Shape], rows: list[dict[str, Any]], what: str, report: Report,
+    measure: Callable[[Shape, str], dict[str, Any] | None],
+) -> bool:  # fmt: skip
+    """Sets ``row[what]`` on every row, measuring identical shapes once with ``measure``
+    (None: out of budget, and this returns False)."""
+    done: dict[tuple[object, ...], dict[str, Any]] = {}
+    for row in rows:
+        shape = shapes[row["index"]]
+        key = _key(shape, row["dtype"])
+        if key not in done:
+            found = measure(shape, row["dtype"])
+            if found is None:
+                return False
+            done[key] = found
+        row[what] = done[key]
+        _log(row, what)
+        report.save()
+    return True
+
+
 def burst_phase(
     torch: Any, shapes: Sequence[Shape], rows: list[dict[str, Any]], s: Settings,
     sampler: Sampler, report: Report,
 ) -> bool:  # fmt: skip
     """Every row's burst (identical shapes measured once); False when out of budget."""
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    done: dict[tuple[object, ...], dict[str, Any]] = {}
-    for row in rows:
-        shape = shapes[row["index"]]
-        key = _key(shape, row["dtype"])
-        if key not in done:
-            if s.left() < s.idle_s + 5:
-                return False
-            run = gemm_runner(torch, shape, row["dtype"], 1)
-            done[key] = _telemetry(burst(torch, run, s, flush), sampler)
-        row["burst"] = done[key]
-        _log(row, "burst")
-        report.save()
-    return True
+
+    def measure(shape: Shape, dtype: str) -> dict[str, Any] | None:
+        if s.left() < s.idle_s + 5:
+            return None
+        run = gemm_runner(torch, shape, dtype, 1)
+        return _telemetry(burst(torch, run, s, flush), sampler)
+
+    return _each_shape(shapes, rows, "burst", report, measure)
 
 
 def sustained_phase(
@@ -562,23 +578,17 @@ def sustained_phase(
 ) -> bool:  # fmt: skip
     """Every row's sustained rate, the first soaked for ``soak_s``, the rest settled for
     ``settle_s`` with no idle gap; False when out of budget."""
-    done: dict[tuple[object, ...], dict[str, Any]] = {}
-    settle = s.soak_s
-    for row in rows:
-        shape = shapes[row["index"]]
-        key = _key(shape, row["dtype"])
-        if key not in done:
-            if s.left() < settle + s.window_s + 5:
-                return False
-            run = gemm_runner(
-                torch, shape, row["dtype"], l2_copies(torch, shape.gemm, row["dtype"])
-            )
-            done[key] = _telemetry(sustained(torch, run, settle, s.window_s), sampler)
-            settle = s.settle_s
-        row["sustained"] = done[key]
-        _log(row, "sustained")
-        report.save()
-    return True
+    settles = [s.soak_s]
+
+    def measure(shape: Shape, dtype: str) -> dict[str, Any] | None:
+        settle = settles[-1]
+        if s.left() < settle + s.window_s + 5:
+            return None
+        run = gemm_runner(torch, shape, dtype, l2_copies(torch, shape.gemm, dtype))
+        settles.append(s.settle_s)
+        return _telemetry(sustained(torch, run, settle, s.window_s), sampler)
+
+    return _each_shape(shapes, rows, "sustained", report, measure)
 
 
 def mixed_phase(
