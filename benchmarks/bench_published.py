@@ -842,20 +842,17 @@ def moe_breakdown() -> None:
         )
         moe = layer_times(spec, shard, get_accelerator(table.accelerator))["moe block"]
         per_layer = moe.forward.ep_comm_s + moe.input_grad.ep_comm_s
-        microbatches = run.global_batch * run.tensor * run.pipeline // (run.gpus * run.microbatch)
-        layers = microbatches * spec.n_layers / run.pipeline  # layer passes on a rank
+        layers = point.n_microbatches * spec.n_layers / run.pipeline  # passes on a rank
         a2a = per_layer * layers
         passes = (moe.forward, moe.input_grad, moe.weight_grad)
         compute = sum(t.compute_s for t in passes) * layers
-        ms = {
-            k: (getattr(point, f"{k}_time_ns" if k == "optimizer" else f"{k}_ns") or 0) / 1e6
-            for k in ("step_time", "pipeline_time", "tp_comm_time", "dp_comm_time", "optimizer")
-        }
+        parts = point.parts_s()
+        assert parts is not None  # every row was simulated
+        ms = {k: v * 1e3 for k, v in parts.items()}
         print(
-            f"  {run.name}: {ms['step_time']:.0f} = {ms['pipeline_time']:.0f} "
-            f"({float(point.bubble or 0):.1%}; {ms['tp_comm_time']:.0f}; {a2a * 1e3:.0f}; "
-            f"{compute * 1e3:.0f}) + "
-            f"{ms['dp_comm_time']:.0f} + {ms['optimizer']:.0f}"
+            f"  {run.name}: {ms['step']:.0f} = {ms['pipeline']:.0f} "
+            f"({float(point.bubble or 0):.1%}; {ms['tp_comm']:.0f}; {a2a * 1e3:.0f}; "
+            f"{compute * 1e3:.0f}) + {ms['dp_comm']:.0f} + {ms['optimizer']:.0f}"
         )
 
 

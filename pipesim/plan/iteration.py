@@ -213,8 +213,7 @@ def embedding_sync_ns(
     first, last = placement[0], placement[-1]
     if spec is None or not spec.tied_embeddings or first == last:
         return {}
-    vocab = -(-spec.vocab_size // tensor)  # the vocabulary-parallel head's rows
-    n_bytes = vocab * spec.hidden * spec.grad_reduce_bytes
+    n_bytes = spec.vocab_rows(tensor) * spec.hidden * spec.grad_reduce_bytes
     inter = (max(placement) + 1) * stage_devices > accelerator.gpus_per_node
     seconds = allreduce_s(n_bytes, n_devices=2, link=accelerator.link(inter_node=inter))
     return dict.fromkeys((first, last), round(seconds * NS_PER_S))

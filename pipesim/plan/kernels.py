@@ -400,11 +400,10 @@ def _fp8_casts(
         *((Streaming(f"{name} output grad amax", d * dy_elems),) if current else ()),
         Streaming(f"{name} output grad {grad} (fp8)", (d + 1 + (not split_out)) * dy_elems),
     )
-    # the FP8 tensors all-gathered row-wise, transposed for the weight gradient
-    gathered = ((f"{name} input", n_in),) if split_in else ((f"{name} output grad", n_out),)
-    weight_grad = tuple(
-        Streaming(f"{what} transpose (fp8)", 2 * x.T * width) for what, width in gathered if sp
-    )
+    # the FP8 tensor all-gathered row-wise (a column-parallel layer's input, a
+    # row-parallel layer's output gradient), transposed for the weight gradient
+    what, width = (f"{name} input", n_in) if column else (f"{name} output grad", n_out)
+    weight_grad = (Streaming(f"{what} transpose (fp8)", 2 * x.T * width),) if sp else ()
     return _Fp8Casts(forward, output_grad, weight_grad, 1 if norm and not current else None)
 
 
@@ -703,7 +702,7 @@ def head_kernels(spec: ModelSpec, shard: Shard, /) -> LayerKernels:
     """
     x = _dims(spec, shard)
     sp = shard.sequence_parallel and x.t > 1
-    v = spec.vocab_size // x.t if spec.vocab_size % x.t == 0 else -(-spec.vocab_size // x.t)
+    v = spec.vocab_rows(x.t)
     norm, norm_b = _norm(spec, x, "final norm")
     gather = _to_model_parallel(x, sp, "all-gather before head")
     # Megatron-Core's output layer is ``tensor_parallel.ColumnParallelLinear``

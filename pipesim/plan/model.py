@@ -285,6 +285,12 @@ class ModelSpec:
         2 with :attr:`grad_reduce_in_bf16`)."""
         return 2 if self.grad_reduce_in_bf16 else GRAD_REDUCE_BYTES[self.dtype]
 
+    def vocab_rows(self, tensor: int, /) -> int:
+        """Rows of the vocabulary-parallel word embedding (and head) one of ``tensor``
+        ranks holds: ``vocab / t`` rounded up (Megatron-LM pads the vocabulary so that
+        it divides)."""
+        return -(-self.vocab_size // tensor)
+
     @property
     def n_params(self) -> int:
         """Parameters of the model, a tied embedding counted once."""

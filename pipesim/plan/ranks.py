@@ -149,7 +149,7 @@ def rank_iterations(
     ``vocab / t x h`` parameters, whose reduction and gather nothing hides."""
     sync = _embedding_syncs(context, workload, point, placement)
     spec = workload.spec
-    embedding = 0 if spec is None else -(-spec.vocab_size // point.tensor) * spec.hidden
+    embedding = 0 if spec is None else spec.vocab_rows(point.tensor) * spec.hidden
     return [
         _rank_iteration(
             context,
