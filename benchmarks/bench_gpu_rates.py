@@ -53,6 +53,9 @@ from pipesim.plan.hardware import Accelerator, get_accelerator
 from pipesim.plan.kernels import Gemm, Shard, layer_kernels
 from pipesim.plan.model import ModelSpec, get_model
 
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_published as published
+
 #: Exit status when this environment cannot measure (as scripts/gpu_check.sh).
 NO_GPU = 3
 #: The L2 flush between burst iterations: mamf-finder's 256 MiB write (``cache.zero_()``
@@ -73,33 +76,24 @@ class Config:
     shard: Shard
 
 
-def _readme_gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+def _readme_block(name: str, /) -> tuple[ModelSpec, Shard]:
     """A row of the Megatron-LM README's H100 weak-scaling table as
-    benchmarks/bench_published.py models it (``_gpt``: sequence 4096, vocabulary 131072,
-    bf16, flash attention, no dropout, untied embeddings)."""
-    return ModelSpec(
-        n_layers=layers,
-        hidden=hidden,
-        n_heads=heads,
-        seq_length=4096,
-        vocab_size=131072,
-        dtype="bf16",
-        flash_attention=True,
-        dropout=False,
-        tied_embeddings=False,
-        name=name,
+    benchmarks/bench_published.py models it, and how its micro-batch is split."""
+    table = next(t for t in published.TABLES if t.title.startswith("Megatron-LM README"))
+    run = next(r for r in table.runs if r.name == name)
+    shard = Shard(
+        microbatch_size=run.microbatch,
+        tensor=run.tensor,
+        sequence_parallel=run.sequence_parallel,
     )
+    return table.model(run), shard
 
 
 #: The README's 1.7B (t1) and 7.1B (t2, sequence parallel) rows, micro-batch 1, and a
 #: Llama 3 70B block at t8 with 8192-token sequences (the Megatron-Bridge / NeMo rows).
 CONFIGS = (
-    Config("megatron-1.7b-t1", _readme_gpt("1.7B", 24, 2048, 16), Shard(tensor=1)),
-    Config(
-        "megatron-7.1b-t2",
-        _readme_gpt("7.1B", 30, 4096, 32),
-        Shard(tensor=2, sequence_parallel=True),
-    ),
+    Config("megatron-1.7b-t1", *_readme_block("1.7B")),
+    Config("megatron-7.1b-t2", *_readme_block("7.1B")),
     Config(
         "llama3-70b-t8",
         replace(get_model("llama3-70b"), seq_length=8192, dtype="bf16"),
