@@ -86,8 +86,9 @@ def register(subparsers: Any) -> None:
     model.add_argument(
         "--dtype",
         choices=("bf16", "fp16", "fp32", "fp8"),
-        help="training precision (fp8: FP8 GEMMs at the accelerator's FP8 peak, bf16 for "
-        "the rest, as Transformer Engine runs)",
+        help="training precision (fp8: the linear layers' GEMMs at the accelerator's FP8 "
+        "rate with Transformer Engine's casts around them, bf16 for the rest, as "
+        "Transformer Engine runs)",
     )
     model.add_argument(
         "--fp8-recipe",
